@@ -1,0 +1,40 @@
+"""Celery settings for fsm-celery workers and beat, read from FSM_* environment variables.
+
+Reliability choices:
+- task_acks_late + task_reject_on_worker_lost: a task is acknowledged to the broker only after it
+  ran, so a worker killed mid-task leaves the message to be redelivered. Every task is idempotent
+  (it checks machine, attempt and state under a row lock), so a redelivery is harmless.
+- worker_prefetch_multiplier = 4: with late acks, prefetched messages of a dead worker come back
+  after the visibility timeout; a small prefetch bounds how many wait.
+- visibility_timeout: how long Redis waits before redelivering an unacknowledged message. The
+  database deadline is the truth for timeouts; check_timeout re-reads it, so a redelivered
+  countdown task cannot time a state out early or twice.
+- task_ignore_result: the database holds every outcome; no result backend is needed.
+"""
+
+from __future__ import annotations
+
+from fsm_celery.config import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.celery_broker_url
+broker_connection_retry_on_startup = True
+broker_transport_options = {"visibility_timeout": 3600}
+
+task_default_queue = _settings.queue
+task_serializer = "json"
+accept_content = ["json"]
+task_ignore_result = True
+task_acks_late = True
+task_reject_on_worker_lost = True
+worker_prefetch_multiplier = 4
+worker_send_task_events = True  # for Flower
+task_send_sent_event = True
+
+timezone = "UTC"
+enable_utc = True
+
+beat_schedule = {
+    "fsm-sweep": {"task": "fsm.sweep", "schedule": 15.0},
+}

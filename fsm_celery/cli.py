@@ -1,0 +1,209 @@
+"""The fsm-celery command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from fsm_celery.config import get_settings
+from fsm_celery.exceptions import FsmError
+from fsm_celery.ops import Client
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _client() -> Client:
+    from fsm_celery.api import default_client
+
+    return default_client()
+
+
+def _fail_cleanly(func: F) -> F:
+    """Turn our errors into a one-line message and exit status 1."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except FsmError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _json_object(_ctx: click.Context, _param: click.Parameter, value: str) -> dict[str, Any]:
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
+def main(verbose: bool) -> None:
+    """Durable, declarative state machines that drive AI agents."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Create or migrate the schema."""
+    from fsm_celery.store.db import make_engine, upgrade
+
+    engine = make_engine(get_settings().database_url)
+    upgrade(engine, revision)
+    click.echo(f"database at {revision}")
+
+
+@main.group()
+def definitions() -> None:
+    """Machine definitions (YAML)."""
+
+
+@definitions.command("validate")
+@click.argument("path", required=False)
+def definitions_validate(path: str | None) -> None:
+    """Check the definitions at PATH (file or folder; default FSM_DEFINITIONS_PATH)."""
+    from fsm_celery.core.loader import definition_files, load_all
+    from fsm_celery.exceptions import DefinitionError
+
+    try:
+        loaded = load_all(definition_files(path or get_settings().definitions_path))
+    except DefinitionError as exc:
+        for problem in exc.problems:
+            click.echo(str(problem), err=True)
+        sys.exit(1)
+    for d in loaded:
+        click.echo(f"ok  {d.type}  ({len(d.states)} states, agent {d.agent_type})")
+
+
+@definitions.command("load")
+@click.argument("path", required=False)
+@_fail_cleanly
+def definitions_load(path: str | None) -> None:
+    """Store the definitions at PATH as new versions where they changed."""
+    for machine_type, version, created in _client().load_definitions(path):
+        click.echo(f"{'new ' if created else 'same'}  {machine_type}  v{version}")
+
+
+@main.command()
+@click.argument("machine_type")
+@click.option("--context", default="{}", callback=_json_object, help="Initial context (JSON).")
+@click.option("--agent-id", default=None, help="UUID of the agent that serves the machine.")
+@click.option("--github-issue", type=int, default=None)
+@_fail_cleanly
+def start(machine_type: str, context: dict[str, Any], agent_id: str | None,
+          github_issue: int | None) -> None:
+    """Start a machine of MACHINE_TYPE and print its id."""
+    click.echo(_client().start_machine(machine_type, context, agent_id, github_issue))
+
+
+@main.command()
+@click.argument("machine_id")
+@click.option("--json", "as_json", is_flag=True)
+@_fail_cleanly
+def status(machine_id: str, as_json: bool) -> None:
+    """Show a machine."""
+    info = _client().get_machine(machine_id).to_dict()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    for key in ("id", "type", "status", "current_state", "attempt", "agent_type", "agent_id",
+                "deadline_at", "error", "created_at", "updated_at"):
+        click.echo(f"{key:14} {info[key] if info[key] is not None else '-'}")
+    click.echo(f"{'context':14} {json.dumps(info['context'])}")
+
+
+@main.command()
+@click.argument("machine_id")
+@click.option("--json", "as_json", is_flag=True)
+@_fail_cleanly
+def history(machine_id: str, as_json: bool) -> None:
+    """Show a machine's transitions."""
+    rows = [r.to_dict() for r in _client().history(machine_id)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        mark = "ok  " if r["success"] else "FAIL"
+        took = f"{r['duration_ms']}ms" if r["duration_ms"] is not None else ""
+        line = f"{r['attempt']:>4} {mark} {r['event']:8} {r['from_state'] or '(start)':>16} " \
+               f"-> {r['to_state']:16} {took}"
+        click.echo(line + (f"  {r['error_message']}" if r["error_message"] else ""))
+
+
+@main.command("list")
+@click.option("--agent-type")
+@click.option("--status")
+@click.option("--type", "machine_type")
+@click.option("--limit", type=int, default=50, show_default=True)
+@_fail_cleanly
+def list_(agent_type: str | None, status: str | None, machine_type: str | None,
+          limit: int) -> None:
+    """List machines, newest first."""
+    for m in _client().list_machines(agent_type=agent_type, status=status,
+                                     machine_type=machine_type, limit=limit):
+        click.echo(f"{m.id}  {m.type:26} {m.status:10} {m.current_state}")
+
+
+@main.command()
+@_fail_cleanly
+def stats() -> None:
+    """Machines per type and status; rejected messages per reason."""
+    click.echo(json.dumps(_client().stats(), indent=2))
+
+
+@main.command()
+@click.option("--machine-id")
+@click.option("--limit", type=int, default=50, show_default=True)
+@_fail_cleanly
+def rejected(machine_id: str | None, limit: int) -> None:
+    """List rejected messages, newest first."""
+    for r in _client().rejected(machine_id, limit):
+        click.echo(f"{r['received_at']}  {r['reason']:16} {r['machine_id'] or '-'}  {r['detail']}")
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schemas of the wire messages."""
+    from fsm_celery.core.messages import schemas_json
+
+    click.echo(schemas_json())
+
+
+@main.command("ack-bridge")
+def ack_bridge() -> None:
+    """Forward acks from Redis pub/sub to the apply_acks Celery task, in batches."""
+    from fsm_celery.channel.bridge import AckBridge
+    from fsm_celery.channel.redis import connect
+    from fsm_celery.core.messages import ack_channel
+    from fsm_celery.worker.tasks import apply_acks
+
+    settings = get_settings()
+    logging.getLogger("fsm_celery").setLevel(logging.INFO)
+    bridge = AckBridge(connect(settings.redis_url), ack_channel(settings.channel_prefix),
+                       lambda batch: apply_acks.delay(batch), settings.ack_batch_size,
+                       settings.ack_batch_linger_ms / 1000)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    bridge.run(stop)
+    click.echo(f"ack bridge stopped after {bridge.submitted} acks")

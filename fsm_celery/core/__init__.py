@@ -1,0 +1,1 @@
+"""The pure core: definitions, wire messages and the transition decision. No I/O here."""

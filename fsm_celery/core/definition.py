@@ -1,0 +1,273 @@
+"""Machine definitions: states, edges, and the static validator."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any, Literal
+
+import jinja2
+import jmespath
+import jmespath.exceptions
+from jinja2.sandbox import SandboxedEnvironment
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from fsm_celery.exceptions import DefinitionError, Problem
+
+NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*$"
+TEMPLATES = SandboxedEnvironment(autoescape=False, undefined=jinja2.ChainableUndefined)
+
+
+class Terminal(StrEnum):
+    """How a machine ends when it enters a terminal state."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class FailureKind(StrEnum):
+    """Why an attempt failed."""
+
+    FAILURE = "failure"  # the agent acked with success: false
+    TIMEOUT = "timeout"  # no ack before the deadline
+    INVALID_OUTPUT = "invalid_output"  # success, but required output keys are missing
+
+
+class Edge(BaseModel):
+    """A way out of a state: a target, an optional guard, and whether it counts as a loop."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: str
+    when: str | None = None
+    loop: bool = False
+
+
+def _edge(value: Any) -> Any:
+    return {"target": value} if isinstance(value, str) else value
+
+
+class StateDefinition(BaseModel):
+    """One state: what the agent is told, what it must return, and where to go next."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(max_length=50, pattern=NAME_PATTERN)
+    description: str = ""
+    prompt: str = ""
+    required_output: tuple[str, ...] = ()
+    on_success: tuple[Edge, ...] = ()
+    on_failure: Edge | None = None
+    timeout: timedelta = timedelta(minutes=5)
+    max_retries: int = Field(default=0, ge=0)
+    retry_on: tuple[FailureKind, ...] = tuple(FailureKind)
+    terminal: Terminal | None = None
+
+    @field_validator("on_success", mode="before")
+    @classmethod
+    def _success_edges(cls, value: Any) -> Any:
+        if isinstance(value, str | dict):
+            return [_edge(value)]
+        return [_edge(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("on_failure", mode="before")
+    @classmethod
+    def _failure_edge(cls, value: Any) -> Any:
+        return _edge(value)
+
+    @property
+    def edges(self) -> tuple[Edge, ...]:
+        return self.on_success + ((self.on_failure,) if self.on_failure else ())
+
+    @property
+    def timeout_seconds(self) -> float:
+        return self.timeout.total_seconds()
+
+
+class MachineDefinition(BaseModel):
+    """A machine type: its agent type, its states and its initial state."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str = Field(max_length=50, pattern=NAME_PATTERN)
+    agent_type: str = Field(max_length=10, min_length=1)
+    description: str = ""
+    initial_state: str
+    max_loops: int = Field(default=3, ge=0)
+    on_loop_exhausted: str = "FAILED"
+    states: tuple[StateDefinition, ...] = Field(min_length=1)
+
+    _by_name: dict[str, StateDefinition] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._by_name = {s.name: s for s in self.states}
+
+    def state(self, name: str) -> StateDefinition:
+        """The state called name (KeyError if there is none)."""
+        return self._by_name[name]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form that loads back to an equal definition."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+    def digest(self) -> str:
+        """A hash of the content, so a reload of an unchanged file makes no new version."""
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def compile_guard(expression: str) -> Any:
+    """A compiled JMESPath guard (raises jmespath's ParseError when it does not compile)."""
+    return _compiled(expression)
+
+
+_GUARDS: dict[str, Any] = {}
+
+
+def _compiled(expression: str) -> Any:
+    found = _GUARDS.get(expression)
+    if found is None:
+        found = jmespath.compile(expression)
+        _GUARDS[expression] = found
+    return found
+
+
+def validate(definition: MachineDefinition, source: str = "<definition>") -> None:
+    """Raise DefinitionError listing every structural problem of the definition."""
+    problems = list(_problems(definition, source))
+    if problems:
+        raise DefinitionError(problems)
+
+
+def _problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
+    names = [s.name for s in d.states]
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            yield Problem(f"duplicate state name {name!r}", source, name, "name")
+        seen.add(name)
+    if d.initial_state not in seen:
+        yield Problem(
+            f"initial state {d.initial_state!r} is not one of the states", source, None,
+            "initial_state",
+        )
+    if d.on_loop_exhausted not in seen:
+        yield Problem(
+            f"target {d.on_loop_exhausted!r} is not one of the states", source, None,
+            "on_loop_exhausted",
+        )
+    for state in d.states:
+        yield from _state_problems(state, seen, source)
+    if any(p for p in _edge_targets_unknown(d, seen)):
+        return  # graph checks would only repeat the unknown targets
+    yield from _graph_problems(d, source)
+
+
+def _edge_targets_unknown(d: MachineDefinition, names: set[str]) -> Iterator[str]:
+    for state in d.states:
+        for edge in state.edges:
+            if edge.target not in names:
+                yield edge.target
+    if d.initial_state not in names or d.on_loop_exhausted not in names:
+        yield d.initial_state
+
+
+def _state_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
+    name = state.name
+    if state.timeout <= timedelta(0):
+        yield Problem(f"timeout must be positive, got {state.timeout_seconds:g}s", source, name,
+                      "timeout")
+    if state.terminal is not None:
+        if state.edges:
+            yield Problem("a terminal state has no edges", source, name, "on_success")
+        return
+    if not state.on_success:
+        yield Problem("a non-terminal state needs on_success", source, name, "on_success")
+    if state.on_failure is None:
+        yield Problem("a non-terminal state needs on_failure", source, name, "on_failure")
+    for field, edge in _labelled_edges(state):
+        if edge.target not in names:
+            yield Problem(f"unknown target state {edge.target!r}", source, name, field)
+        if edge.when is not None:
+            try:
+                compile_guard(edge.when)
+            except jmespath.exceptions.JMESPathError as exc:
+                yield Problem(f"guard {edge.when!r} does not compile: {exc}", source, name, field)
+    if state.on_success and state.on_success[-1].when is not None:
+        yield Problem("the last on_success edge must have no guard (it is the default)",
+                      source, name, "on_success")
+    try:
+        TEMPLATES.parse(state.prompt)
+    except jinja2.TemplateSyntaxError as exc:
+        yield Problem(f"prompt template does not compile: {exc}", source, name, "prompt")
+
+
+def _labelled_edges(state: StateDefinition) -> Iterator[tuple[str, Edge]]:
+    for i, edge in enumerate(state.on_success):
+        yield f"on_success[{i}]", edge
+    if state.on_failure is not None:
+        yield "on_failure", state.on_failure
+
+
+def _graph_problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
+    graph = {s.name: {e.target for e in s.edges} for s in d.states}
+    loops_possible = any(e.loop for s in d.states for e in s.edges)
+    if loops_possible:
+        for targets in graph.values():
+            targets.add(d.on_loop_exhausted)
+    reachable = _reach(graph, [d.initial_state])
+    for state in d.states:
+        if state.name not in reachable:
+            yield Problem("unreachable from the initial state", source, state.name, None)
+    terminals = [s.name for s in d.states if s.terminal is not None]
+    if not terminals:
+        yield Problem("no terminal state (terminal: completed|failed)", source, None, "states")
+        return
+    reverse: dict[str, set[str]] = {name: set() for name in graph}
+    for origin, targets in graph.items():
+        for target in targets:
+            reverse[target].add(origin)
+    finishing = _reach(reverse, terminals)
+    for state in d.states:
+        if state.name not in finishing:
+            yield Problem("cannot reach a terminal state", source, state.name, None)
+    yield from _unbounded_cycles(d, source)
+
+
+def _reach(graph: dict[str, set[str]], starts: list[str]) -> set[str]:
+    seen: set[str] = set()
+    stack = list(starts)
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(graph.get(node, ()))
+    return seen
+
+
+def _unbounded_cycles(d: MachineDefinition, source: str) -> Iterator[Problem]:
+    """Every cycle must pass through an edge marked loop: true, which the machine bound counts."""
+    graph = {s.name: [e.target for e in s.edges if not e.loop] for s in d.states}
+    state: dict[str, Literal[1, 2]] = {}  # 1 = on the current path, 2 = done
+    for root in graph:
+        if root in state:
+            continue
+        stack: list[tuple[str, Iterator[str]]] = [(root, iter(graph[root]))]
+        state[root] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+            elif state.get(child) == 1:
+                yield Problem(
+                    f"cycle through {child!r} has no edge marked loop: true, so nothing bounds it",
+                    source, node, None,
+                )
+            elif child not in state:
+                state[child] = 1
+                stack.append((child, iter(graph[child])))

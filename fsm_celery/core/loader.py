@@ -1,0 +1,107 @@
+"""Read machine definitions from YAML text and files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from fsm_celery.core.definition import MachineDefinition, validate
+from fsm_celery.exceptions import DefinitionError, Problem
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate mapping keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    keys: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        if key in keys:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        keys.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_definition(data: Any, source: str = "<definition>") -> MachineDefinition:
+    """Build and validate a definition from already-parsed data."""
+    if not isinstance(data, dict):
+        raise DefinitionError([Problem("a definition must be a mapping", source)])
+    try:
+        definition = MachineDefinition.model_validate(data)
+    except ValidationError as exc:
+        raise DefinitionError([_problem(err, data, source) for err in exc.errors()]) from exc
+    validate(definition, source)
+    return definition
+
+
+def load_text(text: str, source: str = "<definition>") -> MachineDefinition:
+    """Parse and validate one YAML definition."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise DefinitionError([Problem(f"invalid YAML: {exc}", source)]) from exc
+    return parse_definition(data, source)
+
+
+def load_file(path: str | Path) -> MachineDefinition:
+    """Parse and validate the YAML definition in one file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DefinitionError([Problem(f"cannot read: {exc.strerror}", str(path))]) from exc
+    return load_text(text, str(path))
+
+
+def definition_files(path: str | Path) -> list[Path]:
+    """The YAML files a path names: itself, or the *.yaml / *.yml files in a folder."""
+    path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+    return [path]
+
+
+def load_all(paths: Iterable[Path]) -> list[MachineDefinition]:
+    """Load every file, gathering the problems of all of them into one DefinitionError."""
+    loaded: list[MachineDefinition] = []
+    problems: list[Problem] = []
+    for path in paths:
+        try:
+            loaded.append(load_file(path))
+        except DefinitionError as exc:
+            problems.extend(exc.problems)
+    types = [d.type for d in loaded]
+    for t in sorted({t for t in types if types.count(t) > 1}):
+        problems.append(Problem(f"machine type {t!r} is defined more than once", "definitions"))
+    if problems:
+        raise DefinitionError(problems)
+    return loaded
+
+
+def _problem(err: Any, data: dict[str, Any], source: str) -> Problem:
+    loc = list(err["loc"])
+    state: str | None = None
+    if len(loc) >= 2 and loc[0] == "states" and isinstance(loc[1], int):
+        state = _state_name(data, loc[1])
+        loc = loc[2:]
+    field = ".".join(str(part) for part in loc) or None
+    return Problem(err["msg"], source, state, field)
+
+
+def _state_name(data: dict[str, Any], index: int) -> str:
+    states = data.get("states")
+    if isinstance(states, list) and index < len(states) and isinstance(states[index], dict):
+        name = states[index].get("name")
+        if isinstance(name, str):
+            return name
+    return f"#{index + 1}"

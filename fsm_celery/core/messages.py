@@ -1,0 +1,92 @@
+"""Wire messages between the engine and agents, in the seed's camelCase JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+TASK_CHANNEL = "channel:agent:{agent}"
+ACK_CHANNEL = "channel:state:ack"
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    def to_wire(self) -> str:
+        """The JSON text sent over Redis."""
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+
+class StateTask(_Message):
+    """Engine → agent: do the work of one state attempt."""
+
+    type: Literal["state_task"] = "state_task"
+    machine_id: UUID
+    machine_type: str
+    state: str
+    attempt: int
+    context: dict[str, Any]
+    prompt: str
+    required_output: list[str]
+    timeout: int = Field(description="milliseconds the agent has, as in the seed")
+    deadline: datetime
+    task_token: str
+
+
+class StateAck(_Message):
+    """Agent → engine: the outcome of one state attempt."""
+
+    type: Literal["state_ack"]
+    machine_id: UUID
+    state: str = Field(max_length=50)
+    success: bool
+    output: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    attempt: int | None = Field(default=None, ge=0)
+    task_token: str | None = None
+
+
+def task_channel(agent: str, prefix: str = "") -> str:
+    """The pub/sub channel an agent (uuid, or agent type when unassigned) listens on."""
+    return prefix + TASK_CHANNEL.format(agent=agent)
+
+
+def ack_channel(prefix: str = "") -> str:
+    """The pub/sub channel agents publish acks on."""
+    return prefix + ACK_CHANNEL
+
+
+def task_token(secret: str, machine_id: UUID | str, state: str, attempt: int) -> str:
+    """An HMAC that binds an ack to one machine, state and attempt."""
+    body = f"{machine_id}|{state}|{attempt}".encode()
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def token_matches(secret: str, ack: StateAck, attempt: int) -> bool:
+    """Whether the ack carries the token issued for that attempt."""
+    if ack.task_token is None:
+        return False
+    expected = task_token(secret, ack.machine_id, ack.state, attempt)
+    return hmac.compare_digest(expected, ack.task_token)
+
+
+def message_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schemas of every wire message, keyed by message type."""
+    return {
+        "state_task": StateTask.model_json_schema(by_alias=True),
+        "state_ack": StateAck.model_json_schema(by_alias=True),
+    }
+
+
+def schemas_json() -> str:
+    """The JSON Schemas as one indented document."""
+    return json.dumps(message_schemas(), indent=2, sort_keys=True)

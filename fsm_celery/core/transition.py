@@ -1,0 +1,229 @@
+"""The transition decision: (definition, machine, event) → a Transition or a Rejected value."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from fsm_celery.core.definition import (
+    Edge,
+    FailureKind,
+    MachineDefinition,
+    StateDefinition,
+    Terminal,
+    compile_guard,
+)
+
+LOOP_COUNT = "retryCount"
+LOOP_LIMIT = "maxRetries"
+
+
+class MachineStatus(StrEnum):
+    """Where a machine is in its life."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class RejectReason(StrEnum):
+    """Why an incoming message changed nothing."""
+
+    MALFORMED_JSON = "malformed_json"
+    SCHEMA_VIOLATION = "schema_violation"
+    OVERSIZED = "oversized"
+    UNKNOWN_MACHINE = "unknown_machine"
+    BAD_TOKEN = "bad_token"
+    NOT_RUNNING = "not_running"
+    WRONG_STATE = "wrong_state"
+    STALE_ATTEMPT = "stale_attempt"
+    UNKNOWN_ATTEMPT = "unknown_attempt"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the core needs to know of a machine instance."""
+
+    id: UUID
+    current_state: str
+    status: MachineStatus
+    attempt: int
+    state_retries: int
+    context: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Ack:
+    """An agent's answer for one attempt."""
+
+    state: str
+    attempt: int
+    success: bool
+    output: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """The attempt's deadline passed without an ack."""
+
+    state: str
+    attempt: int
+
+
+Event = Ack | Timeout
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The event changes nothing; the reason says why."""
+
+    reason: RejectReason
+    detail: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What an event does to a machine: its next state and the history record of the attempt."""
+
+    from_state: str
+    to_state: str
+    success: bool
+    status: MachineStatus
+    context: dict[str, Any]
+    attempt: int
+    state_retries: int
+    output: dict[str, Any] | None
+    error: str | None = None
+    failure: FailureKind | None = None
+
+    @property
+    def enters_state(self) -> bool:
+        """Whether the next state must be entered (dispatched to an agent)."""
+        return self.status is MachineStatus.RUNNING
+
+
+Decision = Transition | Rejected
+
+
+def initial_context(definition: MachineDefinition, context: Mapping[str, Any]) -> dict[str, Any]:
+    """The context a new machine starts with: the caller's, plus the seed's loop counters."""
+    merged = dict(context)
+    merged.setdefault(LOOP_COUNT, 0)
+    merged.setdefault(LOOP_LIMIT, definition.max_loops)
+    return merged
+
+
+def decide(definition: MachineDefinition, machine: Machine, event: Event) -> Decision:
+    """Decide what the event does to the machine. Pure: no I/O, no clock."""
+    rejected = _check(machine, event)
+    if rejected is not None:
+        return rejected
+    state = definition.state(machine.current_state)
+    if isinstance(event, Timeout):
+        return _fail(definition, machine, state, FailureKind.TIMEOUT, "timed out", None)
+    output = dict(event.output)
+    if not event.success:
+        return _fail(definition, machine, state, FailureKind.FAILURE,
+                     event.error or "the agent reported failure", output)
+    missing = [key for key in state.required_output if key not in output]
+    if missing:
+        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT,
+                     "missing required output: " + ", ".join(missing), output)
+    context = {**machine.context, **output}
+    edge = _chosen_edge(state, output, context)
+    return _take(definition, machine, edge, context, output, None, None)
+
+
+def _check(machine: Machine, event: Event) -> Rejected | None:
+    if machine.status is not MachineStatus.RUNNING:
+        return Rejected(RejectReason.NOT_RUNNING, f"the machine is {machine.status.value}")
+    if event.attempt < machine.attempt:
+        return Rejected(
+            RejectReason.STALE_ATTEMPT,
+            f"attempt {event.attempt} was already decided; the machine is at attempt "
+            f"{machine.attempt}",
+        )
+    if event.attempt > machine.attempt:
+        return Rejected(
+            RejectReason.UNKNOWN_ATTEMPT,
+            f"attempt {event.attempt} was never dispatched; the machine is at attempt "
+            f"{machine.attempt}",
+        )
+    if event.state != machine.current_state:
+        return Rejected(
+            RejectReason.WRONG_STATE,
+            f"the ack is for state {event.state!r} but the machine is in "
+            f"{machine.current_state!r}",
+        )
+    return None
+
+
+def _chosen_edge(state: StateDefinition, output: dict[str, Any], context: dict[str, Any]) -> Edge:
+    data = {"output": output, "context": context}
+    for edge in state.on_success:
+        if edge.when is None or _truthy(compile_guard(edge.when).search(data)):
+            return edge
+    return state.on_success[-1]  # the validator makes the last edge an unguarded default
+
+
+def _truthy(value: Any) -> bool:
+    # JMESPath truthiness: false, null, "", [] and {} are false; 0 is true.
+    return value is not None and value is not False and value != "" and value != [] \
+        and value != {}
+
+
+def _fail(
+    definition: MachineDefinition,
+    machine: Machine,
+    state: StateDefinition,
+    kind: FailureKind,
+    error: str,
+    output: dict[str, Any] | None,
+) -> Transition:
+    if kind in state.retry_on and machine.state_retries < state.max_retries:
+        return Transition(
+            from_state=state.name, to_state=state.name, success=False,
+            status=MachineStatus.RUNNING, context=dict(machine.context),
+            attempt=machine.attempt + 1, state_retries=machine.state_retries + 1,
+            output=output, error=f"{error} (retry {machine.state_retries + 1} of "
+            f"{state.max_retries})", failure=kind,
+        )
+    assert state.on_failure is not None  # the validator requires it on non-terminal states
+    return _take(definition, machine, state.on_failure, dict(machine.context), output, error, kind)
+
+
+def _take(
+    definition: MachineDefinition,
+    machine: Machine,
+    edge: Edge,
+    context: dict[str, Any],
+    output: dict[str, Any] | None,
+    error: str | None,
+    failure: FailureKind | None,
+) -> Transition:
+    target = edge.target
+    if edge.loop:
+        loops = int(context.get(LOOP_COUNT, 0)) + 1
+        limit = int(context.get(LOOP_LIMIT, definition.max_loops))
+        context[LOOP_COUNT] = loops
+        if loops > limit:
+            target = definition.on_loop_exhausted
+            reason = f"loop limit reached: {loops} loops back to {edge.target}, {LOOP_LIMIT}={limit}"
+            error = f"{error}; {reason}" if error else reason
+    terminal = definition.state(target).terminal
+    status = {
+        None: MachineStatus.RUNNING,
+        Terminal.COMPLETED: MachineStatus.COMPLETED,
+        Terminal.FAILED: MachineStatus.FAILED,
+    }[terminal]
+    return Transition(
+        from_state=machine.current_state, to_state=target, success=failure is None,
+        status=status, context=context, attempt=machine.attempt + 1, state_retries=0,
+        output=output, error=error, failure=failure,
+    )

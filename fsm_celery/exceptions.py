@@ -1,0 +1,75 @@
+"""The fsm-celery error tree.
+
+    FsmError                      root of everything this package raises
+    ├── DefinitionError           a machine definition is invalid (carries every problem)
+    ├── MachineError              an operation on a machine instance was refused
+    │   ├── UnknownMachineType    no definition is loaded for that type
+    │   ├── MachineNotFound       no machine has that id
+    │   └── InvalidContext        the context given at start is not a JSON object
+    └── StoreError                the database is missing its schema or answered badly
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class FsmError(Exception):
+    """Root of all fsm-celery errors."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a definition, located by file, state and field."""
+
+    message: str
+    source: str = "<definition>"
+    state: str | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        where = self.source
+        if self.state is not None:
+            where += f": state {self.state}"
+        if self.field is not None:
+            where += f": field {self.field}"
+        return f"{where}: {self.message}"
+
+
+class DefinitionError(FsmError):
+    """A machine definition failed to load or validate."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class MachineError(FsmError):
+    """An operation on a machine was refused."""
+
+
+class UnknownMachineType(MachineError):
+    """No definition is loaded for the requested machine type."""
+
+    def __init__(self, machine_type: str) -> None:
+        self.machine_type = machine_type
+        super().__init__(
+            f"unknown machine type {machine_type!r}: load its definition first "
+            "(fsm-celery definitions load)"
+        )
+
+
+class MachineNotFound(MachineError):
+    """No machine has the requested id."""
+
+    def __init__(self, machine_id: str) -> None:
+        self.machine_id = machine_id
+        super().__init__(f"no machine with id {machine_id!r}")
+
+
+class InvalidContext(MachineError):
+    """The context given to start a machine is not a JSON object."""
+
+
+class StoreError(FsmError):
+    """The database could not serve the request."""

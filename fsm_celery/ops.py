@@ -1,0 +1,155 @@
+"""Operations on machines shared by the Python API, the CLI and the dashboard."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Row
+
+from fsm_celery.core.loader import definition_files, load_all
+from fsm_celery.engine import MachineEngine, Step
+from fsm_celery.exceptions import MachineNotFound
+from fsm_celery.store import queries as q
+
+Enqueue = Callable[[list[Step]], None]
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """A machine instance as the API shows it."""
+
+    id: UUID
+    type: str
+    agent_type: str
+    agent_id: UUID | None
+    current_state: str
+    status: str
+    context: dict[str, Any]
+    attempt: int
+    github_issue: int | None
+    definition_version: int
+    deadline_at: datetime | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> MachineInfo:
+        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    """One history row: the outcome of one attempt (attempt 0 is the start)."""
+
+    attempt: int
+    event: str
+    from_state: str | None
+    to_state: str
+    success: bool
+    output: dict[str, Any] | None
+    error_message: str | None
+    duration_ms: int | None
+    actor: str | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> TransitionRecord:
+        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+
+class Client:
+    """Starts and inspects machines. Entering states is handed to `enqueue` (Celery, normally)."""
+
+    def __init__(self, engine: MachineEngine, enqueue: Enqueue) -> None:
+        self.engine = engine
+        self.enqueue = enqueue
+
+    def load_definitions(self, path: str | None = None) -> list[tuple[str, int, bool]]:
+        """Load the YAML definitions at path (file or folder): (type, version, created)."""
+        files = definition_files(path or self.engine.settings.definitions_path)
+        return self.engine.load_definitions(load_all(files))
+
+    def start_machine(
+        self,
+        machine_type: str,
+        context: Mapping[str, Any] | None = None,
+        agent_id: UUID | str | None = None,
+        github_issue: int | None = None,
+    ) -> UUID:
+        """Start a machine of the type; returns its id once its first state is enqueued."""
+        step = self.engine.start(machine_type, context, agent_id, github_issue)
+        self.enqueue([step])
+        return step[0]
+
+    def get_machine(self, machine_id: UUID | str) -> MachineInfo:
+        """The machine with that id (MachineNotFound if none)."""
+        with self.engine.db.connect() as conn:
+            row = q.get_machine_txn(conn, _uuid(machine_id))
+        if row is None:
+            raise MachineNotFound(str(machine_id))
+        return MachineInfo.from_row(row)
+
+    def list_machines(
+        self,
+        *,
+        agent_type: str | None = None,
+        status: str | None = None,
+        machine_type: str | None = None,
+        limit: int = 100,
+    ) -> list[MachineInfo]:
+        """Machines, newest first, filtered by agent type, status and machine type."""
+        with self.engine.db.connect() as conn:
+            rows = q.list_machines_txn(conn, agent_type=agent_type, status=status,
+                                       machine_type=machine_type, limit=limit)
+        return [MachineInfo.from_row(r) for r in rows]
+
+    def history(self, machine_id: UUID | str) -> list[TransitionRecord]:
+        """The machine's transitions in attempt order (MachineNotFound if no such machine)."""
+        mid = _uuid(machine_id)
+        with self.engine.db.connect() as conn:
+            rows = q.history_txn(conn, mid)
+            if not rows and q.get_machine_txn(conn, mid) is None:
+                raise MachineNotFound(str(machine_id))
+        return [TransitionRecord.from_row(r) for r in rows]
+
+    def stats(self) -> dict[str, Any]:
+        """Machines per type and status, and rejected messages per reason."""
+        with self.engine.db.connect() as conn:
+            machines: dict[str, dict[str, int]] = {}
+            for row in q.status_counts_txn(conn):
+                machines.setdefault(row.type, {})[row.status] = row.count
+            rejected = {row.reason: row.count for row in q.rejection_counts_txn(conn)}
+        return {"machines": machines, "rejected": rejected}
+
+    def rejected(self, machine_id: UUID | str | None = None, limit: int = 100) -> list[dict[str,
+                                                                                         Any]]:
+        """The latest rejected messages, newest first."""
+        mid = _uuid(machine_id) if machine_id is not None else None
+        with self.engine.db.connect() as conn:
+            rows = q.rejections_txn(conn, mid, limit)
+        return [_jsonable(dict(r._mapping)) for r in rows]
+
+
+def _uuid(value: UUID | str) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(value)
+    except ValueError:
+        raise MachineNotFound(value) from None
+
+
+def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, UUID) else v.isoformat() if isinstance(v, datetime)
+                else v) for k, v in data.items()}

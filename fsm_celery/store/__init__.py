@@ -1,0 +1,1 @@
+"""PostgreSQL (or SQLite for the embedded demo) through SQLAlchemy Core."""

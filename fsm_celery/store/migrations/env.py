@@ -1,0 +1,35 @@
+"""Alembic environment: runs against the connection or URL that fsm_celery.store.db hands in."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from fsm_celery.store.tables import metadata
+
+config = context.config
+
+
+def run() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _migrate(connection)
+        return
+    engine = create_engine(config.get_main_option("sqlalchemy.url") or "")
+    with engine.begin() as conn:
+        _migrate(conn)
+    engine.dispose()
+
+
+def _migrate(connection: object) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        render_as_batch=True,  # SQLite alters tables by copying them
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+run()

@@ -1,0 +1,225 @@
+"""Every SQL statement of the engine. Helpers take a connection and never commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+
+from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.loader import parse_definition
+from fsm_celery.store.tables import definitions, machines, rejected_messages, transitions
+
+PAYLOAD_KEEP = 4096  # characters of a rejected payload kept for the record
+
+
+def save_definition_txn(conn: Connection, definition: MachineDefinition) -> tuple[int, bool]:
+    """Store the definition as a new version unless the latest is identical: (version, created)."""
+    digest = definition.digest()
+    latest = conn.execute(
+        select(definitions.c.version, definitions.c.digest)
+        .where(definitions.c.type == definition.type)
+        .order_by(definitions.c.version.desc())
+        .limit(1)
+    ).first()
+    if latest is not None and latest.digest == digest:
+        return latest.version, False
+    version = 1 if latest is None else latest.version + 1
+    body = definition.to_json()
+    conn.execute(
+        insert(definitions).values(
+            type=definition.type,
+            agent_type=definition.agent_type,
+            description=definition.description,
+            states=body["states"],
+            initial_state=definition.initial_state,
+            version=version,
+            digest=digest,
+            body=body,
+        )
+    )
+    return version, True
+
+
+def latest_definition_txn(
+    conn: Connection, machine_type: str
+) -> tuple[int, MachineDefinition] | None:
+    """The newest version of a machine type, or None when none is loaded."""
+    row = conn.execute(
+        select(definitions.c.version, definitions.c.body)
+        .where(definitions.c.type == machine_type)
+        .order_by(definitions.c.version.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    return row.version, parse_definition(row.body, f"{machine_type} v{row.version}")
+
+
+def definition_txn(conn: Connection, machine_type: str, version: int) -> MachineDefinition:
+    """One stored version of a machine type."""
+    body = conn.execute(
+        select(definitions.c.body).where(
+            definitions.c.type == machine_type, definitions.c.version == version
+        )
+    ).scalar_one()
+    return parse_definition(body, f"{machine_type} v{version}")
+
+
+def definitions_summary_txn(conn: Connection) -> Sequence[Row[Any]]:
+    """Each machine type with its latest version and agent type."""
+    latest = (
+        select(definitions.c.type, func.max(definitions.c.version).label("version"))
+        .group_by(definitions.c.type)
+        .subquery()
+    )
+    return conn.execute(
+        select(definitions.c.type, definitions.c.version, definitions.c.agent_type,
+               definitions.c.description, definitions.c.created_at)
+        .join(latest, (latest.c.type == definitions.c.type)
+              & (latest.c.version == definitions.c.version))
+        .order_by(definitions.c.type)
+    ).all()
+
+
+def insert_machine_txn(conn: Connection, values: dict[str, Any]) -> None:
+    conn.execute(insert(machines).values(**values))
+
+
+def lock_machines_txn(conn: Connection, ids: Iterable[UUID]) -> dict[UUID, Row[Any]]:
+    """Lock the machines' rows in id order (so concurrent batches never deadlock)."""
+    ordered = sorted(set(ids))
+    if not ordered:
+        return {}
+    rows = conn.execute(
+        select(machines).where(machines.c.id.in_(ordered)).order_by(machines.c.id)
+        .with_for_update()
+    ).all()
+    return {row.id: row for row in rows}
+
+
+def get_machine_txn(conn: Connection, machine_id: UUID) -> Row[Any] | None:
+    return conn.execute(select(machines).where(machines.c.id == machine_id)).first()
+
+
+_UPDATE = (
+    update(machines)
+    .where(machines.c.id == bindparam("_id"))
+    .values(
+        current_state=bindparam("current_state"),
+        status=bindparam("status"),
+        context=bindparam("context"),
+        attempt=bindparam("attempt"),
+        state_retries=bindparam("state_retries"),
+        dispatch_due_at=bindparam("dispatch_due_at"),
+        deadline_at=bindparam("deadline_at"),
+        error=bindparam("error"),
+        updated_at=bindparam("updated_at"),
+    )
+)
+
+
+def update_machines_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Write each machine's decided state (rows keyed as _UPDATE's parameters)."""
+    if rows:
+        conn.execute(_UPDATE, rows)
+
+
+def mark_dispatched_txn(
+    conn: Connection, machine_id: UUID, entered_at: datetime, deadline_at: datetime
+) -> None:
+    conn.execute(
+        update(machines)
+        .where(machines.c.id == machine_id)
+        .values(dispatch_due_at=None, entered_at=entered_at, deadline_at=deadline_at,
+                updated_at=entered_at)
+    )
+
+
+def extend_deadline_txn(conn: Connection, machine_id: UUID, deadline_at: datetime) -> None:
+    conn.execute(update(machines).where(machines.c.id == machine_id)
+                 .values(deadline_at=deadline_at))
+
+
+def insert_transitions_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        conn.execute(insert(transitions), rows)
+
+
+def insert_rejections_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        for row in rows:
+            row["payload"] = row["payload"][:PAYLOAD_KEEP]
+        conn.execute(insert(rejected_messages), rows)
+
+
+def history_txn(conn: Connection, machine_id: UUID) -> Sequence[Row[Any]]:
+    return conn.execute(
+        select(transitions).where(transitions.c.machine_id == machine_id)
+        .order_by(transitions.c.attempt)
+    ).all()
+
+
+def list_machines_txn(
+    conn: Connection,
+    *,
+    agent_type: str | None = None,
+    status: str | None = None,
+    machine_type: str | None = None,
+    limit: int = 100,
+) -> Sequence[Row[Any]]:
+    query = select(machines).order_by(machines.c.created_at.desc(), machines.c.id).limit(limit)
+    if agent_type is not None:
+        query = query.where(machines.c.agent_type == agent_type)
+    if status is not None:
+        query = query.where(machines.c.status == status)
+    if machine_type is not None:
+        query = query.where(machines.c.type == machine_type)
+    return conn.execute(query).all()
+
+
+def status_counts_txn(conn: Connection) -> Sequence[Row[Any]]:
+    """Machines counted by type and status."""
+    return conn.execute(
+        select(machines.c.type, machines.c.status, func.count().label("count"))
+        .group_by(machines.c.type, machines.c.status)
+        .order_by(machines.c.type, machines.c.status)
+    ).all()
+
+
+def rejection_counts_txn(conn: Connection) -> Sequence[Row[Any]]:
+    return conn.execute(
+        select(rejected_messages.c.reason, func.count().label("count"))
+        .group_by(rejected_messages.c.reason).order_by(rejected_messages.c.reason)
+    ).all()
+
+
+def rejections_txn(
+    conn: Connection, machine_id: UUID | None = None, limit: int = 100
+) -> Sequence[Row[Any]]:
+    query = select(rejected_messages).order_by(rejected_messages.c.id.desc()).limit(limit)
+    if machine_id is not None:
+        query = query.where(rejected_messages.c.machine_id == machine_id)
+    return conn.execute(query).all()
+
+
+def due_dispatches_txn(conn: Connection, before: datetime, limit: int) -> Sequence[Row[Any]]:
+    """Running machines whose next state was committed but not dispatched by `before`."""
+    return conn.execute(
+        select(machines.c.id, machines.c.attempt)
+        .where(machines.c.status == "running", machines.c.dispatch_due_at < before)
+        .order_by(machines.c.dispatch_due_at).limit(limit)
+    ).all()
+
+
+def overdue_deadlines_txn(conn: Connection, before: datetime, limit: int) -> Sequence[Row[Any]]:
+    """Running, dispatched machines whose deadline passed before `before`."""
+    return conn.execute(
+        select(machines.c.id, machines.c.attempt)
+        .where(machines.c.status == "running", machines.c.dispatch_due_at.is_(None),
+               machines.c.deadline_at < before)
+        .order_by(machines.c.deadline_at).limit(limit)
+    ).all()

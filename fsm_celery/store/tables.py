@@ -1,0 +1,114 @@
+"""The schema. The seed's three tables keep their names and columns; the engine's are added."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+Json = JSON().with_variant(JSONB(), "postgresql")
+BigId = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
+RUNNING = text("status = 'running'")
+
+
+def _created() -> Column[object]:
+    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+definitions = Table(
+    "state_machine_definitions",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("type", String(50), nullable=False),
+    Column("agent_type", String(10), nullable=False),
+    Column("description", Text),
+    Column("states", Json, nullable=False),
+    Column("initial_state", String(50), nullable=False),
+    _created(),
+    # engine additions: a type has many versions; a running machine keeps its own
+    Column("version", Integer, nullable=False),
+    Column("digest", String(64), nullable=False),
+    Column("body", Json, nullable=False),
+    UniqueConstraint("type", "version", name="uq_definitions_type_version"),
+)
+
+machines = Table(
+    "state_machines",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("type", String(50), nullable=False),
+    Column("agent_type", String(10), nullable=False),
+    Column("current_state", String(50), nullable=False),
+    Column("context", Json, nullable=False),
+    Column("status", String(20), nullable=False, server_default="running"),
+    Column("github_issue", Integer),
+    _created(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # engine additions
+    Column("definition_version", Integer, nullable=False),
+    Column("agent_id", Uuid),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("state_retries", Integer, nullable=False, server_default="0"),
+    Column("entered_at", DateTime(timezone=True)),
+    Column("deadline_at", DateTime(timezone=True)),
+    Column("dispatch_due_at", DateTime(timezone=True)),
+    Column("error", Text),
+    Index("idx_machines_agent", "agent_type", "status"),
+    Index("idx_machines_issue", "github_issue"),
+    Index("idx_machines_type_status", "type", "status"),
+    Index("idx_machines_dispatch_due", "dispatch_due_at", postgresql_where=RUNNING,
+          sqlite_where=RUNNING),
+    Index("idx_machines_deadline", "deadline_at", postgresql_where=RUNNING, sqlite_where=RUNNING),
+)
+
+transitions = Table(
+    "state_transitions",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("machine_id", Uuid, ForeignKey("state_machines.id"), nullable=False),
+    Column("from_state", String(50)),
+    Column("to_state", String(50), nullable=False),
+    Column("success", Boolean, nullable=False),
+    Column("output", Json),
+    Column("error_message", Text),
+    Column("duration_ms", Integer),
+    _created(),
+    # engine additions: one row per attempt, enforced by the database
+    Column("attempt", Integer, nullable=False),
+    Column("event", String(20), nullable=False),
+    Column("actor", String(100)),
+    Index("idx_transitions_machine", "machine_id"),
+    UniqueConstraint("machine_id", "attempt", name="uq_transitions_machine_attempt"),
+)
+
+rejected_messages = Table(
+    "rejected_messages",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("reason", String(32), nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("machine_id", Uuid),
+    Column("state", String(50)),
+    Column("attempt", Integer),
+    Column("payload", Text, nullable=False),
+    Index("idx_rejected_reason", "reason", "received_at"),
+    Index("idx_rejected_machine", "machine_id"),
+)

@@ -1,0 +1,1 @@
+"""The Celery side: the app and thin tasks that take ids and call the engine."""

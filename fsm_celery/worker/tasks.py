@@ -1,0 +1,87 @@
+"""Celery tasks: thin, idempotent, taking ids. Each asks the engine and enqueues what follows."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID
+
+import redis
+import sqlalchemy.exc
+from celery.signals import worker_process_init
+
+from fsm_celery.channel.redis import RedisPublisher, connect
+from fsm_celery.config import get_settings
+from fsm_celery.engine import MachineEngine, Step
+from fsm_celery.store.db import make_engine
+from fsm_celery.worker.app import app
+
+log = logging.getLogger(__name__)
+
+_engine: MachineEngine | None = None
+TRANSIENT = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+             redis.ConnectionError, redis.TimeoutError)
+RETRY: dict[str, Any] = {
+    "autoretry_for": TRANSIENT,
+    "retry_backoff": True,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": None,
+}
+
+
+def engine() -> MachineEngine:
+    """This process's engine, built on first use (after the prefork worker forked)."""
+    global _engine
+    if _engine is None:
+        settings = get_settings()
+        _engine = MachineEngine(make_engine(settings.database_url),
+                                RedisPublisher(connect(settings.redis_url)), settings)
+    return _engine
+
+
+@worker_process_init.connect
+def _forget_parent_connections(**_: Any) -> None:
+    global _engine
+    _engine = None
+
+
+def enter(steps: list[Step]) -> None:
+    """Enqueue enter_state for each step (after the transaction that decided it committed)."""
+    for machine_id, attempt in steps:
+        enter_state.delay(str(machine_id), attempt)
+
+
+@app.task(name="fsm.enter_state", **RETRY)
+def enter_state(machine_id: str, attempt: int) -> None:
+    """Dispatch the attempt's state_task and schedule its timeout check."""
+    seconds = engine().enter_state(UUID(machine_id), attempt)
+    if seconds is not None:
+        check_timeout.apply_async((machine_id, attempt), countdown=seconds)
+
+
+@app.task(name="fsm.apply_acks", **RETRY)
+def apply_acks(payloads: list[str]) -> None:
+    """Apply a batch of raw state_ack payloads in one transaction."""
+    enter(engine().apply_acks(payloads))
+
+
+@app.task(name="fsm.check_timeout", **RETRY)
+def check_timeout(machine_id: str, attempt: int) -> None:
+    """Time the attempt out if its deadline passed; re-check later if it was extended."""
+    found = engine().check_timeout(UUID(machine_id), attempt)
+    if found.wait_seconds is not None:
+        check_timeout.apply_async((machine_id, attempt), countdown=found.wait_seconds)
+    enter(found.steps)
+
+
+@app.task(name="fsm.sweep", **RETRY)
+def sweep() -> None:
+    """Repair machines whose dispatch or timeout was lost; the database is the truth."""
+    dispatch, overdue = engine().sweep()
+    if dispatch or overdue:
+        log.warning("sweeper: re-entering %d machines, checking %d deadlines",
+                    len(dispatch), len(overdue))
+    enter(dispatch)
+    for machine_id, attempt in overdue:
+        check_timeout.delay(str(machine_id), attempt)
