@@ -36,5 +36,5 @@ timezone = "UTC"
 enable_utc = True
 
 beat_schedule = {
-    "fsm-sweep": {"task": "fsm.sweep", "schedule": 15.0},
+    "fsm-sweep": {"task": "fsm.sweep", "schedule": _settings.sweep_interval_seconds},
 }

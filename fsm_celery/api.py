@@ -18,8 +18,9 @@ def celery_client(settings: Settings) -> Client:
     """A client that enqueues state entries on the Celery broker."""
     from fsm_celery.worker.tasks import enter
 
-    engine = MachineEngine(make_engine(settings.database_url),
-                           RedisPublisher(connect(settings.redis_url)), settings)
+    engine = MachineEngine(
+        make_engine(settings.database_url), RedisPublisher(connect(settings.redis_url)), settings
+    )
     return Client(engine, enter)
 
 
@@ -45,12 +46,16 @@ def get_machine(machine_id: UUID | str) -> MachineInfo:
 
 
 def list_machines(
-    *, agent_type: str | None = None, status: str | None = None,
-    machine_type: str | None = None, limit: int = 100,
+    *,
+    agent_type: str | None = None,
+    status: str | None = None,
+    machine_type: str | None = None,
+    limit: int = 100,
 ) -> list[MachineInfo]:
     """Machines, newest first, filtered by agent type, status and machine type."""
-    return default_client().list_machines(agent_type=agent_type, status=status,
-                                          machine_type=machine_type, limit=limit)
+    return default_client().list_machines(
+        agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
+    )
 
 
 def history(machine_id: UUID | str) -> list[TransitionRecord]:

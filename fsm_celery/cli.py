@@ -53,8 +53,10 @@ def _json_object(_ctx: click.Context, _param: click.Parameter, value: str) -> di
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """Durable, declarative state machines that drive AI agents."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 @main.group()
@@ -110,8 +112,9 @@ def definitions_load(path: str | None) -> None:
 @click.option("--agent-id", default=None, help="UUID of the agent that serves the machine.")
 @click.option("--github-issue", type=int, default=None)
 @_fail_cleanly
-def start(machine_type: str, context: dict[str, Any], agent_id: str | None,
-          github_issue: int | None) -> None:
+def start(
+    machine_type: str, context: dict[str, Any], agent_id: str | None, github_issue: int | None
+) -> None:
     """Start a machine of MACHINE_TYPE and print its id."""
     click.echo(_client().start_machine(machine_type, context, agent_id, github_issue))
 
@@ -126,8 +129,19 @@ def status(machine_id: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    for key in ("id", "type", "status", "current_state", "attempt", "agent_type", "agent_id",
-                "deadline_at", "error", "created_at", "updated_at"):
+    for key in (
+        "id",
+        "type",
+        "status",
+        "current_state",
+        "attempt",
+        "agent_type",
+        "agent_id",
+        "deadline_at",
+        "error",
+        "created_at",
+        "updated_at",
+    ):
         click.echo(f"{key:14} {info[key] if info[key] is not None else '-'}")
     click.echo(f"{'context':14} {json.dumps(info['context'])}")
 
@@ -145,8 +159,10 @@ def history(machine_id: str, as_json: bool) -> None:
     for r in rows:
         mark = "ok  " if r["success"] else "FAIL"
         took = f"{r['duration_ms']}ms" if r["duration_ms"] is not None else ""
-        line = f"{r['attempt']:>4} {mark} {r['event']:8} {r['from_state'] or '(start)':>16} " \
-               f"-> {r['to_state']:16} {took}"
+        line = (
+            f"{r['attempt']:>4} {mark} {r['event']:8} {r['from_state'] or '(start)':>16} "
+            f"-> {r['to_state']:16} {took}"
+        )
         click.echo(line + (f"  {r['error_message']}" if r["error_message"] else ""))
 
 
@@ -156,11 +172,11 @@ def history(machine_id: str, as_json: bool) -> None:
 @click.option("--type", "machine_type")
 @click.option("--limit", type=int, default=50, show_default=True)
 @_fail_cleanly
-def list_(agent_type: str | None, status: str | None, machine_type: str | None,
-          limit: int) -> None:
+def list_(agent_type: str | None, status: str | None, machine_type: str | None, limit: int) -> None:
     """List machines, newest first."""
-    for m in _client().list_machines(agent_type=agent_type, status=status,
-                                     machine_type=machine_type, limit=limit):
+    for m in _client().list_machines(
+        agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
+    ):
         click.echo(f"{m.id}  {m.type:26} {m.status:10} {m.current_state}")
 
 
@@ -189,6 +205,16 @@ def schema() -> None:
     click.echo(schemas_json())
 
 
+@main.command()
+@click.option("--definitions", "path", default=None, help="Definitions folder to run.")
+def demo(path: str | None) -> None:
+    """Run machines end to end on SQLite with in-process workers and mock agents."""
+    from fsm_celery.demo import run_demo
+
+    if not run_demo(path or get_settings().definitions_path, click.echo):
+        sys.exit(1)
+
+
 @main.command("ack-bridge")
 def ack_bridge() -> None:
     """Forward acks from Redis pub/sub to the apply_acks Celery task, in batches."""
@@ -199,9 +225,13 @@ def ack_bridge() -> None:
 
     settings = get_settings()
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
-    bridge = AckBridge(connect(settings.redis_url), ack_channel(settings.channel_prefix),
-                       lambda batch: apply_acks.delay(batch), settings.ack_batch_size,
-                       settings.ack_batch_linger_ms / 1000)
+    bridge = AckBridge(
+        connect(settings.redis_url),
+        ack_channel(settings.channel_prefix),
+        lambda batch: apply_acks.delay(batch),
+        settings.ack_batch_size,
+        settings.ack_batch_linger_ms / 1000,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

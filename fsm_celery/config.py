@@ -24,6 +24,7 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     ack_batch_size: int = Field(default=200, gt=0)
     ack_batch_linger_ms: float = Field(default=2.0, ge=0)
+    sweep_interval_seconds: float = Field(default=15.0, gt=0)
     sweep_grace_seconds: float = Field(default=30.0, ge=0)
 
     @property

@@ -13,7 +13,7 @@ from uuid import UUID
 
 import jinja2
 from pydantic import ValidationError
-from sqlalchemy import Connection, Engine, Row
+from sqlalchemy import Connection, Engine
 
 from fsm_celery.channel import Publisher
 from fsm_celery.config import Settings
@@ -61,8 +61,11 @@ class _Batch:
     snapshots: dict[UUID, Machine] = field(default_factory=dict)
 
     def steps(self) -> list[Step]:
-        return [(mid, u["attempt"]) for mid, u in self.updates.items()
-                if u["status"] == MachineStatus.RUNNING]
+        return [
+            (mid, u["attempt"])
+            for mid, u in self.updates.items()
+            if u["status"] == MachineStatus.RUNNING
+        ]
 
     def write(self, conn: Connection) -> None:
         q.update_machines_txn(conn, list(self.updates.values()))
@@ -96,8 +99,9 @@ class MachineEngine:
 
     # definitions ------------------------------------------------------------------------
 
-    def load_definitions(self, definitions: Iterable[MachineDefinition]) -> list[tuple[str, int,
-                                                                                       bool]]:
+    def load_definitions(
+        self, definitions: Iterable[MachineDefinition]
+    ) -> list[tuple[str, int, bool]]:
         """Store each definition as a new version when it changed: (type, version, created)."""
         with self.db.begin() as conn:
             return [(d.type, *q.save_definition_txn(conn, d)) for d in definitions]
@@ -131,19 +135,40 @@ class MachineEngine:
             version, definition = latest
             self._definitions.setdefault((machine_type, version), definition)
             issue = github_issue if github_issue is not None else context.get("githubIssue")
-            q.insert_machine_txn(conn, {
-                "id": machine_id, "type": machine_type, "agent_type": definition.agent_type,
-                "current_state": definition.initial_state,
-                "context": initial_context(definition, context), "status": "running",
-                "github_issue": issue if isinstance(issue, int) else None,
-                "created_at": now, "updated_at": now, "definition_version": version,
-                "agent_id": agent, "attempt": 1, "state_retries": 0, "dispatch_due_at": now,
-            })
-            q.insert_transitions_txn(conn, [{
-                "machine_id": machine_id, "from_state": None,
-                "to_state": definition.initial_state, "success": True, "output": None,
-                "attempt": 0, "event": "start", "created_at": now,
-            }])
+            q.insert_machine_txn(
+                conn,
+                {
+                    "id": machine_id,
+                    "type": machine_type,
+                    "agent_type": definition.agent_type,
+                    "current_state": definition.initial_state,
+                    "context": initial_context(definition, context),
+                    "status": "running",
+                    "github_issue": issue if isinstance(issue, int) else None,
+                    "created_at": now,
+                    "updated_at": now,
+                    "definition_version": version,
+                    "agent_id": agent,
+                    "attempt": 1,
+                    "state_retries": 0,
+                    "dispatch_due_at": now,
+                },
+            )
+            q.insert_transitions_txn(
+                conn,
+                [
+                    {
+                        "machine_id": machine_id,
+                        "from_state": None,
+                        "to_state": definition.initial_state,
+                        "success": True,
+                        "output": None,
+                        "attempt": 0,
+                        "event": "start",
+                        "created_at": now,
+                    }
+                ],
+            )
         return machine_id, 1
 
     # enter a state ----------------------------------------------------------------------
@@ -153,26 +178,35 @@ class MachineEngine:
         now = self.clock()
         with self.db.begin() as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
-            if row is None or row.status != MachineStatus.RUNNING or row.attempt != attempt \
-                    or row.dispatch_due_at is None:
+            if (
+                row is None
+                or row.status != MachineStatus.RUNNING
+                or row.attempt != attempt
+                or row.dispatch_due_at is None
+            ):
                 return None
             definition = self._definition(conn, row.type, row.definition_version)
             state = definition.state(row.current_state)
             deadline = now + state.timeout
             task = StateTask(
-                machine_id=row.id, machine_type=row.type, state=state.name, attempt=attempt,
-                context=row.context, prompt=_render(state.prompt, row.context),
+                machine_id=row.id,
+                machine_type=row.type,
+                state=state.name,
+                attempt=attempt,
+                context=row.context,
+                prompt=_render(state.prompt, row.context),
                 required_output=list(state.required_output),
-                timeout=int(state.timeout_seconds * 1000), deadline=deadline,
-                task_token=task_token(self.settings.task_token_secret, row.id, state.name,
-                                      attempt),
+                timeout=int(state.timeout_seconds * 1000),
+                deadline=deadline,
+                task_token=task_token(self.settings.task_token_secret, row.id, state.name, attempt),
             )
             agent = str(row.agent_id) if row.agent_id is not None else row.agent_type
+            q.mark_dispatched_txn(conn, row.id, now, deadline)
             # Published before commit: a crash after it re-sends (at-least-once dispatch);
             # duplicate acks are rejected, so the agent's work is applied once.
-            self.publisher.publish(task_channel(agent, self.settings.channel_prefix),
-                                   task.to_wire())
-            q.mark_dispatched_txn(conn, row.id, now, deadline)
+            self.publisher.publish(
+                task_channel(agent, self.settings.channel_prefix), task.to_wire()
+            )
         return state.timeout_seconds
 
     # acks -------------------------------------------------------------------------------
@@ -195,15 +229,23 @@ class MachineEngine:
 
     def _parse(self, raw: str, batch: _Batch, now: datetime) -> StateAck | None:
         if len(raw.encode("utf-8", "replace")) > self.settings.max_payload_bytes:
-            batch.rejections.append(_rejection(
-                RejectReason.OVERSIZED, f"payload over {self.settings.max_payload_bytes} bytes",
-                raw, now))
+            batch.rejections.append(
+                _rejection(
+                    RejectReason.OVERSIZED,
+                    f"payload over {self.settings.max_payload_bytes} bytes",
+                    raw,
+                    now,
+                )
+            )
             return None
         try:
             return StateAck.model_validate_json(raw)
         except ValidationError as exc:
-            reason = RejectReason.MALFORMED_JSON if _is_json_error(exc) \
+            reason = (
+                RejectReason.MALFORMED_JSON
+                if _is_json_error(exc)
                 else RejectReason.SCHEMA_VIOLATION
+            )
             detail = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}"
                 for e in exc.errors()
@@ -212,48 +254,80 @@ class MachineEngine:
             return None
 
     def _apply_ack(
-        self, conn: Connection, row: Row[Any] | None, ack: StateAck, raw: str, batch: _Batch,
+        self,
+        conn: Connection,
+        row: q.AnyRow | None,
+        ack: StateAck,
+        raw: str,
+        batch: _Batch,
         now: datetime,
     ) -> None:
         if row is None:
-            batch.rejections.append(_rejection(
-                RejectReason.UNKNOWN_MACHINE, f"no machine {ack.machine_id}", raw, now, ack))
+            batch.rejections.append(
+                _rejection(
+                    RejectReason.UNKNOWN_MACHINE, f"no machine {ack.machine_id}", raw, now, ack
+                )
+            )
             return
         machine = batch.snapshots.get(row.id) or _snapshot(row)
         attempt = ack.attempt
         if ack.task_token is None and self.settings.accept_unsigned_acks:
             attempt = machine.attempt if attempt is None else attempt
         elif attempt is None or not token_matches(self.settings.task_token_secret, ack, attempt):
-            batch.rejections.append(_rejection(
-                RejectReason.BAD_TOKEN, "missing or invalid taskToken for this machine, state "
-                "and attempt", raw, now, ack))
+            batch.rejections.append(
+                _rejection(
+                    RejectReason.BAD_TOKEN,
+                    "missing or invalid taskToken for this machine, state and attempt",
+                    raw,
+                    now,
+                    ack,
+                )
+            )
             return
-        event = Ack(state=ack.state, attempt=attempt, success=ack.success, output=ack.output,
-                    error=ack.error)
+        event = Ack(
+            state=ack.state,
+            attempt=attempt,
+            success=ack.success,
+            output=ack.output,
+            error=ack.error,
+        )
         self._decide(conn, row, machine, event, batch, now, raw)
 
     def _decide(
-        self, conn: Connection, row: Row[Any], machine: Machine, event: Event, batch: _Batch,
-        now: datetime, raw: str | None = None,
+        self,
+        conn: Connection,
+        row: q.AnyRow,
+        machine: Machine,
+        event: Event,
+        batch: _Batch,
+        now: datetime,
+        raw: str | None = None,
     ) -> None:
         definition = self._definition(conn, row.type, row.definition_version)
         decision = decide(definition, machine, event)
         if isinstance(decision, Rejected):
             if raw is not None:
-                batch.rejections.append(_rejection(
-                    decision.reason, decision.detail, raw, now, None, row.id, event))
+                batch.rejections.append(
+                    _rejection(decision.reason, decision.detail, raw, now, None, row.id, event)
+                )
             return
         batch.snapshots[row.id] = _after(machine, decision)
         batch.updates[row.id] = _update(row.id, decision, now)
         entered = _aware(row.entered_at)
-        batch.history.append({
-            "machine_id": row.id, "from_state": decision.from_state,
-            "to_state": decision.to_state, "success": decision.success,
-            "output": decision.output, "error_message": decision.error,
-            "duration_ms": int((now - entered).total_seconds() * 1000) if entered else None,
-            "attempt": event.attempt, "event": "timeout" if isinstance(event, Timeout) else "ack",
-            "created_at": now,
-        })
+        batch.history.append(
+            {
+                "machine_id": row.id,
+                "from_state": decision.from_state,
+                "to_state": decision.to_state,
+                "success": decision.success,
+                "output": decision.output,
+                "error_message": decision.error,
+                "duration_ms": int((now - entered).total_seconds() * 1000) if entered else None,
+                "attempt": event.attempt,
+                "event": "timeout" if isinstance(event, Timeout) else "ack",
+                "created_at": now,
+            }
+        )
 
     # timeouts and the sweeper -----------------------------------------------------------
 
@@ -263,14 +337,18 @@ class MachineEngine:
         batch = _Batch()
         with self.db.begin() as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
-            if row is None or row.status != MachineStatus.RUNNING or row.attempt != attempt \
-                    or row.dispatch_due_at is not None or row.deadline_at is None:
+            if (
+                row is None
+                or row.status != MachineStatus.RUNNING
+                or row.attempt != attempt
+                or row.dispatch_due_at is not None
+                or row.deadline_at is None
+            ):
                 return TimeoutCheck()
             left = (_aware(row.deadline_at) - now).total_seconds()  # type: ignore[operator]
             if left > 0:
                 return TimeoutCheck(wait_seconds=left)
-            self._decide(conn, row, _snapshot(row), Timeout(row.current_state, attempt), batch,
-                         now)
+            self._decide(conn, row, _snapshot(row), Timeout(row.current_state, attempt), batch, now)
             batch.write(conn)
         return TimeoutCheck(steps=batch.steps())
 
@@ -302,32 +380,58 @@ def _render(template: str, context: Mapping[str, Any]) -> str:
         return template
 
 
-def _snapshot(row: Row[Any]) -> Machine:
-    return Machine(id=row.id, current_state=row.current_state, status=MachineStatus(row.status),
-                   attempt=row.attempt, state_retries=row.state_retries, context=row.context)
+def _snapshot(row: q.AnyRow) -> Machine:
+    return Machine(
+        id=row.id,
+        current_state=row.current_state,
+        status=MachineStatus(row.status),
+        attempt=row.attempt,
+        state_retries=row.state_retries,
+        context=row.context,
+    )
 
 
 def _after(machine: Machine, t: Transition) -> Machine:
-    return Machine(id=machine.id, current_state=t.to_state, status=t.status, attempt=t.attempt,
-                   state_retries=t.state_retries, context=t.context)
+    return Machine(
+        id=machine.id,
+        current_state=t.to_state,
+        status=t.status,
+        attempt=t.attempt,
+        state_retries=t.state_retries,
+        context=t.context,
+    )
 
 
 def _update(machine_id: UUID, t: Transition, now: datetime) -> dict[str, Any]:
     running = t.status is MachineStatus.RUNNING
     return {
-        "_id": machine_id, "current_state": t.to_state, "status": t.status.value,
-        "context": t.context, "attempt": t.attempt, "state_retries": t.state_retries,
-        "dispatch_due_at": now if running else None, "deadline_at": None,
-        "error": None if t.status is not MachineStatus.FAILED else t.error, "updated_at": now,
+        "_id": machine_id,
+        "current_state": t.to_state,
+        "status": t.status.value,
+        "context": t.context,
+        "attempt": t.attempt,
+        "state_retries": t.state_retries,
+        "dispatch_due_at": now if running else None,
+        "deadline_at": None,
+        "error": None if t.status is not MachineStatus.FAILED else t.error,
+        "updated_at": now,
     }
 
 
 def _rejection(
-    reason: RejectReason, detail: str, raw: str, now: datetime, ack: StateAck | None = None,
-    machine_id: UUID | None = None, event: Event | None = None,
+    reason: RejectReason,
+    detail: str,
+    raw: str,
+    now: datetime,
+    ack: StateAck | None = None,
+    machine_id: UUID | None = None,
+    event: Event | None = None,
 ) -> dict[str, Any]:
     return {
-        "reason": reason.value, "detail": detail, "payload": raw, "received_at": now,
+        "reason": reason.value,
+        "detail": detail,
+        "payload": raw,
+        "received_at": now,
         "machine_id": machine_id or (ack.machine_id if ack else None),
         "state": event.state if event else (ack.state if ack else None),
         "attempt": event.attempt if event else (ack.attempt if ack else None),

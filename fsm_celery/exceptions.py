@@ -1,12 +1,12 @@
 """The fsm-celery error tree.
 
-    FsmError                      root of everything this package raises
-    ├── DefinitionError           a machine definition is invalid (carries every problem)
-    ├── MachineError              an operation on a machine instance was refused
-    │   ├── UnknownMachineType    no definition is loaded for that type
-    │   ├── MachineNotFound       no machine has that id
-    │   └── InvalidContext        the context given at start is not a JSON object
-    └── StoreError                the database is missing its schema or answered badly
+FsmError                      root of everything this package raises
+├── DefinitionError           a machine definition is invalid (carries every problem)
+├── MachineError              an operation on a machine instance was refused
+│   ├── UnknownMachineType    no definition is loaded for that type
+│   ├── MachineNotFound       no machine has that id
+│   └── InvalidContext        the context given at start is not a JSON object
+└── StoreError                the database is missing its schema or answered badly
 """
 
 from __future__ import annotations

@@ -8,8 +8,6 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Row
-
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.engine import MachineEngine, Step
 from fsm_celery.exceptions import MachineNotFound
@@ -38,7 +36,7 @@ class MachineInfo:
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Row[Any]) -> MachineInfo:
+    def from_row(cls, row: q.AnyRow) -> MachineInfo:
         return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict[str, Any]:
@@ -61,7 +59,7 @@ class TransitionRecord:
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: Row[Any]) -> TransitionRecord:
+    def from_row(cls, row: q.AnyRow) -> TransitionRecord:
         return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,8 +108,9 @@ class Client:
     ) -> list[MachineInfo]:
         """Machines, newest first, filtered by agent type, status and machine type."""
         with self.engine.db.connect() as conn:
-            rows = q.list_machines_txn(conn, agent_type=agent_type, status=status,
-                                       machine_type=machine_type, limit=limit)
+            rows = q.list_machines_txn(
+                conn, agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
+            )
         return [MachineInfo.from_row(r) for r in rows]
 
     def history(self, machine_id: UUID | str) -> list[TransitionRecord]:
@@ -128,12 +127,13 @@ class Client:
         with self.engine.db.connect() as conn:
             machines: dict[str, dict[str, int]] = {}
             for row in q.status_counts_txn(conn):
-                machines.setdefault(row.type, {})[row.status] = row.count
-            rejected = {row.reason: row.count for row in q.rejection_counts_txn(conn)}
+                machines.setdefault(row.type, {})[row.status] = row.total
+            rejected = {row.reason: row.total for row in q.rejection_counts_txn(conn)}
         return {"machines": machines, "rejected": rejected}
 
-    def rejected(self, machine_id: UUID | str | None = None, limit: int = 100) -> list[dict[str,
-                                                                                         Any]]:
+    def rejected(
+        self, machine_id: UUID | str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
         """The latest rejected messages, newest first."""
         mid = _uuid(machine_id) if machine_id is not None else None
         with self.engine.db.connect() as conn:
@@ -151,5 +151,7 @@ def _uuid(value: UUID | str) -> UUID:
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, UUID) else v.isoformat() if isinstance(v, datetime)
-                else v) for k, v in data.items()}
+    return {
+        k: (str(v) if isinstance(v, UUID) else v.isoformat() if isinstance(v, datetime) else v)
+        for k, v in data.items()
+    }

@@ -46,7 +46,7 @@ class AckBridge:
                 delay = 0.1
 
     def _serve(self, stop: threading.Event) -> None:
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             pubsub.subscribe(self.channel)
             log.info("ack bridge subscribed to %s", self.channel)

@@ -151,12 +151,16 @@ def _problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
         seen.add(name)
     if d.initial_state not in seen:
         yield Problem(
-            f"initial state {d.initial_state!r} is not one of the states", source, None,
+            f"initial state {d.initial_state!r} is not one of the states",
+            source,
+            None,
             "initial_state",
         )
     if d.on_loop_exhausted not in seen:
         yield Problem(
-            f"target {d.on_loop_exhausted!r} is not one of the states", source, None,
+            f"target {d.on_loop_exhausted!r} is not one of the states",
+            source,
+            None,
             "on_loop_exhausted",
         )
     for state in d.states:
@@ -178,8 +182,9 @@ def _edge_targets_unknown(d: MachineDefinition, names: set[str]) -> Iterator[str
 def _state_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
     name = state.name
     if state.timeout <= timedelta(0):
-        yield Problem(f"timeout must be positive, got {state.timeout_seconds:g}s", source, name,
-                      "timeout")
+        yield Problem(
+            f"timeout must be positive, got {state.timeout_seconds:g}s", source, name, "timeout"
+        )
     if state.terminal is not None:
         if state.edges:
             yield Problem("a terminal state has no edges", source, name, "on_success")
@@ -188,21 +193,31 @@ def _state_problems(state: StateDefinition, names: set[str], source: str) -> Ite
         yield Problem("a non-terminal state needs on_success", source, name, "on_success")
     if state.on_failure is None:
         yield Problem("a non-terminal state needs on_failure", source, name, "on_failure")
-    for field, edge in _labelled_edges(state):
-        if edge.target not in names:
-            yield Problem(f"unknown target state {edge.target!r}", source, name, field)
-        if edge.when is not None:
-            try:
-                compile_guard(edge.when)
-            except jmespath.exceptions.JMESPathError as exc:
-                yield Problem(f"guard {edge.when!r} does not compile: {exc}", source, name, field)
+    yield from _edge_problems(state, names, source)
     if state.on_success and state.on_success[-1].when is not None:
-        yield Problem("the last on_success edge must have no guard (it is the default)",
-                      source, name, "on_success")
+        yield Problem(
+            "the last on_success edge must have no guard (it is the default)",
+            source,
+            name,
+            "on_success",
+        )
     try:
         TEMPLATES.parse(state.prompt)
     except jinja2.TemplateSyntaxError as exc:
         yield Problem(f"prompt template does not compile: {exc}", source, name, "prompt")
+
+
+def _edge_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
+    for field, edge in _labelled_edges(state):
+        if edge.target not in names:
+            yield Problem(f"unknown target state {edge.target!r}", source, state.name, field)
+        if edge.when is not None:
+            try:
+                compile_guard(edge.when)
+            except jmespath.exceptions.JMESPathError as exc:
+                yield Problem(
+                    f"guard {edge.when!r} does not compile: {exc}", source, state.name, field
+                )
 
 
 def _labelled_edges(state: StateDefinition) -> Iterator[tuple[str, Edge]]:
@@ -266,7 +281,9 @@ def _unbounded_cycles(d: MachineDefinition, source: str) -> Iterator[Problem]:
             elif state.get(child) == 1:
                 yield Problem(
                     f"cycle through {child!r} has no edge marked loop: true, so nothing bounds it",
-                    source, node, None,
+                    source,
+                    node,
+                    None,
                 )
             elif child not in state:
                 state[child] = 1

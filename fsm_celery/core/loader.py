@@ -20,7 +20,7 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     keys: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node)
         if key in keys:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -47,7 +47,7 @@ def parse_definition(data: Any, source: str = "<definition>") -> MachineDefiniti
 def load_text(text: str, source: str = "<definition>") -> MachineDefinition:
     """Parse and validate one YAML definition."""
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise DefinitionError([Problem(f"invalid YAML: {exc}", source)]) from exc
     return parse_definition(data, source)

@@ -129,20 +129,30 @@ def decide(definition: MachineDefinition, machine: Machine, event: Event) -> Dec
         return _fail(definition, machine, state, FailureKind.TIMEOUT, "timed out", None)
     output = dict(event.output)
     if not event.success:
-        return _fail(definition, machine, state, FailureKind.FAILURE,
-                     event.error or "the agent reported failure", output)
+        return _fail(
+            definition,
+            machine,
+            state,
+            FailureKind.FAILURE,
+            event.error or "the agent reported failure",
+            output,
+        )
     missing = [key for key in state.required_output if key not in output]
     if missing:
-        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT,
-                     "missing required output: " + ", ".join(missing), output)
+        return _fail(
+            definition,
+            machine,
+            state,
+            FailureKind.INVALID_OUTPUT,
+            "missing required output: " + ", ".join(missing),
+            output,
+        )
     context = {**machine.context, **output}
     edge = _chosen_edge(state, output, context)
     return _take(definition, machine, edge, context, output, None, None)
 
 
 def _check(machine: Machine, event: Event) -> Rejected | None:
-    if machine.status is not MachineStatus.RUNNING:
-        return Rejected(RejectReason.NOT_RUNNING, f"the machine is {machine.status.value}")
     if event.attempt < machine.attempt:
         return Rejected(
             RejectReason.STALE_ATTEMPT,
@@ -155,11 +165,12 @@ def _check(machine: Machine, event: Event) -> Rejected | None:
             f"attempt {event.attempt} was never dispatched; the machine is at attempt "
             f"{machine.attempt}",
         )
+    if machine.status is not MachineStatus.RUNNING:
+        return Rejected(RejectReason.NOT_RUNNING, f"the machine is {machine.status.value}")
     if event.state != machine.current_state:
         return Rejected(
             RejectReason.WRONG_STATE,
-            f"the ack is for state {event.state!r} but the machine is in "
-            f"{machine.current_state!r}",
+            f"the ack is for state {event.state!r} but the machine is in {machine.current_state!r}",
         )
     return None
 
@@ -174,8 +185,7 @@ def _chosen_edge(state: StateDefinition, output: dict[str, Any], context: dict[s
 
 def _truthy(value: Any) -> bool:
     # JMESPath truthiness: false, null, "", [] and {} are false; 0 is true.
-    return value is not None and value is not False and value != "" and value != [] \
-        and value != {}
+    return value is not None and value is not False and value != "" and value != [] and value != {}
 
 
 def _fail(
@@ -188,11 +198,16 @@ def _fail(
 ) -> Transition:
     if kind in state.retry_on and machine.state_retries < state.max_retries:
         return Transition(
-            from_state=state.name, to_state=state.name, success=False,
-            status=MachineStatus.RUNNING, context=dict(machine.context),
-            attempt=machine.attempt + 1, state_retries=machine.state_retries + 1,
-            output=output, error=f"{error} (retry {machine.state_retries + 1} of "
-            f"{state.max_retries})", failure=kind,
+            from_state=state.name,
+            to_state=state.name,
+            success=False,
+            status=MachineStatus.RUNNING,
+            context=dict(machine.context),
+            attempt=machine.attempt + 1,
+            state_retries=machine.state_retries + 1,
+            output=output,
+            error=f"{error} (retry {machine.state_retries + 1} of {state.max_retries})",
+            failure=kind,
         )
     assert state.on_failure is not None  # the validator requires it on non-terminal states
     return _take(definition, machine, state.on_failure, dict(machine.context), output, error, kind)
@@ -214,7 +229,9 @@ def _take(
         context[LOOP_COUNT] = loops
         if loops > limit:
             target = definition.on_loop_exhausted
-            reason = f"loop limit reached: {loops} loops back to {edge.target}, {LOOP_LIMIT}={limit}"
+            reason = (
+                f"loop limit reached: {loops} loops back to {edge.target}, {LOOP_LIMIT}={limit}"
+            )
             error = f"{error}; {reason}" if error else reason
     terminal = definition.state(target).terminal
     status = {
@@ -223,7 +240,14 @@ def _take(
         Terminal.FAILED: MachineStatus.FAILED,
     }[terminal]
     return Transition(
-        from_state=machine.current_state, to_state=target, success=failure is None,
-        status=status, context=context, attempt=machine.attempt + 1, state_retries=0,
-        output=output, error=error, failure=failure,
+        from_state=machine.current_state,
+        to_state=target,
+        success=failure is None,
+        status=status,
+        context=context,
+        attempt=machine.attempt + 1,
+        state_retries=0,
+        output=output,
+        error=error,
+        failure=failure,
     )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -16,15 +17,23 @@ def make_engine(url: str, pool_size: int = 5) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin_immediate)
         return engine
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
 
 
-def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
-    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+def _sqlite_pragmas(dbapi_connection: Any, _record: object) -> None:
+    dbapi_connection.isolation_level = None  # let the begin listener open transactions
+    cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _sqlite_begin_immediate(conn: Connection) -> None:
+    # SQLite has no SELECT ... FOR UPDATE: taking the write lock at BEGIN serialises
+    # transactions the way the row locks do on PostgreSQL.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def alembic_config(url: str) -> Config:

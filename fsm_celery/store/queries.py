@@ -13,6 +13,7 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
 from fsm_celery.store.tables import definitions, machines, rejected_messages, transitions
 
+AnyRow = Row[*tuple[Any, ...]]
 PAYLOAD_KEEP = 4096  # characters of a rejected payload kept for the record
 
 
@@ -69,7 +70,7 @@ def definition_txn(conn: Connection, machine_type: str, version: int) -> Machine
     return parse_definition(body, f"{machine_type} v{version}")
 
 
-def definitions_summary_txn(conn: Connection) -> Sequence[Row[Any]]:
+def definitions_summary_txn(conn: Connection) -> Sequence[AnyRow]:
     """Each machine type with its latest version and agent type."""
     latest = (
         select(definitions.c.type, func.max(definitions.c.version).label("version"))
@@ -77,10 +78,17 @@ def definitions_summary_txn(conn: Connection) -> Sequence[Row[Any]]:
         .subquery()
     )
     return conn.execute(
-        select(definitions.c.type, definitions.c.version, definitions.c.agent_type,
-               definitions.c.description, definitions.c.created_at)
-        .join(latest, (latest.c.type == definitions.c.type)
-              & (latest.c.version == definitions.c.version))
+        select(
+            definitions.c.type,
+            definitions.c.version,
+            definitions.c.agent_type,
+            definitions.c.description,
+            definitions.c.created_at,
+        )
+        .join(
+            latest,
+            (latest.c.type == definitions.c.type) & (latest.c.version == definitions.c.version),
+        )
         .order_by(definitions.c.type)
     ).all()
 
@@ -89,19 +97,18 @@ def insert_machine_txn(conn: Connection, values: dict[str, Any]) -> None:
     conn.execute(insert(machines).values(**values))
 
 
-def lock_machines_txn(conn: Connection, ids: Iterable[UUID]) -> dict[UUID, Row[Any]]:
+def lock_machines_txn(conn: Connection, ids: Iterable[UUID]) -> dict[UUID, AnyRow]:
     """Lock the machines' rows in id order (so concurrent batches never deadlock)."""
     ordered = sorted(set(ids))
     if not ordered:
         return {}
     rows = conn.execute(
-        select(machines).where(machines.c.id.in_(ordered)).order_by(machines.c.id)
-        .with_for_update()
+        select(machines).where(machines.c.id.in_(ordered)).order_by(machines.c.id).with_for_update()
     ).all()
     return {row.id: row for row in rows}
 
 
-def get_machine_txn(conn: Connection, machine_id: UUID) -> Row[Any] | None:
+def get_machine_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
     return conn.execute(select(machines).where(machines.c.id == machine_id)).first()
 
 
@@ -134,14 +141,19 @@ def mark_dispatched_txn(
     conn.execute(
         update(machines)
         .where(machines.c.id == machine_id)
-        .values(dispatch_due_at=None, entered_at=entered_at, deadline_at=deadline_at,
-                updated_at=entered_at)
+        .values(
+            dispatch_due_at=None,
+            entered_at=entered_at,
+            deadline_at=deadline_at,
+            updated_at=entered_at,
+        )
     )
 
 
 def extend_deadline_txn(conn: Connection, machine_id: UUID, deadline_at: datetime) -> None:
-    conn.execute(update(machines).where(machines.c.id == machine_id)
-                 .values(deadline_at=deadline_at))
+    conn.execute(
+        update(machines).where(machines.c.id == machine_id).values(deadline_at=deadline_at)
+    )
 
 
 def insert_transitions_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
@@ -156,9 +168,10 @@ def insert_rejections_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
         conn.execute(insert(rejected_messages), rows)
 
 
-def history_txn(conn: Connection, machine_id: UUID) -> Sequence[Row[Any]]:
+def history_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
     return conn.execute(
-        select(transitions).where(transitions.c.machine_id == machine_id)
+        select(transitions)
+        .where(transitions.c.machine_id == machine_id)
         .order_by(transitions.c.attempt)
     ).all()
 
@@ -170,7 +183,7 @@ def list_machines_txn(
     status: str | None = None,
     machine_type: str | None = None,
     limit: int = 100,
-) -> Sequence[Row[Any]]:
+) -> Sequence[AnyRow]:
     query = select(machines).order_by(machines.c.created_at.desc(), machines.c.id).limit(limit)
     if agent_type is not None:
         query = query.where(machines.c.agent_type == agent_type)
@@ -181,45 +194,51 @@ def list_machines_txn(
     return conn.execute(query).all()
 
 
-def status_counts_txn(conn: Connection) -> Sequence[Row[Any]]:
+def status_counts_txn(conn: Connection) -> Sequence[AnyRow]:
     """Machines counted by type and status."""
     return conn.execute(
-        select(machines.c.type, machines.c.status, func.count().label("count"))
+        select(machines.c.type, machines.c.status, func.count().label("total"))
         .group_by(machines.c.type, machines.c.status)
         .order_by(machines.c.type, machines.c.status)
     ).all()
 
 
-def rejection_counts_txn(conn: Connection) -> Sequence[Row[Any]]:
+def rejection_counts_txn(conn: Connection) -> Sequence[AnyRow]:
     return conn.execute(
-        select(rejected_messages.c.reason, func.count().label("count"))
-        .group_by(rejected_messages.c.reason).order_by(rejected_messages.c.reason)
+        select(rejected_messages.c.reason, func.count().label("total"))
+        .group_by(rejected_messages.c.reason)
+        .order_by(rejected_messages.c.reason)
     ).all()
 
 
 def rejections_txn(
     conn: Connection, machine_id: UUID | None = None, limit: int = 100
-) -> Sequence[Row[Any]]:
+) -> Sequence[AnyRow]:
     query = select(rejected_messages).order_by(rejected_messages.c.id.desc()).limit(limit)
     if machine_id is not None:
         query = query.where(rejected_messages.c.machine_id == machine_id)
     return conn.execute(query).all()
 
 
-def due_dispatches_txn(conn: Connection, before: datetime, limit: int) -> Sequence[Row[Any]]:
+def due_dispatches_txn(conn: Connection, before: datetime, limit: int) -> Sequence[AnyRow]:
     """Running machines whose next state was committed but not dispatched by `before`."""
     return conn.execute(
         select(machines.c.id, machines.c.attempt)
         .where(machines.c.status == "running", machines.c.dispatch_due_at < before)
-        .order_by(machines.c.dispatch_due_at).limit(limit)
+        .order_by(machines.c.dispatch_due_at)
+        .limit(limit)
     ).all()
 
 
-def overdue_deadlines_txn(conn: Connection, before: datetime, limit: int) -> Sequence[Row[Any]]:
+def overdue_deadlines_txn(conn: Connection, before: datetime, limit: int) -> Sequence[AnyRow]:
     """Running, dispatched machines whose deadline passed before `before`."""
     return conn.execute(
         select(machines.c.id, machines.c.attempt)
-        .where(machines.c.status == "running", machines.c.dispatch_due_at.is_(None),
-               machines.c.deadline_at < before)
-        .order_by(machines.c.deadline_at).limit(limit)
+        .where(
+            machines.c.status == "running",
+            machines.c.dispatch_due_at.is_(None),
+            machines.c.deadline_at < before,
+        )
+        .order_by(machines.c.deadline_at)
+        .limit(limit)
     ).all()

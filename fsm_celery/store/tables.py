@@ -17,7 +17,6 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
-    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -26,10 +25,11 @@ metadata = MetaData()
 Json = JSON().with_variant(JSONB(), "postgresql")
 BigId = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
 RUNNING = text("status = 'running'")
+NOW = text("CURRENT_TIMESTAMP")  # portable: PostgreSQL and SQLite
 
 
 def _created() -> Column[object]:
-    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
+    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW)
 
 
 definitions = Table(
@@ -60,7 +60,7 @@ machines = Table(
     Column("status", String(20), nullable=False, server_default="running"),
     Column("github_issue", Integer),
     _created(),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     # engine additions
     Column("definition_version", Integer, nullable=False),
     Column("agent_id", Uuid),
@@ -73,8 +73,12 @@ machines = Table(
     Index("idx_machines_agent", "agent_type", "status"),
     Index("idx_machines_issue", "github_issue"),
     Index("idx_machines_type_status", "type", "status"),
-    Index("idx_machines_dispatch_due", "dispatch_due_at", postgresql_where=RUNNING,
-          sqlite_where=RUNNING),
+    Index(
+        "idx_machines_dispatch_due",
+        "dispatch_due_at",
+        postgresql_where=RUNNING,
+        sqlite_where=RUNNING,
+    ),
     Index("idx_machines_deadline", "deadline_at", postgresql_where=RUNNING, sqlite_where=RUNNING),
 )
 
@@ -102,7 +106,7 @@ rejected_messages = Table(
     "rejected_messages",
     metadata,
     Column("id", BigId, primary_key=True),
-    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("reason", String(32), nullable=False),
     Column("detail", Text, nullable=False),
     Column("machine_id", Uuid),

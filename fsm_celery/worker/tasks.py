@@ -19,8 +19,12 @@ from fsm_celery.worker.app import app
 log = logging.getLogger(__name__)
 
 _engine: MachineEngine | None = None
-TRANSIENT = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
-             redis.ConnectionError, redis.TimeoutError)
+TRANSIENT = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
 RETRY: dict[str, Any] = {
     "autoretry_for": TRANSIENT,
     "retry_backoff": True,
@@ -35,9 +39,18 @@ def engine() -> MachineEngine:
     global _engine
     if _engine is None:
         settings = get_settings()
-        _engine = MachineEngine(make_engine(settings.database_url),
-                                RedisPublisher(connect(settings.redis_url)), settings)
+        _engine = MachineEngine(
+            make_engine(settings.database_url),
+            RedisPublisher(connect(settings.redis_url)),
+            settings,
+        )
     return _engine
+
+
+def install_engine(machine_engine: MachineEngine) -> None:
+    """Use this engine in this process (the embedded demo runs SQLite and in-memory agents)."""
+    global _engine
+    _engine = machine_engine
 
 
 @worker_process_init.connect
@@ -80,8 +93,9 @@ def sweep() -> None:
     """Repair machines whose dispatch or timeout was lost; the database is the truth."""
     dispatch, overdue = engine().sweep()
     if dispatch or overdue:
-        log.warning("sweeper: re-entering %d machines, checking %d deadlines",
-                    len(dispatch), len(overdue))
+        log.warning(
+            "sweeper: re-entering %d machines, checking %d deadlines", len(dispatch), len(overdue)
+        )
     enter(dispatch)
     for machine_id, attempt in overdue:
         check_timeout.delay(str(machine_id), attempt)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from fsm_celery.store.tables import metadata
 
@@ -21,7 +21,7 @@ def run() -> None:
     engine.dispose()
 
 
-def _migrate(connection: object) -> None:
+def _migrate(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,

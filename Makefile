@@ -1,0 +1,28 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test lint unit integration
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+install: $(PY)
+	$(PY) -m pip install --quiet -e ".[dev]"
+
+demo: install
+	$(VENV)/bin/fsm-celery demo
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+unit: install
+	$(PY) -m pytest tests/unit -q
+
+integration: install
+	$(PY) -m pytest tests/integration -q
+
+test: lint
+	$(PY) -m pytest -q

@@ -1,0 +1,5 @@
+"""`python -m fsm_celery` runs the command line."""
+
+from fsm_celery.cli import main
+
+main()

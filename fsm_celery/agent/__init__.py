@@ -1,0 +1,1 @@
+"""Agents: the SDK and the deterministic mock agents."""

@@ -1,0 +1,55 @@
+"""Fixtures for integration tests: real PostgreSQL, Redis, Celery worker and ack bridge."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from tests.conftest import TEST_PG_URL, TEST_REDIS_URL
+from tests.integration.harness import (
+    FsmEnv,
+    create_template,
+    database_name,
+    drop_database,
+    make_env,
+    require_services,
+)
+
+TEMPLATE = f"fsm_test_template_{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def template_db() -> Iterator[str]:
+    require_services(TEST_PG_URL, TEST_REDIS_URL)
+    redis.Redis.from_url(TEST_REDIS_URL).flushdb()
+    create_template(TEST_PG_URL, TEMPLATE)
+    yield TEMPLATE
+    drop_database(TEST_PG_URL, TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def env_factory(template_db: str) -> Iterator[Callable[..., FsmEnv]]:
+    made: list[FsmEnv] = []
+
+    def factory(name: str, **overrides: object) -> FsmEnv:
+        env = make_env(name, TEST_PG_URL, template_db, TEST_REDIS_URL, **overrides)
+        made.append(env)
+        return env
+
+    yield factory
+    for env in made:
+        env.stop_all()
+        env.client.engine.db.dispose()
+        drop_database(TEST_PG_URL, database_name(env))
+
+
+@pytest.fixture(scope="session")
+def fsm(env_factory: Callable[..., FsmEnv]) -> FsmEnv:
+    """The shared deployment: one worker and one ack bridge for the session."""
+    env = env_factory("shared")
+    env.start_worker()
+    env.start_bridge()
+    return env

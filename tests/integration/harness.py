@@ -1,0 +1,392 @@
+"""Real services for integration tests: databases, worker and bridge processes, scripted agents.
+
+Nothing here is a mock: each environment has its own PostgreSQL database (a copy of a migrated
+template), its own Celery queue and channel prefix on the test Redis, real `celery worker` and
+`fsm-celery ack-bridge` processes, and agents that speak the wire protocol with plain redis-py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from fsm_celery.channel.redis import RedisPublisher
+from fsm_celery.config import Settings
+from fsm_celery.core.messages import ack_channel, task_channel
+from fsm_celery.engine import MachineEngine, Step
+from fsm_celery.ops import Client, MachineInfo
+from fsm_celery.store.db import make_engine, upgrade
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE_DEFINITIONS = ROOT / "tests" / "fixtures" / "definitions"
+LOGS = Path(os.environ.get("FSM_TEST_LOGS", "/tmp/fsm-celery-test-logs"))
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+def require_services(pg_url: str, redis_url: str) -> None:
+    """Fail loudly, naming the service, when PostgreSQL or Redis is not reachable."""
+    try:
+        redis.Redis.from_url(redis_url, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        raise RuntimeError(f"Redis is required at {redis_url} and is not reachable: {exc}") from exc
+    engine = create_engine(f"{pg_url}/postgres")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+    except Exception as exc:
+        raise RuntimeError(
+            f"PostgreSQL is required at {pg_url} and is not reachable: {exc}"
+        ) from exc
+    finally:
+        engine.dispose()
+
+
+def _admin(pg_url: str, statement: str) -> None:
+    engine = create_engine(f"{pg_url}/postgres", isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(statement))
+    engine.dispose()
+
+
+def create_template(pg_url: str, name: str) -> None:
+    """A migrated database to copy for each environment."""
+    drop_database(pg_url, name)
+    _admin(pg_url, f'CREATE DATABASE "{name}"')
+    engine = make_engine(f"{pg_url}/{name}")
+    upgrade(engine)
+    engine.dispose()
+
+
+def copy_database(pg_url: str, template: str, name: str) -> str:
+    drop_database(pg_url, name)
+    _admin(pg_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return f"{pg_url}/{name}"
+
+
+def drop_database(pg_url: str, name: str) -> None:
+    _admin(pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class Proc:
+    """A child process in its own session (so SIGKILL reaches its whole process group)."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+            self.popen.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def wait_for_log(self, needle: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.log.read_text(errors="replace"):
+                return
+            if self.popen.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"{self.name} did not log {needle!r}; log:\n"
+            + self.log.read_text(errors="replace")[-4000:]
+        )
+
+
+@dataclass
+class FsmEnv:
+    """One isolated deployment: database, queue, channel prefix, and its processes."""
+
+    name: str
+    settings: Settings
+    redis: redis.Redis
+    client: Client
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            **os.environ,
+            "FSM_DATABASE_URL": s.database_url,
+            "FSM_REDIS_URL": s.redis_url,
+            "FSM_CHANNEL_PREFIX": s.channel_prefix,
+            "FSM_QUEUE": s.queue,
+            "FSM_TASK_TOKEN_SECRET": s.task_token_secret,
+            "FSM_SWEEP_INTERVAL_SECONDS": str(s.sweep_interval_seconds),
+            "FSM_SWEEP_GRACE_SECONDS": str(s.sweep_grace_seconds),
+        }
+
+    def _spawn(self, name: str, argv: list[str]) -> Proc:
+        LOGS.mkdir(parents=True, exist_ok=True)
+        log = LOGS / f"{self.name}-{name}-{len(self.procs)}.log"
+        handle = log.open("wb")
+        popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=self.env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        handle.close()
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(self, *, beat: bool = False, concurrency: int = 2) -> Proc:
+        """A real `celery worker` on this environment's queue (with beat for the sweeper)."""
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "fsm_celery",
+            "worker",
+            "-Q",
+            self.settings.queue,
+            "-c",
+            str(concurrency),
+            "-P",
+            "prefork",
+            "-l",
+            "info",
+            "--without-mingle",
+            "--without-gossip",
+            "-n",
+            f"{self.name}-{uuid.uuid4().hex[:6]}@%h",
+        ]
+        if beat:
+            argv += ["-B", "-s", str(LOGS / f"{self.name}-beat-{uuid.uuid4().hex[:6]}")]
+        proc = self._spawn("worker", argv)
+        proc.wait_for_log(" ready.")
+        return proc
+
+    def start_bridge(self) -> Proc:
+        """A real `fsm-celery ack-bridge`, returned once it is subscribed."""
+        channel = ack_channel(self.settings.channel_prefix)
+        before = _subscribers(self.redis, channel)
+        proc = self._spawn("bridge", [sys.executable, "-m", "fsm_celery", "ack-bridge"])
+        deadline = time.monotonic() + 30
+        while _subscribers(self.redis, channel) <= before:
+            if time.monotonic() > deadline or proc.popen.poll() is not None:
+                raise RuntimeError(
+                    "ack bridge did not subscribe; log:\n" + proc.log.read_text(errors="replace")
+                )
+            time.sleep(0.05)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+    def wait_until_done(self, machine_id: uuid.UUID, timeout: float = 30.0) -> MachineInfo:
+        """The machine once it reached a terminal status (fails the test on timeout)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.client.get_machine(machine_id)
+            if info.status in TERMINAL:
+                return info
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"machine {machine_id} still {info.status} in {info.current_state} "
+                    f"(attempt {info.attempt}) after {timeout}s"
+                )
+            time.sleep(0.05)
+
+    def wait_for_state(self, machine_id: uuid.UUID, state: str, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.client.get_machine(machine_id).current_state != state:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"machine {machine_id} never reached {state}")
+            time.sleep(0.05)
+
+    def visited(self, machine_id: uuid.UUID) -> list[str]:
+        """The states the machine entered, in order, from its history."""
+        return [row.to_state for row in self.client.history(machine_id)]
+
+
+def _subscribers(client: redis.Redis, channel: str) -> int:
+    return int(dict(client.pubsub_numsub(channel)).get(channel.encode(), 0))
+
+
+def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides: Any) -> FsmEnv:
+    """A fresh environment with its own database copied from the template."""
+    tag = f"{name}_{os.getpid()}"
+    database_url = copy_database(pg_url, template, f"fsm_test_{tag}")
+    settings = Settings(
+        database_url=database_url,
+        redis_url=redis_url,
+        queue=f"fsm-{tag}",
+        channel_prefix=f"{tag}:",
+        task_token_secret="test-secret",
+        definitions_path=str(ROOT / "definitions"),
+        **overrides,
+    )
+    engine = MachineEngine(
+        make_engine(database_url), RedisPublisher(redis.Redis.from_url(redis_url)), settings
+    )
+    client = Client(engine, _enqueue_on(settings.queue))
+    client.load_definitions(str(ROOT / "definitions"))
+    client.load_definitions(str(FIXTURE_DEFINITIONS))
+    return FsmEnv(name, settings, redis.Redis.from_url(redis_url), client)
+
+
+def _enqueue_on(queue: str) -> Callable[[list[Step]], None]:
+    from fsm_celery.worker.tasks import enter_state
+
+    def enqueue(steps: list[Step]) -> None:
+        for machine_id, attempt in steps:
+            enter_state.apply_async((str(machine_id), attempt), queue=queue)
+
+    return enqueue
+
+
+def database_name(env: FsmEnv) -> str:
+    return str(make_url(env.settings.database_url).database)
+
+
+# ---- agents -----------------------------------------------------------------------------
+
+OUTPUTS: dict[str, dict[str, Any]] = {
+    "ANALYZE_ISSUE": {"needsSpec": True, "complexity": "medium"},
+    "WRITE_SPEC": {"specPath": "/specs/issue-726.md"},
+    "CREATE_PROJECT": {"projectPath": "/app/projects/sla-api"},
+    "WRITE_CODE": {"filesCreated": ["src/index.ts"], "buildSuccess": True},
+    "RUN_TESTS": {"passed": True, "coverage": 91},
+    "COMMIT_PUSH": {"commitHash": "abc123"},
+    "DEPLOY_STAGING": {"stagingUrl": "https://staging.example"},
+    "VERIFY_STAGING": {"verified": True},
+    "DEPLOY_PROD": {"prodUrl": "https://example"},
+    "ANALYZE_BUG": {"reproduced": True},
+    "LOCATE_CODE": {"location": "src/routes/health.ts:12"},
+    "WRITE_FIX": {"filesChanged": ["src/routes/health.ts"]},
+    "DEPLOY": {"deploymentUrl": "https://example"},
+    "CHECK_UPTIME": {"uptime": "100%"},
+    "CHECK_CERTS": {"certs": "all valid"},
+    "CHECK_CONTAINERS": {"containers": "all healthy"},
+    "GENERATE_REPORT": {"report": "all green"},
+    "ONE": {"one": 1},
+    "TWO": {"two": 2},
+    "THREE": {"three": 3},
+    "WAIT": {"answer": 42},
+    "FALLBACK": {"fallback": True},
+}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """How the agent answers one state_task: an ack (success, output), or silence."""
+
+    success: bool = True
+    output: dict[str, Any] | None = None  # None: the state's usual output
+    silent: bool = False
+    error: str | None = None
+
+
+SILENT = Reply(silent=True)
+
+
+class ScriptedAgent:
+    """An agent written with plain redis-py: SUBSCRIBE to its channel, PUBLISH JSON acks."""
+
+    def __init__(
+        self,
+        env: FsmEnv,
+        script: dict[str, list[Reply]] | None = None,
+        copies: int = 1,
+        gate: threading.Event | None = None,
+    ) -> None:
+        self.id = str(uuid.uuid4())
+        self.env = env
+        self.script = {state: list(replies) for state, replies in (script or {}).items()}
+        self.copies = copies
+        self.gate = gate
+        self.tasks: list[dict[str, Any]] = []
+        self._pending: list[str] = []
+        self._redis = redis.Redis.from_url(env.settings.redis_url)
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ScriptedAgent:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("agent did not subscribe")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(task_channel(self.id, self.env.settings.channel_prefix))
+        self._ready.set()
+        while not self._stop.is_set():
+            message = pubsub.get_message(timeout=0.05)
+            if message is not None:
+                self._answer(json.loads(message["data"]))
+            if self._pending and self.gate is not None and self.gate.is_set():
+                for ack in self._pending:
+                    self._publish(ack)
+                self._pending.clear()
+        pubsub.close()
+
+    def _answer(self, task: dict[str, Any]) -> None:
+        self.tasks.append(task)
+        replies = self.script.get(task["state"])
+        reply = replies.pop(0) if replies else Reply()
+        if reply.silent:
+            return
+        ack = json.dumps(ack_for(task, reply))
+        if self.gate is not None and not self.gate.is_set():
+            self._pending.append(ack)  # held until the gate opens
+        else:
+            self._publish(ack)
+
+    def _publish(self, ack: str) -> None:
+        for _ in range(self.copies):
+            self._redis.publish(ack_channel(self.env.settings.channel_prefix), ack)
+
+    def states(self) -> Iterator[str]:
+        return (task["state"] for task in self.tasks)
+
+
+def ack_for(task: dict[str, Any], reply: Reply = Reply()) -> dict[str, Any]:
+    """The state_ack answering a state_task."""
+    ack: dict[str, Any] = {
+        "type": "state_ack",
+        "machineId": task["machineId"],
+        "state": task["state"],
+        "success": reply.success,
+        "output": OUTPUTS.get(task["state"], {}) if reply.output is None else reply.output,
+        "attempt": task["attempt"],
+        "taskToken": task["taskToken"],
+    }
+    if reply.error is not None:
+        ack["error"] = reply.error
+    return ack

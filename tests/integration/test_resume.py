@@ -1,0 +1,67 @@
+"""Acceptance: killing the worker and starting a new one resumes every running machine."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.integration.harness import FsmEnv, ScriptedAgent
+
+
+@pytest.fixture(scope="module")
+def crashy(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
+    """A deployment of its own, whose workers run beat (the sweeper every second)."""
+    env = env_factory("crashy", sweep_interval_seconds=1.0, sweep_grace_seconds=1.0)
+    env.start_bridge()
+    yield env
+    env.stop_all()
+
+
+def _assert_one_history_row_per_attempt(env: FsmEnv, machine_ids: list) -> None:
+    for mid in machine_ids:
+        attempts = [row.attempt for row in env.client.history(mid)]
+        assert attempts == list(range(len(attempts))), f"machine {mid}: attempts {attempts}"
+
+
+def test_machines_waiting_on_agents_resume_on_a_new_worker(crashy: FsmEnv) -> None:
+    worker = crashy.start_worker(beat=True)
+    gate = threading.Event()
+    with ScriptedAgent(crashy, gate=gate) as agent:
+        ids = [
+            crashy.client.start_machine("cto_fix_bug", {"githubIssue": i}, agent_id=agent.id)
+            for i in range(10)
+        ]
+        for mid in ids:
+            crashy.wait_for_state(mid, "ANALYZE_BUG")
+        deadline = time.monotonic() + 15
+        while len(agent.tasks) < 10:
+            assert time.monotonic() < deadline, "not every machine was dispatched"
+            time.sleep(0.05)
+        worker.kill()
+        gate.set()  # the agent answers while no worker runs: acks wait in the broker
+        time.sleep(1)
+        assert all(crashy.client.get_machine(m).current_state == "ANALYZE_BUG" for m in ids)
+        crashy.start_worker(beat=True)
+        infos = [crashy.wait_until_done(mid, timeout=60) for mid in ids]
+    assert {info.status for info in infos} == {"completed"}
+    _assert_one_history_row_per_attempt(crashy, ids)
+
+
+def test_worker_killed_mid_flight_then_replaced_finishes_every_machine(crashy: FsmEnv) -> None:
+    worker = crashy.start_worker(beat=True)
+    with ScriptedAgent(crashy) as agent:
+        ids = [crashy.client.start_machine("test_linear", {}, agent_id=agent.id) for _ in range(40)]
+        deadline = time.monotonic() + 15
+        while len(agent.tasks) < 30:
+            assert time.monotonic() < deadline, "machines did not start moving"
+            time.sleep(0.01)
+        worker.kill()  # SIGKILL the whole worker: tasks in flight are lost with it
+        crashy.start_worker(beat=True)
+        infos = [crashy.wait_until_done(mid, timeout=90) for mid in ids]
+    assert {info.status for info in infos} == {"completed"}
+    for mid in ids:
+        assert crashy.visited(mid)[-1] == "DONE"
+    _assert_one_history_row_per_attempt(crashy, ids)
