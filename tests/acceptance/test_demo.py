@@ -1,0 +1,25 @@
+"""The newcomer's first command: the embedded demo runs every machine to its end, serverless."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_runs_every_machine_to_completion_without_servers() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FSM_")}
+    env["FSM_DATABASE_URL"] = "postgresql+psycopg2://nobody@127.0.0.1:1/none"  # must not be used
+    env["FSM_REDIS_URL"] = "redis://127.0.0.1:1/0"  # must not be used
+    done = subprocess.run(
+        [sys.executable, "-m", "fsm_celery", "demo", "--definitions", str(ROOT / "definitions")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum("completed  after" in line for line in lines) == 4
+    assert any("RUN_TESTS -> WRITE_CODE  (2 of 48 tests failed)" in line for line in lines)
+    assert any("ANALYZE_ISSUE -> CREATE_PROJECT" in line for line in lines)

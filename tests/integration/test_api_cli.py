@@ -1,0 +1,126 @@
+"""The Python API and the CLI against a real database: bad input is refused and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from fsm_celery import cli
+from fsm_celery.core.loader import load_file
+from fsm_celery.exceptions import InvalidContext, MachineNotFound, UnknownMachineType
+from tests.integration.harness import ROOT, FsmEnv, ScriptedAgent
+
+
+@pytest.fixture
+def run(fsm: FsmEnv, monkeypatch: pytest.MonkeyPatch) -> object:
+    """Invoke the CLI with the shared deployment's client."""
+    monkeypatch.setattr(cli, "_client", lambda: fsm.client)
+
+    def invoke(*args: str) -> Result:
+        return CliRunner().invoke(cli.main, list(args))
+
+    return invoke
+
+
+def _machine_count(env: FsmEnv) -> int:
+    return sum(sum(by_status.values()) for by_status in env.client.stats()["machines"].values())
+
+
+def test_start_with_an_unknown_type_is_refused_and_writes_nothing(fsm: FsmEnv) -> None:
+    before = _machine_count(fsm)
+    with pytest.raises(UnknownMachineType, match="cto_build_spaceship"):
+        fsm.client.start_machine("cto_build_spaceship", {})
+    assert _machine_count(fsm) == before
+
+
+def test_start_with_a_context_that_is_not_an_object_is_refused(fsm: FsmEnv) -> None:
+    before = _machine_count(fsm)
+    with pytest.raises(InvalidContext, match="JSON object"):
+        fsm.client.start_machine("cto_fix_bug", ["not", "a", "mapping"])  # type: ignore[arg-type]
+    assert _machine_count(fsm) == before
+
+
+def test_unknown_machine_id_is_reported_by_name(fsm: FsmEnv) -> None:
+    ghost = uuid.uuid4()
+    with pytest.raises(MachineNotFound, match=str(ghost)):
+        fsm.client.get_machine(ghost)
+    with pytest.raises(MachineNotFound):
+        fsm.client.history("not-a-uuid")
+
+
+def test_list_machines_filters_by_type_status_and_agent_type(fsm: FsmEnv) -> None:
+    with ScriptedAgent(fsm) as agent:
+        mid = fsm.client.start_machine("cto_infrastructure_check", {}, agent_id=agent.id)
+        fsm.wait_until_done(mid)
+    completed = fsm.client.list_machines(machine_type="cto_infrastructure_check",
+                                         status="completed", agent_type="cto", limit=1000)
+    assert mid in {m.id for m in completed}
+    assert not fsm.client.list_machines(machine_type="cto_infrastructure_check", status="paused")
+    stats = fsm.client.stats()
+    assert stats["machines"]["cto_infrastructure_check"]["completed"] >= 1
+
+
+def test_a_running_machine_keeps_the_definition_version_it_started_with(
+    fsm: FsmEnv, tmp_path: Path
+) -> None:
+    original = load_file(ROOT / "tests/fixtures/definitions/test_timeout.yaml")
+    with ScriptedAgent(fsm) as agent:
+        mid = fsm.client.start_machine("test_timeout", {"who": "v1"}, agent_id=agent.id)
+        changed = original.model_copy(update={"description": "a new version"})
+        [(_, new_version, created)] = fsm.client.engine.load_definitions([changed])
+        fsm.wait_until_done(mid)
+    assert created
+    started_on = fsm.client.get_machine(mid).definition_version
+    assert started_on == new_version - 1
+    fsm.client.engine.load_definitions([original])  # back to the fixture's content
+
+
+def test_cli_start_status_and_history(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedAgent(fsm) as agent:
+        result = run("start", "cto_fix_bug", "--context", '{"githubIssue": 5}',
+                     "--agent-id", agent.id)
+        assert result.exit_code == 0, result.output
+        mid = uuid.UUID(result.output.strip())
+        fsm.wait_until_done(mid)
+    status = json.loads(run("status", str(mid), "--json").output)
+    assert (status["status"], status["current_state"]) == ("completed", "COMPLETE")
+    history = json.loads(run("history", str(mid), "--json").output)
+    assert [h["to_state"] for h in history][-1] == "COMPLETE"
+    text = run("history", str(mid)).output
+    assert "ANALYZE_BUG -> LOCATE_CODE" in text
+
+
+def test_cli_start_with_malformed_context_says_what_is_wrong(run) -> None:  # type: ignore[no-untyped-def]
+    result = run("start", "cto_fix_bug", "--context", "{not json")
+    assert result.exit_code == 2
+    assert "--context" in result.output and "not valid JSON" in result.output
+
+
+def test_cli_start_with_unknown_type_fails_cleanly(run) -> None:  # type: ignore[no-untyped-def]
+    result = run("start", "nope", "--context", "{}")
+    assert result.exit_code == 1
+    assert "unknown machine type 'nope'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_validate_names_file_state_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "type: bad\nagent_type: x\ninitial_state: A\nstates:\n"
+        "  - {name: A, timeout: 0, on_success: B, on_failure: END}\n"
+        "  - {name: END, terminal: completed}\n"
+    )
+    result = CliRunner().invoke(cli.main, ["definitions", "validate", str(bad)])
+    assert result.exit_code == 1
+    assert f"{bad}: state A: field timeout: timeout must be positive" in result.output
+    assert f"{bad}: state A: field on_success[0]: unknown target state 'B'" in result.output
+
+
+def test_cli_validate_accepts_the_shipped_definitions() -> None:
+    result = CliRunner().invoke(cli.main, ["definitions", "validate", str(ROOT / "definitions")])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("ok  ") == 3
