@@ -7,10 +7,14 @@ import logging
 import signal
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+import kombu.exceptions
+import redis
+import sqlalchemy.exc
 
 from fsm_celery.config import get_settings
 from fsm_celery.exceptions import FsmError
@@ -35,6 +39,14 @@ def _fail_cleanly(func: F) -> F:
             return func(*args, **kwargs)
         except FsmError as exc:
             raise click.ClickException(str(exc)) from exc
+        except sqlalchemy.exc.ProgrammingError as exc:
+            raise click.ClickException(
+                f"the database has no fsm-celery schema (run: fsm-celery db upgrade): {exc.orig}"
+            ) from exc
+        except sqlalchemy.exc.OperationalError as exc:
+            raise click.ClickException(f"cannot reach the database: {exc.orig}") from exc
+        except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
+            raise click.ClickException(f"cannot reach Redis: {exc}") from exc
 
     return wrapper  # type: ignore[return-value]
 
@@ -66,6 +78,7 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True)
+@_fail_cleanly
 def db_upgrade(revision: str) -> None:
     """Create or migrate the schema."""
     from fsm_celery.store.db import make_engine, upgrade
@@ -109,11 +122,11 @@ def definitions_load(path: str | None) -> None:
 @main.command()
 @click.argument("machine_type")
 @click.option("--context", default="{}", callback=_json_object, help="Initial context (JSON).")
-@click.option("--agent-id", default=None, help="UUID of the agent that serves the machine.")
+@click.option("--agent-id", type=click.UUID, default=None, help="UUID of the agent that serves it.")
 @click.option("--github-issue", type=int, default=None)
 @_fail_cleanly
 def start(
-    machine_type: str, context: dict[str, Any], agent_id: str | None, github_issue: int | None
+    machine_type: str, context: dict[str, Any], agent_id: uuid.UUID | None, github_issue: int | None
 ) -> None:
     """Start a machine of MACHINE_TYPE and print its id."""
     click.echo(_client().start_machine(machine_type, context, agent_id, github_issue))

@@ -31,7 +31,7 @@ from fsm_celery.core.transition import (
     decide,
     initial_context,
 )
-from fsm_celery.exceptions import InvalidContext, UnknownMachineType
+from fsm_celery.exceptions import InvalidAgentId, InvalidContext, UnknownMachineType
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class MachineEngine:
     ) -> Step:
         """Create a running machine in its initial state; the step must then be entered."""
         context = _checked_context(context)
-        agent = UUID(str(agent_id)) if agent_id is not None else None
+        agent = _agent_uuid(agent_id)
         now = self.clock()
         machine_id = uuid.uuid4()
         with self.db.begin() as conn:
@@ -370,6 +370,15 @@ def _checked_context(context: Mapping[str, Any] | None) -> dict[str, Any]:
         return dict(json.loads(json.dumps(dict(context))))
     except (TypeError, ValueError) as exc:
         raise InvalidContext(f"context is not JSON-serialisable: {exc}") from exc
+
+
+def _agent_uuid(agent_id: UUID | str | None) -> UUID | None:
+    if agent_id is None or isinstance(agent_id, UUID):
+        return agent_id
+    try:
+        return UUID(str(agent_id))
+    except ValueError:
+        raise InvalidAgentId(agent_id) from None
 
 
 def _render(template: str, context: Mapping[str, Any]) -> str:

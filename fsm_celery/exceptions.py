@@ -5,7 +5,8 @@ FsmError                      root of everything this package raises
 ├── MachineError              an operation on a machine instance was refused
 │   ├── UnknownMachineType    no definition is loaded for that type
 │   ├── MachineNotFound       no machine has that id
-│   └── InvalidContext        the context given at start is not a JSON object
+│   ├── InvalidContext        the context given at start is not a JSON object
+│   └── InvalidAgentId        the agent id given at start is not a UUID
 └── StoreError                the database is missing its schema or answered badly
 """
 
@@ -69,6 +70,14 @@ class MachineNotFound(MachineError):
 
 class InvalidContext(MachineError):
     """The context given to start a machine is not a JSON object."""
+
+
+class InvalidAgentId(MachineError):
+    """The agent id given to start a machine is not a UUID."""
+
+    def __init__(self, agent_id: object) -> None:
+        self.agent_id = agent_id
+        super().__init__(f"agent id must be a UUID, got {agent_id!r}")
 
 
 class StoreError(FsmError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -13,6 +14,7 @@ from fsm_celery.engine import MachineEngine, Step
 from fsm_celery.exceptions import MachineNotFound
 from fsm_celery.store import queries as q
 
+log = logging.getLogger(__name__)
 Enqueue = Callable[[list[Step]], None]
 
 
@@ -87,7 +89,16 @@ class Client:
     ) -> UUID:
         """Start a machine of the type; returns its id once its first state is enqueued."""
         step = self.engine.start(machine_type, context, agent_id, github_issue)
-        self.enqueue([step])
+        try:
+            self.enqueue([step])
+        except Exception:
+            # The machine is committed with its dispatch due: the sweeper enters its first
+            # state once the broker is back. Raising would invite a caller to start it twice.
+            log.warning(
+                "machine %s started but not enqueued; the sweeper will dispatch it",
+                step[0],
+                exc_info=True,
+            )
         return step[0]
 
     def get_machine(self, machine_id: UUID | str) -> MachineInfo:

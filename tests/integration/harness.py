@@ -185,6 +185,12 @@ class FsmEnv:
         proc.wait_for_log(" ready.")
         return proc
 
+    def ensure_worker(self, *, beat: bool = False) -> None:
+        """Start a worker unless one of this environment's is alive."""
+        alive = [p for p in self.procs if p.name == "worker" and p.popen.poll() is None]
+        if not alive:
+            self.start_worker(beat=beat)
+
     def start_bridge(self) -> Proc:
         """A real `fsm-celery ack-bridge`, returned once it is subscribed."""
         channel = ack_channel(self.settings.channel_prefix)

@@ -56,8 +56,9 @@ def test_list_machines_filters_by_type_status_and_agent_type(fsm: FsmEnv) -> Non
     with ScriptedAgent(fsm) as agent:
         mid = fsm.client.start_machine("cto_infrastructure_check", {}, agent_id=agent.id)
         fsm.wait_until_done(mid)
-    completed = fsm.client.list_machines(machine_type="cto_infrastructure_check",
-                                         status="completed", agent_type="cto", limit=1000)
+    completed = fsm.client.list_machines(
+        machine_type="cto_infrastructure_check", status="completed", agent_type="cto", limit=1000
+    )
     assert mid in {m.id for m in completed}
     assert not fsm.client.list_machines(machine_type="cto_infrastructure_check", status="paused")
     stats = fsm.client.stats()
@@ -81,8 +82,9 @@ def test_a_running_machine_keeps_the_definition_version_it_started_with(
 
 def test_cli_start_status_and_history(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
     with ScriptedAgent(fsm) as agent:
-        result = run("start", "cto_fix_bug", "--context", '{"githubIssue": 5}',
-                     "--agent-id", agent.id)
+        result = run(
+            "start", "cto_fix_bug", "--context", '{"githubIssue": 5}', "--agent-id", agent.id
+        )
         assert result.exit_code == 0, result.output
         mid = uuid.UUID(result.output.strip())
         fsm.wait_until_done(mid)

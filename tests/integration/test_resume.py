@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from fsm_celery.engine import Step
+from fsm_celery.ops import Client
 from tests.integration.harness import FsmEnv, ScriptedAgent
 
 
@@ -65,3 +67,19 @@ def test_worker_killed_mid_flight_then_replaced_finishes_every_machine(crashy: F
     for mid in ids:
         assert crashy.visited(mid)[-1] == "DONE"
     _assert_one_history_row_per_attempt(crashy, ids)
+
+
+def test_machine_started_while_the_broker_is_down_is_dispatched_by_the_sweeper(
+    crashy: FsmEnv,
+) -> None:
+    crashy.ensure_worker(beat=True)
+
+    def broker_down(steps: list[Step]) -> None:
+        raise ConnectionError("broker unreachable")
+
+    client = Client(crashy.client.engine, broker_down)
+    with ScriptedAgent(crashy) as agent:
+        mid = client.start_machine("test_linear", {}, agent_id=agent.id)
+        info = crashy.wait_until_done(mid, timeout=30)
+    assert info.status == "completed"
+    assert crashy.visited(mid) == ["ONE", "TWO", "THREE", "DONE"]
