@@ -16,7 +16,11 @@ def test_demo_runs_every_machine_to_completion_without_servers() -> None:
     env["FSM_REDIS_URL"] = "redis://127.0.0.1:1/0"  # must not be used
     done = subprocess.run(
         [sys.executable, "-m", "fsm_celery", "demo", "--definitions", str(ROOT / "definitions")],
-        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
