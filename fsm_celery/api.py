@@ -7,21 +7,26 @@ from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-from fsm_celery.channel.redis import RedisPublisher, connect
+from fsm_celery.channel.redis import RedisDispatcher, connect
 from fsm_celery.config import Settings, get_settings
 from fsm_celery.engine import MachineEngine
 from fsm_celery.ops import Client, MachineInfo, TransitionRecord
 from fsm_celery.store.db import make_engine
 
 
+def redis_engine(settings: Settings) -> MachineEngine:
+    """An engine on the configured database that dispatches to agents through Redis."""
+    dispatcher = RedisDispatcher(
+        connect(settings.redis_url), settings.channel_prefix, settings.task_streams
+    )
+    return MachineEngine(make_engine(settings.database_url), dispatcher, settings)
+
+
 def celery_client(settings: Settings) -> Client:
     """A client that enqueues state entries on the Celery broker."""
     from fsm_celery.worker.tasks import enter
 
-    engine = MachineEngine(
-        make_engine(settings.database_url), RedisPublisher(connect(settings.redis_url)), settings
-    )
-    return Client(engine, enter)
+    return Client(redis_engine(settings), enter)
 
 
 @lru_cache(maxsize=1)

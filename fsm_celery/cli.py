@@ -234,14 +234,14 @@ def ack_bridge() -> None:
     from fsm_celery.channel.bridge import AckBridge
     from fsm_celery.channel.redis import connect
     from fsm_celery.core.messages import ack_channel
-    from fsm_celery.worker.tasks import apply_acks
+    from fsm_celery.worker.tasks import apply_messages
 
     settings = get_settings()
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
     bridge = AckBridge(
         connect(settings.redis_url),
         ack_channel(settings.channel_prefix),
-        lambda batch: apply_acks.delay(batch),
+        lambda batch: apply_messages.delay(batch),
         settings.ack_batch_size,
         settings.ack_batch_linger_ms / 1000,
     )

@@ -21,6 +21,8 @@ class Settings(BaseSettings):
     definitions_path: str = "definitions"
     task_token_secret: str = "change-me-in-production"
     accept_unsigned_acks: bool = False
+    task_streams: bool = True
+    visibility_timeout_seconds: int = Field(default=3600, ge=60)
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     ack_batch_size: int = Field(default=200, gt=0)
     ack_batch_linger_ms: float = Field(default=2.0, ge=0)

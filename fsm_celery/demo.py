@@ -43,13 +43,13 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
         )
         db = make_engine(settings.database_url)
         upgrade(db)
-        bus = MemoryBus()
+        bus = MemoryBus(settings.channel_prefix)
         engine = MachineEngine(db, bus, settings)
         tasks.install_engine(engine)
         client = Client(engine, tasks.enter)
         for machine_type, version, _ in client.load_definitions():
             out(f"loaded definition {machine_type} v{version}")
-        steady = _agent(bus, settings, MockAgent(seed=7), tasks.apply_acks.delay)
+        steady = _agent(bus, settings, MockAgent(seed=7), tasks.apply_messages.delay)
         shaky = _agent(
             bus,
             settings,
@@ -58,7 +58,7 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
                 overrides={("ANALYZE_ISSUE", 1): {"needsSpec": False, "complexity": "low"}},
                 failures=(Failure("RUN_TESTS", frozenset({1}), "2 of 48 tests failed"),),
             ),
-            tasks.apply_acks.delay,
+            tasks.apply_messages.delay,
         )
         with start_worker(
             app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"

@@ -15,62 +15,46 @@ import jinja2
 from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
-from fsm_celery.channel import Publisher
+from fsm_celery.changes import Changes, Step, aware, snapshot
+from fsm_celery.channel import Dispatcher
 from fsm_celery.config import Settings
-from fsm_celery.core.definition import TEMPLATES, MachineDefinition
-from fsm_celery.core.messages import StateAck, StateTask, task_channel, task_token, token_matches
+from fsm_celery.core.admin import Command, decide_command
+from fsm_celery.core.definition import TEMPLATES, FailureKind, MachineDefinition
+from fsm_celery.core.messages import (
+    StateAck,
+    StateHeartbeat,
+    StateTask,
+    parse_agent_message,
+    task_token,
+    token_matches,
+)
 from fsm_celery.core.transition import (
     Ack,
-    Event,
     Machine,
     MachineStatus,
     Rejected,
     RejectReason,
     Timeout,
-    Transition,
+    check_event,
     decide,
     initial_context,
 )
-from fsm_celery.exceptions import InvalidAgentId, InvalidContext, UnknownMachineType
+from fsm_celery.exceptions import (
+    CommandRefused,
+    InvalidAgentId,
+    InvalidContext,
+    MachineNotFound,
+    UnknownMachineType,
+)
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
 
-Step = tuple[UUID, int]
-"""A machine and the attempt whose state must be entered next."""
+__all__ = ["MachineEngine", "Step", "TimeoutCheck"]
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    # SQLite hands back naive datetimes; everything stored is UTC.
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
-
-
-@dataclass
-class _Batch:
-    """What one transaction decided: machine updates, history rows, rejections, next steps."""
-
-    updates: dict[UUID, dict[str, Any]] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    rejections: list[dict[str, Any]] = field(default_factory=list)
-    snapshots: dict[UUID, Machine] = field(default_factory=dict)
-
-    def steps(self) -> list[Step]:
-        return [
-            (mid, u["attempt"])
-            for mid, u in self.updates.items()
-            if u["status"] == MachineStatus.RUNNING
-        ]
-
-    def write(self, conn: Connection) -> None:
-        q.update_machines_txn(conn, list(self.updates.values()))
-        q.insert_transitions_txn(conn, self.history)
-        q.insert_rejections_txn(conn, self.rejections)
 
 
 @dataclass(frozen=True)
@@ -82,17 +66,17 @@ class TimeoutCheck:
 
 
 class MachineEngine:
-    """Runs machines: starts them, enters states, applies acks and timeouts, sweeps."""
+    """Runs machines: starts them, enters states, applies acks, timeouts and commands, sweeps."""
 
     def __init__(
         self,
         db: Engine,
-        publisher: Publisher,
+        dispatcher: Dispatcher,
         settings: Settings,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.db = db
-        self.publisher = publisher
+        self.dispatcher = dispatcher
         self.settings = settings
         self.clock = clock
         self._definitions: dict[tuple[str, int], MachineDefinition] = {}
@@ -143,7 +127,7 @@ class MachineEngine:
                     "agent_type": definition.agent_type,
                     "current_state": definition.initial_state,
                     "context": initial_context(definition, context),
-                    "status": "running",
+                    "status": MachineStatus.RUNNING.value,
                     "github_issue": issue if isinstance(issue, int) else None,
                     "created_at": now,
                     "updated_at": now,
@@ -154,22 +138,17 @@ class MachineEngine:
                     "dispatch_due_at": now,
                 },
             )
-            q.insert_transitions_txn(
-                conn,
-                [
-                    {
-                        "machine_id": machine_id,
-                        "from_state": None,
-                        "to_state": definition.initial_state,
-                        "success": True,
-                        "output": None,
-                        "attempt": 0,
-                        "event": "start",
-                        "created_at": now,
-                    }
-                ],
-            )
-        return machine_id, 1
+            start_row = {
+                "machine_id": machine_id,
+                "from_state": None,
+                "to_state": definition.initial_state,
+                "success": True,
+                "attempt": 0,
+                "event": "start",
+                "created_at": now,
+            }
+            q.insert_transitions_txn(conn, [start_row])
+        return Step(machine_id, 1)
 
     # enter a state ----------------------------------------------------------------------
 
@@ -178,13 +157,9 @@ class MachineEngine:
         now = self.clock()
         with self.db.begin() as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
-            if (
-                row is None
-                or row.status != MachineStatus.RUNNING
-                or row.attempt != attempt
-                or row.dispatch_due_at is None
-            ):
+            if not _awaits_dispatch(row, attempt):
                 return None
+            assert row is not None
             definition = self._definition(conn, row.type, row.definition_version)
             state = definition.state(row.current_state)
             deadline = now + state.timeout
@@ -200,165 +175,160 @@ class MachineEngine:
                 deadline=deadline,
                 task_token=task_token(self.settings.task_token_secret, row.id, state.name, attempt),
             )
-            agent = str(row.agent_id) if row.agent_id is not None else row.agent_type
             q.mark_dispatched_txn(conn, row.id, now, deadline)
-            # Published before commit: a crash after it re-sends (at-least-once dispatch);
-            # duplicate acks are rejected, so the agent's work is applied once.
-            self.publisher.publish(
-                task_channel(agent, self.settings.channel_prefix), task.to_wire()
-            )
+            # Sent before commit: a crash after it sends again (at-least-once dispatch);
+            # the duplicate ack is rejected as stale, so the work is applied once.
+            agent = str(row.agent_id) if row.agent_id is not None else row.agent_type
+            self.dispatcher.dispatch(agent, task.to_wire())
         return state.timeout_seconds
 
-    # acks -------------------------------------------------------------------------------
+    # acks and heartbeats ----------------------------------------------------------------
 
-    def apply_acks(self, payloads: Iterable[str]) -> list[Step]:
-        """Apply a batch of raw acks in one transaction; the steps to enter after commit."""
-        now = self.clock()
-        batch = _Batch()
-        acks: list[tuple[StateAck, str]] = []
-        for raw in payloads:
-            parsed = self._parse(raw, batch, now)
-            if parsed is not None:
-                acks.append((parsed, raw))
+    def apply_messages(self, payloads: Iterable[str]) -> list[Step]:
+        """Apply a batch of raw acks and heartbeats in one transaction; the steps to enter."""
+        changes = Changes(self.clock())
+        parsed = [(m, raw) for raw in payloads if (m := self._parse(raw, changes)) is not None]
         with self.db.begin() as conn:
-            rows = q.lock_machines_txn(conn, (ack.machine_id for ack, _ in acks))
-            for ack, raw in acks:
-                self._apply_ack(conn, rows.get(ack.machine_id), ack, raw, batch, now)
-            batch.write(conn)
-        return batch.steps()
+            rows = q.lock_machines_txn(conn, (m.machine_id for m, _ in parsed))
+            for message, raw in parsed:
+                row = rows.get(message.machine_id)
+                if row is None:
+                    changes.reject(
+                        RejectReason.UNKNOWN_MACHINE,
+                        f"no machine {message.machine_id}",
+                        raw,
+                        machine_id=message.machine_id,
+                        state=message.state,
+                        attempt=message.attempt,
+                    )
+                else:
+                    self._apply(conn, row, message, raw, changes)
+            changes.write(conn)
+        return changes.steps()
 
-    def _parse(self, raw: str, batch: _Batch, now: datetime) -> StateAck | None:
-        if len(raw.encode("utf-8", "replace")) > self.settings.max_payload_bytes:
-            batch.rejections.append(
-                _rejection(
-                    RejectReason.OVERSIZED,
-                    f"payload over {self.settings.max_payload_bytes} bytes",
-                    raw,
-                    now,
-                )
-            )
+    def _parse(self, raw: str, changes: Changes) -> StateAck | StateHeartbeat | None:
+        limit = self.settings.max_payload_bytes
+        if len(raw.encode("utf-8", "replace")) > limit:
+            changes.reject(RejectReason.OVERSIZED, f"payload over {limit} bytes", raw)
             return None
         try:
-            return StateAck.model_validate_json(raw)
+            return parse_agent_message(raw)
         except ValidationError as exc:
             reason = (
                 RejectReason.MALFORMED_JSON
-                if _is_json_error(exc)
+                if any(e["type"] == "json_invalid" for e in exc.errors())
                 else RejectReason.SCHEMA_VIOLATION
             )
-            detail = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            batch.rejections.append(_rejection(reason, detail, raw, now))
+            changes.reject(reason, _describe(exc), raw)
             return None
 
-    def _apply_ack(
-        self,
-        conn: Connection,
-        row: q.AnyRow | None,
-        ack: StateAck,
-        raw: str,
-        batch: _Batch,
-        now: datetime,
-    ) -> None:
-        if row is None:
-            batch.rejections.append(
-                _rejection(
-                    RejectReason.UNKNOWN_MACHINE, f"no machine {ack.machine_id}", raw, now, ack
-                )
-            )
-            return
-        machine = batch.snapshots.get(row.id) or _snapshot(row)
-        attempt = ack.attempt
-        if ack.task_token is None and self.settings.accept_unsigned_acks:
-            attempt = machine.attempt if attempt is None else attempt
-        elif attempt is None or not token_matches(self.settings.task_token_secret, ack, attempt):
-            batch.rejections.append(
-                _rejection(
-                    RejectReason.BAD_TOKEN,
-                    "missing or invalid taskToken for this machine, state and attempt",
-                    raw,
-                    now,
-                    ack,
-                )
-            )
-            return
-        event = Ack(
-            state=ack.state,
-            attempt=attempt,
-            success=ack.success,
-            output=ack.output,
-            error=ack.error,
-        )
-        self._decide(conn, row, machine, event, batch, now, raw)
-
-    def _decide(
+    def _apply(
         self,
         conn: Connection,
         row: q.AnyRow,
-        machine: Machine,
-        event: Event,
-        batch: _Batch,
-        now: datetime,
-        raw: str | None = None,
+        message: StateAck | StateHeartbeat,
+        raw: str,
+        changes: Changes,
     ) -> None:
+        machine = changes.machine(row)
+        where = {"machine_id": row.id, "state": message.state, "attempt": message.attempt}
+        attempt = self._attempt_of(message, machine)
+        if attempt is None:
+            detail = "missing or invalid taskToken for this machine, state and attempt"
+            changes.reject(RejectReason.BAD_TOKEN, detail, raw, **where)
+            return
+        where["attempt"] = attempt
         definition = self._definition(conn, row.type, row.definition_version)
+        if isinstance(message, StateHeartbeat):
+            rejected = check_event(machine, message.state, attempt)
+            if rejected is not None:
+                changes.reject(rejected.reason, rejected.detail, raw, **where)
+                return
+            window = definition.state(machine.current_state).heartbeat_window
+            changes.heartbeat(row, changes.now + window, message.progress)
+            return
+        event = Ack(message.state, attempt, message.success, message.output, message.error)
         decision = decide(definition, machine, event)
         if isinstance(decision, Rejected):
-            if raw is not None:
-                batch.rejections.append(
-                    _rejection(decision.reason, decision.detail, raw, now, None, row.id, event)
-                )
+            changes.reject(decision.reason, decision.detail, raw, **where)
             return
-        batch.snapshots[row.id] = _after(machine, decision)
-        batch.updates[row.id] = _update(row.id, decision, now)
-        entered = _aware(row.entered_at)
-        batch.history.append(
-            {
-                "machine_id": row.id,
-                "from_state": decision.from_state,
-                "to_state": decision.to_state,
-                "success": decision.success,
-                "output": decision.output,
-                "error_message": decision.error,
-                "duration_ms": int((now - entered).total_seconds() * 1000) if entered else None,
-                "attempt": event.attempt,
-                "event": "timeout" if isinstance(event, Timeout) else "ack",
-                "created_at": now,
-            }
-        )
+        if decision.failure is FailureKind.INVALID_OUTPUT:
+            changes.reject(RejectReason.MISSING_OUTPUT, decision.error or "", raw, **where)
+        changes.transition(row, decision, "ack")
 
-    # timeouts and the sweeper -----------------------------------------------------------
+    def _attempt_of(self, message: StateAck | StateHeartbeat, machine: Machine) -> int | None:
+        """The attempt the message is for, once its token is checked (None: refuse it)."""
+        if message.task_token is None and self.settings.accept_unsigned_acks:
+            return machine.attempt if message.attempt is None else message.attempt
+        secret = self.settings.task_token_secret
+        if message.attempt is None or not token_matches(secret, message, message.attempt):
+            return None
+        return message.attempt
+
+    # timeouts, commands and the sweeper -------------------------------------------------
 
     def check_timeout(self, machine_id: UUID, attempt: int) -> TimeoutCheck:
         """Time the attempt out if its deadline passed; otherwise say how long is left."""
-        now = self.clock()
-        batch = _Batch()
+        changes = Changes(self.clock())
         with self.db.begin() as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
-            if (
-                row is None
-                or row.status != MachineStatus.RUNNING
-                or row.attempt != attempt
-                or row.dispatch_due_at is not None
-                or row.deadline_at is None
-            ):
+            if row is None or not _dispatched(row, attempt):
                 return TimeoutCheck()
-            left = (_aware(row.deadline_at) - now).total_seconds()  # type: ignore[operator]
+            left = (aware(row.deadline_at) - changes.now).total_seconds()  # type: ignore[operator]
             if left > 0:
                 return TimeoutCheck(wait_seconds=left)
-            self._decide(conn, row, _snapshot(row), Timeout(row.current_state, attempt), batch, now)
-            batch.write(conn)
-        return TimeoutCheck(steps=batch.steps())
+            definition = self._definition(conn, row.type, row.definition_version)
+            decision = decide(definition, snapshot(row), Timeout(row.current_state, attempt))
+            assert not isinstance(decision, Rejected)  # _dispatched checked what decide checks
+            changes.transition(row, decision, "timeout")
+            changes.write(conn)
+        return TimeoutCheck(steps=changes.steps())
+
+    def command(self, machine_id: UUID, command: Command) -> list[Step]:
+        """Apply an operator's command; raises CommandRefused when it does not apply."""
+        changes = Changes(self.clock())
+        with self.db.begin() as conn:
+            row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
+            if row is None:
+                raise MachineNotFound(str(machine_id))
+            definition = self._definition(conn, row.type, row.definition_version)
+            last = q.last_transition_txn(conn, machine_id)
+            decision = decide_command(
+                definition, snapshot(row), command, last.from_state if last else None
+            )
+            if isinstance(decision, Rejected):
+                raise CommandRefused(command.action.value, str(machine_id), decision.detail)
+            changes.transition(
+                row, decision, command.action.value, actor=command.actor, reason=command.reason
+            )
+            changes.write(conn)
+        return changes.steps()
 
     def sweep(self, limit: int = 1000) -> tuple[list[Step], list[Step]]:
-        """Machines to repair: (never dispatched after commit, deadline passed unapplied)."""
+        """Machines to repair: (due but never dispatched, deadline passed but not timed out)."""
         before = self.clock() - timedelta(seconds=self.settings.sweep_grace_seconds)
         with self.db.connect() as conn:
-            dispatch = [(r.id, r.attempt) for r in q.due_dispatches_txn(conn, before, limit)]
-            overdue = [(r.id, r.attempt) for r in q.overdue_deadlines_txn(conn, before, limit)]
-        return dispatch, overdue
+            due = [Step(r.id, r.attempt) for r in q.due_dispatches_txn(conn, before, limit)]
+            overdue = [Step(r.id, r.attempt) for r in q.overdue_deadlines_txn(conn, before, limit)]
+        return due, overdue
+
+
+def _awaits_dispatch(row: q.AnyRow | None, attempt: int) -> bool:
+    return (
+        row is not None
+        and row.status == MachineStatus.RUNNING
+        and row.attempt == attempt
+        and row.dispatch_due_at is not None
+    )
+
+
+def _dispatched(row: q.AnyRow, attempt: int) -> bool:
+    return (
+        row.status == MachineStatus.RUNNING
+        and row.attempt == attempt
+        and row.dispatch_due_at is None
+        and row.deadline_at is not None
+    )
 
 
 def _checked_context(context: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -389,63 +359,7 @@ def _render(template: str, context: Mapping[str, Any]) -> str:
         return template
 
 
-def _snapshot(row: q.AnyRow) -> Machine:
-    return Machine(
-        id=row.id,
-        current_state=row.current_state,
-        status=MachineStatus(row.status),
-        attempt=row.attempt,
-        state_retries=row.state_retries,
-        context=row.context,
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()
     )
-
-
-def _after(machine: Machine, t: Transition) -> Machine:
-    return Machine(
-        id=machine.id,
-        current_state=t.to_state,
-        status=t.status,
-        attempt=t.attempt,
-        state_retries=t.state_retries,
-        context=t.context,
-    )
-
-
-def _update(machine_id: UUID, t: Transition, now: datetime) -> dict[str, Any]:
-    running = t.status is MachineStatus.RUNNING
-    return {
-        "_id": machine_id,
-        "current_state": t.to_state,
-        "status": t.status.value,
-        "context": t.context,
-        "attempt": t.attempt,
-        "state_retries": t.state_retries,
-        "dispatch_due_at": now if running else None,
-        "deadline_at": None,
-        "error": None if t.status is not MachineStatus.FAILED else t.error,
-        "updated_at": now,
-    }
-
-
-def _rejection(
-    reason: RejectReason,
-    detail: str,
-    raw: str,
-    now: datetime,
-    ack: StateAck | None = None,
-    machine_id: UUID | None = None,
-    event: Event | None = None,
-) -> dict[str, Any]:
-    return {
-        "reason": reason.value,
-        "detail": detail,
-        "payload": raw,
-        "received_at": now,
-        "machine_id": machine_id or (ack.machine_id if ack else None),
-        "state": event.state if event else (ack.state if ack else None),
-        "attempt": event.attempt if event else (ack.attempt if ack else None),
-    }
-
-
-def _is_json_error(exc: ValidationError) -> bool:
-    return any(e["type"] == "json_invalid" for e in exc.errors())

@@ -6,7 +6,8 @@ FsmError                      root of everything this package raises
 │   ├── UnknownMachineType    no definition is loaded for that type
 │   ├── MachineNotFound       no machine has that id
 │   ├── InvalidContext        the context given at start is not a JSON object
-│   └── InvalidAgentId        the agent id given at start is not a UUID
+│   ├── InvalidAgentId        the agent id given at start is not a UUID
+│   └── CommandRefused        an admin command does not apply to the machine as it is
 └── StoreError                the database is missing its schema or answered badly
 """
 
@@ -78,6 +79,16 @@ class InvalidAgentId(MachineError):
     def __init__(self, agent_id: object) -> None:
         self.agent_id = agent_id
         super().__init__(f"agent id must be a UUID, got {agent_id!r}")
+
+
+class CommandRefused(MachineError):
+    """An admin command does not apply to the machine in its current status."""
+
+    def __init__(self, action: str, machine_id: str, detail: str) -> None:
+        self.action = action
+        self.machine_id = machine_id
+        self.detail = detail
+        super().__init__(f"{action} refused for machine {machine_id}: {detail}")
 
 
 class StoreError(FsmError):

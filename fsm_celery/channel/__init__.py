@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class Publisher(Protocol):
-    """Sends one message to a channel; returns how many listeners received it."""
+class Dispatcher(Protocol):
+    """Delivers a state_task to an agent (a uuid, or an agent type for unassigned machines)."""
 
-    def publish(self, channel: str, message: str) -> int: ...
+    def dispatch(self, agent: str, message: str) -> None: ...

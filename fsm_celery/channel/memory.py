@@ -7,13 +7,16 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 
+from fsm_celery.core.messages import task_channel
+
 Handler = Callable[[str], None]
 
 
 class MemoryBus:
     """Delivers each published message to every subscriber of its channel, on their threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
+        self._prefix = prefix
         self._lock = threading.Lock()
         self._inboxes: dict[str, list[queue.Queue[str | None]]] = defaultdict(list)
         self._threads: list[threading.Thread] = []
@@ -24,6 +27,9 @@ class MemoryBus:
         for inbox in inboxes:
             inbox.put(message)
         return len(inboxes)
+
+    def dispatch(self, agent: str, message: str) -> None:
+        self.publish(task_channel(agent, self._prefix), message)
 
     def subscribe(self, channel: str, handler: Handler) -> None:
         """Call handler with every message on channel, one at a time, on a thread of its own."""

@@ -1,20 +1,37 @@
-"""The Redis pub/sub side of the seed protocol."""
+"""The Redis side of the protocol: pub/sub as in the seed, and streams for durable delivery."""
 
 from __future__ import annotations
 
 import redis
 
+from fsm_celery.core.messages import task_channel, task_stream
 
-class RedisPublisher:
-    """Publishes state_task messages with PUBLISH."""
+STREAM_MAXLEN = 10_000  # tasks kept per agent stream (approximate trimming)
+STREAM_TTL_SECONDS = 7 * 24 * 3600  # a stream nobody writes to for a week is dropped
 
-    def __init__(self, client: redis.Redis) -> None:
+
+class RedisDispatcher:
+    """PUBLISHes each state_task on the agent's channel and XADDs it to the agent's stream.
+
+    Both go in one pipelined round trip. A pub/sub agent that is down misses the message and the
+    state times out and is retried; a stream agent reads what it missed when it comes back.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = "", streams: bool = True) -> None:
         self._client = client
+        self._prefix = prefix
+        self._streams = streams
 
-    def publish(self, channel: str, message: str) -> int:
-        return int(self._client.publish(channel, message))
+    def dispatch(self, agent: str, message: str) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.publish(task_channel(agent, self._prefix), message)
+        if self._streams:
+            stream = task_stream(agent, self._prefix)
+            pipe.xadd(stream, {"message": message}, maxlen=STREAM_MAXLEN, approximate=True)
+            pipe.expire(stream, STREAM_TTL_SECONDS)
+        pipe.execute()
 
 
 def connect(url: str) -> redis.Redis:
-    """A Redis client that retries briefly on connection errors."""
+    """A Redis client with keepalive and health checks."""
     return redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True)

@@ -36,6 +36,24 @@ class FailureKind(StrEnum):
     INVALID_OUTPUT = "invalid_output"  # success, but required output keys are missing
 
 
+class Jitter(StrEnum):
+    """How a retry delay is randomised (as Step Functions' JitterStrategy)."""
+
+    FULL = "full"  # anywhere between 0 and the computed delay
+    NONE = "none"
+
+
+class Backoff(BaseModel):
+    """The wait before each retry: delay * rate ** (retry - 1), capped at max_delay."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    delay: timedelta = timedelta(seconds=1)
+    rate: float = Field(default=2.0, ge=1.0)
+    max_delay: timedelta = timedelta(minutes=5)
+    jitter: Jitter = Jitter.FULL
+
+
 class Edge(BaseModel):
     """A way out of a state: a target, an optional guard, and whether it counts as a loop."""
 
@@ -62,8 +80,10 @@ class StateDefinition(BaseModel):
     on_success: tuple[Edge, ...] = ()
     on_failure: Edge | None = None
     timeout: timedelta = timedelta(minutes=5)
+    heartbeat_timeout: timedelta | None = None
     max_retries: int = Field(default=0, ge=0)
     retry_on: tuple[FailureKind, ...] = tuple(FailureKind)
+    backoff: Backoff = Backoff()
     terminal: Terminal | None = None
 
     @field_validator("on_success", mode="before")
@@ -85,6 +105,11 @@ class StateDefinition(BaseModel):
     @property
     def timeout_seconds(self) -> float:
         return self.timeout.total_seconds()
+
+    @property
+    def heartbeat_window(self) -> timedelta:
+        """How long an agent that sent a heartbeat may stay silent before it times out."""
+        return self.heartbeat_timeout if self.heartbeat_timeout is not None else self.timeout
 
 
 class MachineDefinition(BaseModel):
@@ -185,6 +210,10 @@ def _state_problems(state: StateDefinition, names: set[str], source: str) -> Ite
         yield Problem(
             f"timeout must be positive, got {state.timeout_seconds:g}s", source, name, "timeout"
         )
+    if state.heartbeat_timeout is not None and state.heartbeat_timeout <= timedelta(0):
+        yield Problem("heartbeat_timeout must be positive", source, name, "heartbeat_timeout")
+    if state.backoff.delay < timedelta(0) or state.backoff.max_delay < state.backoff.delay:
+        yield Problem("backoff needs 0 <= delay <= max_delay", source, name, "backoff")
     if state.terminal is not None:
         if state.edges:
             yield Problem("a terminal state has no edges", source, name, "on_success")

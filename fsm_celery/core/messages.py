@@ -6,14 +6,16 @@ import hashlib
 import hmac
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
 TASK_CHANNEL = "channel:agent:{agent}"
 ACK_CHANNEL = "channel:state:ack"
+TASK_STREAM = "stream:agent:{agent}"
+ACK_STREAM = "stream:state:ack"
 
 
 class _Message(BaseModel):
@@ -55,6 +57,26 @@ class StateAck(_Message):
     task_token: str | None = None
 
 
+class StateHeartbeat(_Message):
+    """Agent → engine: still working on the attempt; pushes its deadline out."""
+
+    type: Literal["state_heartbeat"]
+    machine_id: UUID
+    state: str = Field(max_length=50)
+    attempt: int | None = Field(default=None, ge=0)
+    task_token: str | None = None
+    progress: str | None = Field(default=None, max_length=2000)
+
+
+AgentMessage = Annotated[StateAck | StateHeartbeat, Field(discriminator="type")]
+AGENT_MESSAGE: TypeAdapter[StateAck | StateHeartbeat] = TypeAdapter(AgentMessage)
+
+
+def parse_agent_message(raw: str | bytes) -> StateAck | StateHeartbeat:
+    """Parse an ack or heartbeat (pydantic's ValidationError says what is wrong)."""
+    return AGENT_MESSAGE.validate_json(raw)
+
+
 def task_channel(agent: str, prefix: str = "") -> str:
     """The pub/sub channel an agent (uuid, or agent type when unassigned) listens on."""
     return prefix + TASK_CHANNEL.format(agent=agent)
@@ -65,14 +87,24 @@ def ack_channel(prefix: str = "") -> str:
     return prefix + ACK_CHANNEL
 
 
+def task_stream(agent: str, prefix: str = "") -> str:
+    """The stream that keeps an agent's tasks until it reads them (the durable path)."""
+    return prefix + TASK_STREAM.format(agent=agent)
+
+
+def ack_stream(prefix: str = "") -> str:
+    """The stream agents XADD acks and heartbeats to (the durable path)."""
+    return prefix + ACK_STREAM
+
+
 def task_token(secret: str, machine_id: UUID | str, state: str, attempt: int) -> str:
     """An HMAC that binds an ack to one machine, state and attempt."""
     body = f"{machine_id}|{state}|{attempt}".encode()
     return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def token_matches(secret: str, ack: StateAck, attempt: int) -> bool:
-    """Whether the ack carries the token issued for that attempt."""
+def token_matches(secret: str, ack: StateAck | StateHeartbeat, attempt: int) -> bool:
+    """Whether the message carries the token issued for that attempt."""
     if ack.task_token is None:
         return False
     expected = task_token(secret, ack.machine_id, ack.state, attempt)
@@ -84,6 +116,7 @@ def message_schemas() -> dict[str, dict[str, Any]]:
     return {
         "state_task": StateTask.model_json_schema(by_alias=True),
         "state_ack": StateAck.model_json_schema(by_alias=True),
+        "state_heartbeat": StateHeartbeat.model_json_schema(by_alias=True),
     }
 
 

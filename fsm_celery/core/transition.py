@@ -16,6 +16,7 @@ from fsm_celery.core.definition import (
     Terminal,
     compile_guard,
 )
+from fsm_celery.core.retry import jitter_unit, retry_delay
 
 LOOP_COUNT = "retryCount"
 LOOP_LIMIT = "maxRetries"
@@ -43,6 +44,8 @@ class RejectReason(StrEnum):
     WRONG_STATE = "wrong_state"
     STALE_ATTEMPT = "stale_attempt"
     UNKNOWN_ATTEMPT = "unknown_attempt"
+    MISSING_OUTPUT = "missing_output"
+    REFUSED_COMMAND = "refused_command"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Transition:
     output: dict[str, Any] | None
     error: str | None = None
     failure: FailureKind | None = None
+    delay_seconds: float = 0.0  # wait before the next state is entered (retry backoff)
 
     @property
     def enters_state(self) -> bool:
@@ -109,6 +113,14 @@ class Transition:
 
 
 Decision = Transition | Rejected
+
+
+def status_in(definition: MachineDefinition, state: str) -> MachineStatus:
+    """The status of a machine that is in the state: running, or how its terminal ends it."""
+    terminal = definition.state(state).terminal
+    if terminal is None:
+        return MachineStatus.RUNNING
+    return MachineStatus.COMPLETED if terminal is Terminal.COMPLETED else MachineStatus.FAILED
 
 
 def initial_context(definition: MachineDefinition, context: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,7 +133,7 @@ def initial_context(definition: MachineDefinition, context: Mapping[str, Any]) -
 
 def decide(definition: MachineDefinition, machine: Machine, event: Event) -> Decision:
     """Decide what the event does to the machine. Pure: no I/O, no clock."""
-    rejected = _check(machine, event)
+    rejected = check_event(machine, event.state, event.attempt)
     if rejected is not None:
         return rejected
     state = definition.state(machine.current_state)
@@ -152,25 +164,24 @@ def decide(definition: MachineDefinition, machine: Machine, event: Event) -> Dec
     return _take(definition, machine, edge, context, output, None, None)
 
 
-def _check(machine: Machine, event: Event) -> Rejected | None:
-    if event.attempt < machine.attempt:
+def check_event(machine: Machine, state: str, attempt: int) -> Rejected | None:
+    """Why a message for (state, attempt) cannot apply to the machine, or None if it can."""
+    if attempt < machine.attempt:
         return Rejected(
             RejectReason.STALE_ATTEMPT,
-            f"attempt {event.attempt} was already decided; the machine is at attempt "
-            f"{machine.attempt}",
+            f"attempt {attempt} was already decided; the machine is at attempt {machine.attempt}",
         )
-    if event.attempt > machine.attempt:
+    if attempt > machine.attempt:
         return Rejected(
             RejectReason.UNKNOWN_ATTEMPT,
-            f"attempt {event.attempt} was never dispatched; the machine is at attempt "
-            f"{machine.attempt}",
+            f"attempt {attempt} was never dispatched; the machine is at attempt {machine.attempt}",
         )
     if machine.status is not MachineStatus.RUNNING:
         return Rejected(RejectReason.NOT_RUNNING, f"the machine is {machine.status.value}")
-    if event.state != machine.current_state:
+    if state != machine.current_state:
         return Rejected(
             RejectReason.WRONG_STATE,
-            f"the ack is for state {event.state!r} but the machine is in {machine.current_state!r}",
+            f"the ack is for state {state!r} but the machine is in {machine.current_state!r}",
         )
     return None
 
@@ -197,6 +208,8 @@ def _fail(
     output: dict[str, Any] | None,
 ) -> Transition:
     if kind in state.retry_on and machine.state_retries < state.max_retries:
+        retry = machine.state_retries + 1
+        delay = retry_delay(state.backoff, retry, jitter_unit(machine.id, machine.attempt))
         return Transition(
             from_state=state.name,
             to_state=state.name,
@@ -204,10 +217,11 @@ def _fail(
             status=MachineStatus.RUNNING,
             context=dict(machine.context),
             attempt=machine.attempt + 1,
-            state_retries=machine.state_retries + 1,
+            state_retries=retry,
             output=output,
-            error=f"{error} (retry {machine.state_retries + 1} of {state.max_retries})",
+            error=f"{error} (retry {retry} of {state.max_retries})",
             failure=kind,
+            delay_seconds=delay,
         )
     assert state.on_failure is not None  # the validator requires it on non-terminal states
     return _take(definition, machine, state.on_failure, dict(machine.context), output, error, kind)
@@ -233,12 +247,7 @@ def _take(
                 f"loop limit reached: {loops} loops back to {edge.target}, {LOOP_LIMIT}={limit}"
             )
             error = f"{error}; {reason}" if error else reason
-    terminal = definition.state(target).terminal
-    status = {
-        None: MachineStatus.RUNNING,
-        Terminal.COMPLETED: MachineStatus.COMPLETED,
-        Terminal.FAILED: MachineStatus.FAILED,
-    }[terminal]
+    status = status_in(definition, target)
     return Transition(
         from_state=machine.current_state,
         to_state=target,

@@ -123,6 +123,8 @@ _UPDATE = (
         state_retries=bindparam("state_retries"),
         dispatch_due_at=bindparam("dispatch_due_at"),
         deadline_at=bindparam("deadline_at"),
+        heartbeat_at=bindparam("heartbeat_at"),
+        progress=bindparam("progress"),
         error=bindparam("error"),
         updated_at=bindparam("updated_at"),
     )
@@ -133,6 +135,33 @@ def update_machines_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Write each machine's decided state (rows keyed as _UPDATE's parameters)."""
     if rows:
         conn.execute(_UPDATE, rows)
+
+
+_HEARTBEAT = (
+    update(machines)
+    .where(machines.c.id == bindparam("_id"))
+    .values(
+        deadline_at=bindparam("deadline_at"),
+        heartbeat_at=bindparam("heartbeat_at"),
+        progress=bindparam("progress"),
+    )
+)
+
+
+def update_heartbeats_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Write each heartbeat's new deadline and progress."""
+    if rows:
+        conn.execute(_HEARTBEAT, rows)
+
+
+def last_transition_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
+    """The machine's latest history row."""
+    return conn.execute(
+        select(transitions)
+        .where(transitions.c.machine_id == machine_id)
+        .order_by(transitions.c.attempt.desc())
+        .limit(1)
+    ).first()
 
 
 def mark_dispatched_txn(
@@ -147,12 +176,6 @@ def mark_dispatched_txn(
             deadline_at=deadline_at,
             updated_at=entered_at,
         )
-    )
-
-
-def extend_deadline_txn(conn: Connection, machine_id: UUID, deadline_at: datetime) -> None:
-    conn.execute(
-        update(machines).where(machines.c.id == machine_id).values(deadline_at=deadline_at)
     )
 
 

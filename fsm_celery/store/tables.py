@@ -70,6 +70,8 @@ machines = Table(
     Column("deadline_at", DateTime(timezone=True)),
     Column("dispatch_due_at", DateTime(timezone=True)),
     Column("error", Text),
+    Column("heartbeat_at", DateTime(timezone=True)),
+    Column("progress", Text),
     Index("idx_machines_agent", "agent_type", "status"),
     Index("idx_machines_issue", "github_issue"),
     Index("idx_machines_type_status", "type", "status"),
@@ -98,6 +100,8 @@ transitions = Table(
     Column("attempt", Integer, nullable=False),
     Column("event", String(20), nullable=False),
     Column("actor", String(100)),
+    Column("reason", Text),
+    Column("progress", Text),
     Index("idx_transitions_machine", "machine_id"),
     UniqueConstraint("machine_id", "attempt", name="uq_transitions_machine_attempt"),
 )

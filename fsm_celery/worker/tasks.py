@@ -10,10 +10,8 @@ import redis
 import sqlalchemy.exc
 from celery.signals import worker_process_init
 
-from fsm_celery.channel.redis import RedisPublisher, connect
 from fsm_celery.config import get_settings
 from fsm_celery.engine import MachineEngine, Step
-from fsm_celery.store.db import make_engine
 from fsm_celery.worker.app import app
 
 log = logging.getLogger(__name__)
@@ -38,12 +36,9 @@ def engine() -> MachineEngine:
     """This process's engine, built on first use (after the prefork worker forked)."""
     global _engine
     if _engine is None:
-        settings = get_settings()
-        _engine = MachineEngine(
-            make_engine(settings.database_url),
-            RedisPublisher(connect(settings.redis_url)),
-            settings,
-        )
+        from fsm_celery.api import redis_engine
+
+        _engine = redis_engine(get_settings())
     return _engine
 
 
@@ -59,10 +54,20 @@ def _forget_parent_connections(**_: Any) -> None:
     _engine = None
 
 
+def _countdown(seconds: float) -> float:
+    # A countdown longer than the broker's visibility timeout would be redelivered while it
+    # waits; checks are capped below it and re-scheduled, the database deadline being the truth.
+    return max(0.0, min(seconds, engine().settings.visibility_timeout_seconds / 2))
+
+
 def enter(steps: list[Step]) -> None:
     """Enqueue enter_state for each step (after the transaction that decided it committed)."""
-    for machine_id, attempt in steps:
-        enter_state.delay(str(machine_id), attempt)
+    for step in steps:
+        args = (str(step.machine_id), step.attempt)
+        if step.delay > 0:
+            enter_state.apply_async(args, countdown=_countdown(step.delay))
+        else:
+            enter_state.delay(*args)
 
 
 @app.task(name="fsm.enter_state", **RETRY)
@@ -70,13 +75,13 @@ def enter_state(machine_id: str, attempt: int) -> None:
     """Dispatch the attempt's state_task and schedule its timeout check."""
     seconds = engine().enter_state(UUID(machine_id), attempt)
     if seconds is not None:
-        check_timeout.apply_async((machine_id, attempt), countdown=seconds)
+        check_timeout.apply_async((machine_id, attempt), countdown=_countdown(seconds))
 
 
-@app.task(name="fsm.apply_acks", **RETRY)
-def apply_acks(payloads: list[str]) -> None:
-    """Apply a batch of raw state_ack payloads in one transaction."""
-    enter(engine().apply_acks(payloads))
+@app.task(name="fsm.apply_messages", **RETRY)
+def apply_messages(payloads: list[str]) -> None:
+    """Apply a batch of raw state_ack / state_heartbeat payloads in one transaction."""
+    enter(engine().apply_messages(payloads))
 
 
 @app.task(name="fsm.check_timeout", **RETRY)
@@ -84,18 +89,18 @@ def check_timeout(machine_id: str, attempt: int) -> None:
     """Time the attempt out if its deadline passed; re-check later if it was extended."""
     found = engine().check_timeout(UUID(machine_id), attempt)
     if found.wait_seconds is not None:
-        check_timeout.apply_async((machine_id, attempt), countdown=found.wait_seconds)
+        check_timeout.apply_async((machine_id, attempt), countdown=_countdown(found.wait_seconds))
     enter(found.steps)
 
 
 @app.task(name="fsm.sweep", **RETRY)
 def sweep() -> None:
     """Repair machines whose dispatch or timeout was lost; the database is the truth."""
-    dispatch, overdue = engine().sweep()
-    if dispatch or overdue:
+    due, overdue = engine().sweep()
+    if due or overdue:
         log.warning(
-            "sweeper: re-entering %d machines, checking %d deadlines", len(dispatch), len(overdue)
+            "sweeper: re-entering %d machines, checking %d deadlines", len(due), len(overdue)
         )
-    enter(dispatch)
-    for machine_id, attempt in overdue:
-        check_timeout.delay(str(machine_id), attempt)
+    enter(due)
+    for step in overdue:
+        check_timeout.delay(str(step.machine_id), step.attempt)

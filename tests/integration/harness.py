@@ -24,10 +24,10 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from fsm_celery.channel.redis import RedisPublisher
+from fsm_celery.api import redis_engine
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import ack_channel, task_channel
-from fsm_celery.engine import MachineEngine, Step
+from fsm_celery.engine import Step
 from fsm_celery.ops import Client, MachineInfo
 from fsm_celery.store.db import make_engine, upgrade
 
@@ -252,9 +252,7 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
         definitions_path=str(ROOT / "definitions"),
         **overrides,
     )
-    engine = MachineEngine(
-        make_engine(database_url), RedisPublisher(redis.Redis.from_url(redis_url)), settings
-    )
+    engine = redis_engine(settings)
     client = Client(engine, _enqueue_on(settings.queue))
     client.load_definitions(str(ROOT / "definitions"))
     client.load_definitions(str(FIXTURE_DEFINITIONS))
@@ -265,8 +263,10 @@ def _enqueue_on(queue: str) -> Callable[[list[Step]], None]:
     from fsm_celery.worker.tasks import enter_state
 
     def enqueue(steps: list[Step]) -> None:
-        for machine_id, attempt in steps:
-            enter_state.apply_async((str(machine_id), attempt), queue=queue)
+        for step in steps:
+            enter_state.apply_async(
+                (str(step.machine_id), step.attempt), queue=queue, countdown=step.delay
+            )
 
     return enqueue
 
