@@ -23,6 +23,10 @@ broker_connection_retry_on_startup = True
 broker_transport_options = {"visibility_timeout": 3600}
 
 task_default_queue = _settings.queue
+# The nameless exchange routes by queue name alone. Named exchanges keep their bindings as Redis
+# keys, and a FLUSHALL would make every later publish vanish silently until a worker restarts.
+task_default_exchange = ""
+task_default_routing_key = _settings.queue
 task_serializer = "json"
 accept_content = ["json"]
 task_ignore_result = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -193,6 +194,36 @@ def list_(agent_type: str | None, status: str | None, machine_type: str | None, 
         click.echo(f"{m.id}  {m.type:26} {m.status:10} {m.current_state}")
 
 
+def _admin_command(action: str, doc: str, needs_target: bool = False) -> None:
+    params: list[click.Parameter] = [click.Argument(["machine_id"])]
+    if needs_target:
+        params.append(click.Argument(["target"]))
+    params += [
+        click.Option(["--reason"], default="", help="Why; kept in the history."),
+        click.Option(
+            ["--actor"], default=lambda: os.environ.get("USER", "cli"), show_default="$USER"
+        ),
+    ]
+
+    @_fail_cleanly
+    def callback(machine_id: str, reason: str, actor: str, target: str | None = None) -> None:
+        client = _client()
+        if target is not None:
+            info = client.force(machine_id, target, actor, reason)
+        else:
+            info = getattr(client, action)(machine_id, actor, reason)
+        click.echo(f"{info.id}  {info.status}  {info.current_state}")
+
+    main.add_command(click.Command(action, callback=callback, params=params, help=doc))
+
+
+_admin_command("pause", "Pause a running machine (acks for it are then refused).")
+_admin_command("resume", "Resume a paused machine: its current state is entered again.")
+_admin_command("cancel", "Cancel a running or paused machine.")
+_admin_command("retry", "Enter the current state again (a failed machine: where it failed).")
+_admin_command("force", "Move a machine to TARGET state, whatever its status.", needs_target=True)
+
+
 @main.command()
 @_fail_cleanly
 def stats() -> None:
@@ -230,23 +261,41 @@ def demo(path: str | None) -> None:
 
 @main.command("ack-bridge")
 def ack_bridge() -> None:
-    """Forward acks from Redis pub/sub to the apply_acks Celery task, in batches."""
-    from fsm_celery.channel.bridge import AckBridge
+    """Forward acks and heartbeats from Redis (pub/sub and stream) to Celery, in batches."""
+    from fsm_celery.channel.bridge import AckBridge, PubSubSource, StreamSource
     from fsm_celery.channel.redis import connect
-    from fsm_celery.core.messages import ack_channel
+    from fsm_celery.core.messages import ack_channel, ack_stream
     from fsm_celery.worker.tasks import apply_messages
 
     settings = get_settings()
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
+
+    def submit(batch: list[str]) -> None:
+        apply_messages.delay(batch)
+
+    limit, size = settings.max_payload_bytes, settings.ack_batch_size
     bridge = AckBridge(
-        connect(settings.redis_url),
-        ack_channel(settings.channel_prefix),
-        lambda batch: apply_messages.delay(batch),
-        settings.ack_batch_size,
-        settings.ack_batch_linger_ms / 1000,
+        [
+            PubSubSource(
+                connect(settings.redis_url),
+                ack_channel(settings.channel_prefix),
+                submit,
+                size,
+                settings.ack_batch_linger_ms / 1000,
+                limit,
+            ),
+            StreamSource(
+                connect(settings.redis_url),
+                ack_stream(settings.channel_prefix),
+                submit,
+                size,
+                limit,
+                int(settings.stream_claim_idle_seconds * 1000),
+            ),
+        ]
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     bridge.run(stop)
-    click.echo(f"ack bridge stopped after {bridge.submitted} acks")
+    click.echo("ack bridge stopped")

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.engine import MachineEngine, Step
 from fsm_celery.exceptions import MachineNotFound
@@ -33,6 +34,8 @@ class MachineInfo:
     github_issue: int | None
     definition_version: int
     deadline_at: datetime | None
+    heartbeat_at: datetime | None
+    progress: str | None
     error: str | None
     created_at: datetime
     updated_at: datetime
@@ -58,6 +61,8 @@ class TransitionRecord:
     error_message: str | None
     duration_ms: int | None
     actor: str | None
+    reason: str | None
+    progress: str | None
     created_at: datetime
 
     @classmethod
@@ -100,6 +105,33 @@ class Client:
                 exc_info=True,
             )
         return step[0]
+
+    def pause(self, machine_id: UUID | str, actor: str, reason: str = "") -> MachineInfo:
+        """Stop dispatching: acks for the running attempt will be refused."""
+        return self._command(machine_id, Command(Action.PAUSE, actor, reason))
+
+    def resume(self, machine_id: UUID | str, actor: str, reason: str = "") -> MachineInfo:
+        """Enter the paused machine's current state again, as a new attempt."""
+        return self._command(machine_id, Command(Action.RESUME, actor, reason))
+
+    def cancel(self, machine_id: UUID | str, actor: str, reason: str = "") -> MachineInfo:
+        """End the machine for good; its state stays where it was."""
+        return self._command(machine_id, Command(Action.CANCEL, actor, reason))
+
+    def retry(self, machine_id: UUID | str, actor: str, reason: str = "") -> MachineInfo:
+        """Enter the current state again now (a failed machine: the state that failed)."""
+        return self._command(machine_id, Command(Action.RETRY, actor, reason))
+
+    def force(
+        self, machine_id: UUID | str, target: str, actor: str, reason: str = ""
+    ) -> MachineInfo:
+        """Move the machine to the named state, whatever its status."""
+        return self._command(machine_id, Command(Action.FORCE, actor, reason, target))
+
+    def _command(self, machine_id: UUID | str, command: Command) -> MachineInfo:
+        mid = _uuid(machine_id)
+        self.enqueue(self.engine.command(mid, command))
+        return self.get_machine(mid)
 
     def get_machine(self, machine_id: UUID | str) -> MachineInfo:
         """The machine with that id (MachineNotFound if none)."""

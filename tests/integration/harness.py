@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 from fsm_celery.api import redis_engine
 from fsm_celery.config import Settings
-from fsm_celery.core.messages import ack_channel, task_channel
+from fsm_celery.core.messages import ack_channel, ack_stream, task_channel
 from fsm_celery.engine import Step
 from fsm_celery.ops import Client, MachineInfo
 from fsm_celery.store.db import make_engine, upgrade
@@ -128,17 +128,9 @@ class FsmEnv:
 
     @property
     def env(self) -> dict[str, str]:
-        s = self.settings
-        return {
-            **os.environ,
-            "FSM_DATABASE_URL": s.database_url,
-            "FSM_REDIS_URL": s.redis_url,
-            "FSM_CHANNEL_PREFIX": s.channel_prefix,
-            "FSM_QUEUE": s.queue,
-            "FSM_TASK_TOKEN_SECRET": s.task_token_secret,
-            "FSM_SWEEP_INTERVAL_SECONDS": str(s.sweep_interval_seconds),
-            "FSM_SWEEP_GRACE_SECONDS": str(s.sweep_grace_seconds),
-        }
+        """The environment of this deployment's processes: every setting as FSM_*."""
+        fields = self.settings.model_dump(exclude_none=True)
+        return {**os.environ, **{f"FSM_{k.upper()}": str(v) for k, v in fields.items()}}
 
     def _spawn(self, name: str, argv: list[str]) -> Proc:
         LOGS.mkdir(parents=True, exist_ok=True)
@@ -230,6 +222,17 @@ class FsmEnv:
                 raise AssertionError(f"machine {machine_id} never reached {state}")
             time.sleep(0.05)
 
+    def wait_for_rejections(
+        self, machine_id: uuid.UUID | None, count: int, timeout: float = 15.0
+    ) -> list[dict[str, Any]]:
+        """The machine's rejected messages (oldest first) once there are at least count."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.client.rejected(machine_id, limit=10_000)
+            if len(found) >= count or time.monotonic() > deadline:
+                return found[::-1]
+            time.sleep(0.05)
+
     def visited(self, machine_id: uuid.UUID) -> list[str]:
         """The states the machine entered, in order, from its history."""
         return [row.to_state for row in self.client.history(machine_id)]
@@ -299,6 +302,9 @@ OUTPUTS: dict[str, dict[str, Any]] = {
     "TWO": {"two": 2},
     "THREE": {"three": 3},
     "WAIT": {"answer": 42},
+    "LONG": {"result": "done"},
+    "FIRST": {"first": 1},
+    "SECOND": {"second": 2},
     "FALLBACK": {"fallback": True},
 }
 
@@ -311,6 +317,7 @@ class Reply:
     output: dict[str, Any] | None = None  # None: the state's usual output
     silent: bool = False
     error: str | None = None
+    heartbeat_for: float = 0.0  # send heartbeats this long first (every 0.3 s)
 
 
 SILENT = Reply(silent=True)
@@ -325,12 +332,14 @@ class ScriptedAgent:
         script: dict[str, list[Reply]] | None = None,
         copies: int = 1,
         gate: threading.Event | None = None,
+        via_stream: bool = False,
     ) -> None:
         self.id = str(uuid.uuid4())
         self.env = env
         self.script = {state: list(replies) for state, replies in (script or {}).items()}
         self.copies = copies
         self.gate = gate
+        self.via_stream = via_stream
         self.tasks: list[dict[str, Any]] = []
         self._pending: list[str] = []
         self._redis = redis.Redis.from_url(env.settings.redis_url)
@@ -366,6 +375,10 @@ class ScriptedAgent:
         self.tasks.append(task)
         replies = self.script.get(task["state"])
         reply = replies.pop(0) if replies else Reply()
+        beat_until = time.monotonic() + reply.heartbeat_for
+        while time.monotonic() < beat_until:
+            self.send(heartbeat_for(task, f"{beat_until - time.monotonic():.1f}s to go"))
+            time.sleep(0.3)
         if reply.silent:
             return
         ack = json.dumps(ack_for(task, reply))
@@ -376,10 +389,40 @@ class ScriptedAgent:
 
     def _publish(self, ack: str) -> None:
         for _ in range(self.copies):
-            self._redis.publish(ack_channel(self.env.settings.channel_prefix), ack)
+            self.send(ack)
+
+    def send(self, message: str | dict[str, Any]) -> None:
+        """Send a raw message the way this agent does (PUBLISH, or XADD to the ack stream)."""
+        text = message if isinstance(message, str) else json.dumps(message)
+        prefix = self.env.settings.channel_prefix
+        if self.via_stream:
+            self._redis.xadd(ack_stream(prefix), {"message": text})
+        else:
+            self._redis.publish(ack_channel(prefix), text)
+
+    def wait_for_tasks(self, count: int, timeout: float = 15.0) -> dict[str, Any]:
+        """The count-th state_task this agent received, once it arrived."""
+        deadline = time.monotonic() + timeout
+        while len(self.tasks) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"agent received {len(self.tasks)} of {count} tasks")
+            time.sleep(0.02)
+        return self.tasks[count - 1]
 
     def states(self) -> Iterator[str]:
         return (task["state"] for task in self.tasks)
+
+
+def heartbeat_for(task: dict[str, Any], progress: str | None = None) -> dict[str, Any]:
+    """A state_heartbeat for the task's attempt."""
+    beat = {
+        "type": "state_heartbeat",
+        "machineId": task["machineId"],
+        "state": task["state"],
+        "attempt": task["attempt"],
+        "taskToken": task["taskToken"],
+    }
+    return beat if progress is None else {**beat, "progress": progress}
 
 
 def ack_for(task: dict[str, Any], reply: Reply = Reply()) -> dict[str, Any]:

@@ -23,15 +23,6 @@ FIX_BUG = [
 ]
 
 
-def _wait_for_rejections(env: FsmEnv, machine_id: uuid.UUID, count: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 15
-    while True:
-        found = env.client.rejected(machine_id, limit=1000)
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
-
-
 def _wait_for_task(agent: ScriptedAgent, count: int = 1) -> dict[str, Any]:
     deadline = time.monotonic() + 15
     while len(agent.tasks) < count:
@@ -44,7 +35,7 @@ def test_each_ack_published_three_times_is_applied_once(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, copies=3) as agent:
         mid = fsm.client.start_machine("cto_fix_bug", CONTEXT, agent_id=agent.id)
         assert fsm.wait_until_done(mid).status == "completed"
-        rejected = _wait_for_rejections(fsm, mid, 12)
+        rejected = fsm.wait_for_rejections(mid, 12)
     history = fsm.client.history(mid)
     assert [r.to_state for r in history] == FIX_BUG
     assert [r.attempt for r in history] == list(range(len(FIX_BUG)))
@@ -70,7 +61,7 @@ def test_two_different_acks_for_one_attempt_make_one_transition(fsm: FsmEnv) -> 
             t.start()
         for t in threads:
             t.join()
-        rejected = _wait_for_rejections(fsm, mid, 1)
+        rejected = fsm.wait_for_rejections(mid, 1)
         fsm.wait_until_done(mid)
     history = fsm.client.history(mid)
     assert [r.attempt for r in history] == list(range(len(history)))
@@ -116,7 +107,7 @@ def test_ack_for_an_unknown_machine_is_recorded_and_changes_nothing(fsm: FsmEnv)
         "taskToken": task_token("test-secret", ghost, "ANALYZE_BUG", 1),
     }
     fsm.redis.publish(ack_channel(fsm.settings.channel_prefix), json.dumps(ack))
-    rejected = _wait_for_rejections(fsm, ghost, 1)
+    rejected = fsm.wait_for_rejections(ghost, 1)
     assert [(r["reason"], r["machine_id"]) for r in rejected] == [("unknown_machine", str(ghost))]
     assert fsm.client.stats()["machines"] == before["machines"]
 
@@ -127,7 +118,7 @@ def test_ack_with_a_forged_token_changes_nothing(fsm: FsmEnv) -> None:
         task = _wait_for_task(agent)
         forged = {**ack_for(task), "taskToken": "0" * 64}
         fsm.redis.publish(ack_channel(fsm.settings.channel_prefix), json.dumps(forged))
-        rejected = _wait_for_rejections(fsm, mid, 1)
+        rejected = fsm.wait_for_rejections(mid, 1)
     assert [r["reason"] for r in rejected] == ["bad_token"]
     machine = fsm.client.get_machine(mid)
     assert (machine.current_state, machine.attempt) == ("ANALYZE_BUG", 1)
