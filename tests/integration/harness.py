@@ -23,6 +23,7 @@ from typing import Any
 import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from fsm_celery.api import redis_engine
 from fsm_celery.config import Settings
@@ -183,6 +184,11 @@ class FsmEnv:
         if not alive:
             self.start_worker(beat=beat)
 
+    def ensure_bridge(self) -> None:
+        """Start a bridge unless one of this environment's is alive."""
+        if not [p for p in self.procs if p.name == "bridge" and p.popen.poll() is None]:
+            self.start_bridge()
+
     def start_bridge(self) -> Proc:
         """A real `fsm-celery ack-bridge`, returned once it is subscribed."""
         channel = ack_channel(self.settings.channel_prefix)
@@ -205,7 +211,11 @@ class FsmEnv:
         """The machine once it reached a terminal status (fails the test on timeout)."""
         deadline = time.monotonic() + timeout
         while True:
-            info = self.client.get_machine(machine_id)
+            try:
+                info = self.client.get_machine(machine_id)
+            except OperationalError:  # the database is restarting: ask again
+                time.sleep(0.2)
+                continue
             if info.status in TERMINAL:
                 return info
             if time.monotonic() > deadline:

@@ -1,0 +1,88 @@
+"""Acceptance under faults: a killed worker, a flushed Redis, a restarted PostgreSQL. Nothing is
+lost, nothing is applied twice, and every machine reaches its end."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from tests.integration.harness import FsmEnv, ScriptedAgent
+
+LINEAR = ["ONE", "TWO", "THREE", "DONE"]
+
+
+@pytest.fixture(scope="module")
+def faulty(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
+    """A deployment of its own: workers with beat running the sweeper every second."""
+    env = env_factory("faulty", sweep_interval_seconds=1.0, sweep_grace_seconds=1.0)
+    env.start_bridge()
+    yield env
+    env.stop_all()
+
+
+def _start_many(env: FsmEnv, agent: ScriptedAgent, n: int) -> list[UUID]:
+    return [env.client.start_machine("test_linear", {}, agent_id=agent.id) for _ in range(n)]
+
+
+def _transitions(env: FsmEnv) -> int:
+    return sum(sum(s.values()) for s in env.client.stats()["machines"].values())
+
+
+def _wait_for_progress(agent: ScriptedAgent, tasks: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(agent.tasks) < tasks:
+        assert time.monotonic() < deadline, f"only {len(agent.tasks)} tasks dispatched"
+        time.sleep(0.01)
+
+
+def _assert_each_finished_exactly_once(env: FsmEnv, ids: list[UUID]) -> None:
+    for mid in ids:
+        history = env.client.history(mid)
+        assert [row.attempt for row in history] == list(range(len(history))), mid
+        moved = [row.to_state for row in history if row.success]
+        assert moved == LINEAR, f"{mid}: successful transitions {moved}"
+        assert all(row.event in ("start", "ack", "timeout") for row in history)
+
+
+def test_sigkill_of_the_worker_under_load_loses_and_doubles_nothing(faulty: FsmEnv) -> None:
+    worker = faulty.start_worker(beat=True)
+    with ScriptedAgent(faulty) as agent:
+        ids = _start_many(faulty, agent, 300)
+        _wait_for_progress(agent, 400)
+        worker.kill()
+        faulty.start_worker(beat=True)
+        infos = [faulty.wait_until_done(mid, timeout=120) for mid in ids]
+    assert {info.status for info in infos} == {"completed"}
+    _assert_each_finished_exactly_once(faulty, ids)
+
+
+def test_flushall_mid_flight_is_repaired_by_the_sweeper(faulty: FsmEnv) -> None:
+    faulty.ensure_worker(beat=True)
+    with ScriptedAgent(faulty) as agent:
+        ids = _start_many(faulty, agent, 100)
+        _wait_for_progress(agent, 120)
+        faulty.redis.flushall()
+        infos = [faulty.wait_until_done(mid, timeout=120) for mid in ids]
+    assert {info.status for info in infos} == {"completed"}
+    _assert_each_finished_exactly_once(faulty, ids)
+
+
+def test_postgres_restart_mid_flight_loses_and_doubles_nothing(faulty: FsmEnv) -> None:
+    faulty.ensure_worker(beat=True)
+    version = next(Path("/etc/postgresql").iterdir()).name
+    with ScriptedAgent(faulty) as agent:
+        ids = _start_many(faulty, agent, 100)
+        _wait_for_progress(agent, 120)
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+            check=True,
+            timeout=120,
+        )
+        infos = [faulty.wait_until_done(mid, timeout=120) for mid in ids]
+    assert {info.status for info in infos} == {"completed"}
+    _assert_each_finished_exactly_once(faulty, ids)

@@ -1,0 +1,101 @@
+"""Acceptance: the durable path. Acks in the stream survive a stopped or crashed bridge, and an
+agent that was down when its task was dispatched reads it from its stream."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from fsm_celery.channel.bridge import GROUP
+from fsm_celery.core.messages import ack_stream, task_stream
+from tests.integration.harness import SILENT, FsmEnv, ScriptedAgent, ack_for
+
+
+@pytest.fixture(scope="module")
+def durable(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
+    env = env_factory("durable", stream_claim_idle_seconds=1.0)
+    env.start_worker()
+    yield env
+    env.stop_all()
+
+
+def _silent_everywhere(n: int) -> dict[str, list]:  # type: ignore[type-arg]
+    return {"FIRST": [SILENT] * n, "SECOND": [SILENT] * n}
+
+
+def _wait_all_in(env: FsmEnv, ids: list, state: str, timeout: float = 30) -> None:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [env.client.get_machine(mid).current_state for mid in ids]
+        if states.count(state) == len(ids):
+            return
+        assert time.monotonic() < deadline, f"{states.count(state)}/{len(ids)} reached {state}"
+        time.sleep(0.1)
+
+
+def test_acks_sent_while_the_bridge_is_stopped_are_applied_once_it_starts(
+    durable: FsmEnv,
+) -> None:
+    bridge = durable.start_bridge()
+    with ScriptedAgent(durable, _silent_everywhere(100), via_stream=True) as agent:
+        ids = [durable.client.start_machine("test_pair", {}, agent_id=agent.id) for _ in range(100)]
+        agent.wait_for_tasks(100)
+        bridge.stop()
+        for task in list(agent.tasks):
+            agent.send(ack_for(task))
+        time.sleep(1)
+        assert {durable.client.get_machine(mid).current_state for mid in ids} == {"FIRST"}
+        durable.start_bridge()
+        _wait_all_in(durable, ids, "SECOND")
+    for mid in ids:
+        attempts = [(r.attempt, r.event) for r in durable.client.history(mid)]
+        assert attempts == [(0, "start"), (1, "ack")]
+        assert durable.client.rejected(mid) == []
+
+
+def test_acks_a_crashed_bridge_had_read_are_claimed_by_the_next(durable: FsmEnv) -> None:
+    stream = ack_stream(durable.settings.channel_prefix)
+    with ScriptedAgent(durable, _silent_everywhere(20), via_stream=True) as agent:
+        ids = [durable.client.start_machine("test_pair", {}, agent_id=agent.id) for _ in range(20)]
+        agent.wait_for_tasks(20)
+        for proc in durable.procs:
+            if proc.name == "bridge":
+                proc.stop()
+        for task in list(agent.tasks):
+            agent.send(ack_for(task))
+        # What a bridge that died right after reading leaves behind: entries pending on a
+        # consumer that will never XACK them.
+        read = durable.redis.xreadgroup(GROUP, "dead-bridge", {stream: ">"}, count=100)
+        assert len(read[0][1]) == 20
+        assert durable.redis.xpending(stream, GROUP)["pending"] == 20
+        durable.start_bridge()
+        _wait_all_in(durable, ids, "SECOND")
+    assert durable.redis.xpending(stream, GROUP)["pending"] == 0
+    for mid in ids:
+        assert [r.event for r in durable.client.history(mid)] == ["start", "ack"]
+
+
+def test_an_agent_that_was_down_reads_its_task_from_its_stream(durable: FsmEnv) -> None:
+    durable.ensure_bridge()
+    agent_id = "8f4b3c1e-2a7d-4d51-9b1e-2f0c6a1d9e77"
+    mid = durable.client.start_machine("test_pair", {}, agent_id=agent_id)
+    time.sleep(0.5)  # dispatched while no agent listens: pub/sub drops it, the stream keeps it
+    client = redis.Redis.from_url(durable.settings.redis_url)
+    prefix = durable.settings.channel_prefix
+    seen: list[str] = []
+    last = "0"
+    deadline = time.monotonic() + 20
+    while durable.client.get_machine(mid).status == "running":
+        assert time.monotonic() < deadline, "the machine did not finish"
+        found = client.xread({task_stream(agent_id, prefix): last}, block=200)
+        for entry_id, fields in found[0][1] if found else []:
+            last = entry_id
+            task = json.loads(fields[b"message"])
+            seen.append(task["state"])
+            client.xadd(ack_stream(prefix), {"message": json.dumps(ack_for(task))})
+    assert seen == ["FIRST", "SECOND"]
+    assert durable.client.get_machine(mid).status == "completed"
