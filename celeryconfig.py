@@ -6,9 +6,13 @@ Reliability choices:
   (it checks machine, attempt and state under a row lock), so a redelivery is harmless.
 - worker_prefetch_multiplier = 4: with late acks, prefetched messages of a dead worker come back
   after the visibility timeout; a small prefetch bounds how many wait.
-- visibility_timeout: how long Redis waits before redelivering an unacknowledged message. The
-  database deadline is the truth for timeouts; check_timeout re-reads it, so a redelivered
-  countdown task cannot time a state out early or twice.
+- visibility_timeout: how long Redis waits before redelivering an unacknowledged message. A
+  countdown longer than it would be redelivered while it waits, so timeout checks and retry
+  delays are capped at half of it and re-scheduled; check_timeout re-reads the deadline under a
+  row lock, so a check that fires early, late or twice cannot time a state out wrongly or twice.
+  The sweeper (beat) catches checks lost with a killed worker or a flushed Redis.
+- autoretry on database and Redis connection errors (worker/tasks.py), with capped, jittered
+  backoff: a PostgreSQL restart delays transitions, it does not drop them.
 - task_ignore_result: the database holds every outcome; no result backend is needed.
 """
 
@@ -20,7 +24,7 @@ _settings = get_settings()
 
 broker_url = _settings.celery_broker_url
 broker_connection_retry_on_startup = True
-broker_transport_options = {"visibility_timeout": 3600}
+broker_transport_options = {"visibility_timeout": _settings.visibility_timeout_seconds}
 
 task_default_queue = _settings.queue
 # The nameless exchange routes by queue name alone. Named exchanges keep their bindings as Redis

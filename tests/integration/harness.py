@@ -25,6 +25,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from fsm_celery.agent.mock import OUTPUTS as MOCK_OUTPUTS
 from fsm_celery.api import redis_engine
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import ack_channel, ack_stream, task_channel
@@ -291,32 +292,25 @@ def database_name(env: FsmEnv) -> str:
 # ---- agents -----------------------------------------------------------------------------
 
 OUTPUTS: dict[str, dict[str, Any]] = {
-    "ANALYZE_ISSUE": {"needsSpec": True, "complexity": "medium"},
-    "WRITE_SPEC": {"specPath": "/specs/issue-726.md"},
-    "CREATE_PROJECT": {"projectPath": "/app/projects/sla-api"},
-    "WRITE_CODE": {"filesCreated": ["src/index.ts"], "buildSuccess": True},
-    "RUN_TESTS": {"passed": True, "coverage": 91},
-    "COMMIT_PUSH": {"commitHash": "abc123"},
-    "DEPLOY_STAGING": {"stagingUrl": "https://staging.example"},
-    "VERIFY_STAGING": {"verified": True},
-    "DEPLOY_PROD": {"prodUrl": "https://example"},
-    "ANALYZE_BUG": {"reproduced": True},
-    "LOCATE_CODE": {"location": "src/routes/health.ts:12"},
-    "WRITE_FIX": {"filesChanged": ["src/routes/health.ts"]},
-    "DEPLOY": {"deploymentUrl": "https://example"},
-    "CHECK_UPTIME": {"uptime": "100%"},
-    "CHECK_CERTS": {"certs": "all valid"},
-    "CHECK_CONTAINERS": {"containers": "all healthy"},
-    "GENERATE_REPORT": {"report": "all green"},
+    **MOCK_OUTPUTS,  # the shipped definitions' states
     "ONE": {"one": 1},
     "TWO": {"two": 2},
     "THREE": {"three": 3},
     "WAIT": {"answer": 42},
+    "FALLBACK": {"fallback": True},
     "LONG": {"result": "done"},
     "FIRST": {"first": 1},
     "SECOND": {"second": 2},
-    "FALLBACK": {"fallback": True},
 }
+FIX_BUG_STATES = [
+    "ANALYZE_BUG",
+    "LOCATE_CODE",
+    "WRITE_FIX",
+    "RUN_TESTS",
+    "COMMIT_PUSH",
+    "DEPLOY",
+    "COMPLETE",
+]
 
 
 @dataclass(frozen=True)

@@ -9,18 +9,16 @@ import uuid
 from typing import Any
 
 from fsm_celery.core.messages import ack_channel, task_token
-from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for
+from tests.integration.harness import (
+    FIX_BUG_STATES,
+    SILENT,
+    FsmEnv,
+    Reply,
+    ScriptedAgent,
+    ack_for,
+)
 
 CONTEXT = {"projectName": "sla-api", "githubIssue": 7}
-FIX_BUG = [
-    "ANALYZE_BUG",
-    "LOCATE_CODE",
-    "WRITE_FIX",
-    "RUN_TESTS",
-    "COMMIT_PUSH",
-    "DEPLOY",
-    "COMPLETE",
-]
 
 
 def _wait_for_task(agent: ScriptedAgent, count: int = 1) -> dict[str, Any]:
@@ -37,8 +35,8 @@ def test_each_ack_published_three_times_is_applied_once(fsm: FsmEnv) -> None:
         assert fsm.wait_until_done(mid).status == "completed"
         rejected = fsm.wait_for_rejections(mid, 12)
     history = fsm.client.history(mid)
-    assert [r.to_state for r in history] == FIX_BUG
-    assert [r.attempt for r in history] == list(range(len(FIX_BUG)))
+    assert [r.to_state for r in history] == FIX_BUG_STATES
+    assert [r.attempt for r in history] == list(range(len(FIX_BUG_STATES)))
     assert len(rejected) == 12  # two extra copies of each of the six acks
     assert {r["reason"] for r in rejected} == {"stale_attempt"}
     assert len(agent.tasks) == 6  # and no state was dispatched twice

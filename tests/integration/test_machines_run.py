@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.integration.harness import FsmEnv, Reply, ScriptedAgent
+from tests.integration.harness import FIX_BUG_STATES, OUTPUTS, FsmEnv, Reply, ScriptedAgent
 
 CONTEXT = {"projectName": "sla-api", "githubIssue": 726}
 BUILD_WITH_SPEC = [
@@ -25,7 +25,7 @@ def test_build_project_with_spec_visits_write_spec(fsm: FsmEnv) -> None:
         info = fsm.wait_until_done(mid)
     assert info.status == "completed"
     assert fsm.visited(mid) == BUILD_WITH_SPEC
-    assert info.context["specPath"] == "/specs/issue-726.md"
+    assert info.context["specPath"] == OUTPUTS["WRITE_SPEC"]["specPath"]
     assert info.github_issue == 726
 
 
@@ -42,15 +42,7 @@ def test_fix_bug_runs_to_complete(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm) as agent:
         mid = fsm.client.start_machine("cto_fix_bug", CONTEXT, agent_id=agent.id)
         assert fsm.wait_until_done(mid).status == "completed"
-    assert fsm.visited(mid) == [
-        "ANALYZE_BUG",
-        "LOCATE_CODE",
-        "WRITE_FIX",
-        "RUN_TESTS",
-        "COMMIT_PUSH",
-        "DEPLOY",
-        "COMPLETE",
-    ]
+    assert fsm.visited(mid) == FIX_BUG_STATES
 
 
 def test_infrastructure_check_runs_to_complete(fsm: FsmEnv) -> None:
@@ -66,7 +58,8 @@ def test_infrastructure_check_runs_to_complete(fsm: FsmEnv) -> None:
         "COMPLETE",
     ]
     prompt = next(t["prompt"] for t in agent.tasks if t["state"] == "GENERATE_REPORT")
-    assert "Uptime: 100%" in prompt and "Containers: all healthy" in prompt
+    assert f"Uptime: {OUTPUTS['CHECK_UPTIME']['uptime']}." in prompt
+    assert f"Containers: {OUTPUTS['CHECK_CONTAINERS']['containers']}." in prompt
 
 
 def test_state_task_carries_the_seed_fields_and_the_safety_additions(fsm: FsmEnv) -> None:
