@@ -57,7 +57,7 @@ def require_services(pg_url: str, redis_url: str) -> None:
         engine.dispose()
 
 
-def _admin(pg_url: str, statement: str) -> None:
+def admin_sql(pg_url: str, statement: str) -> None:
     engine = create_engine(f"{pg_url}/postgres", isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
         conn.execute(text(statement))
@@ -67,7 +67,7 @@ def _admin(pg_url: str, statement: str) -> None:
 def create_template(pg_url: str, name: str) -> None:
     """A migrated database to copy for each environment."""
     drop_database(pg_url, name)
-    _admin(pg_url, f'CREATE DATABASE "{name}"')
+    admin_sql(pg_url, f'CREATE DATABASE "{name}"')
     engine = make_engine(f"{pg_url}/{name}")
     upgrade(engine)
     engine.dispose()
@@ -75,12 +75,12 @@ def create_template(pg_url: str, name: str) -> None:
 
 def copy_database(pg_url: str, template: str, name: str) -> str:
     drop_database(pg_url, name)
-    _admin(pg_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    admin_sql(pg_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     return f"{pg_url}/{name}"
 
 
 def drop_database(pg_url: str, name: str) -> None:
-    _admin(pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin_sql(pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @dataclass
