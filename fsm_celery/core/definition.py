@@ -181,7 +181,7 @@ def _problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
             None,
             "initial_state",
         )
-    if d.on_loop_exhausted not in seen:
+    if _has_loops(d) and d.on_loop_exhausted not in seen:
         yield Problem(
             f"target {d.on_loop_exhausted!r} is not one of the states",
             source,
@@ -200,8 +200,14 @@ def _edge_targets_unknown(d: MachineDefinition, names: set[str]) -> Iterator[str
         for edge in state.edges:
             if edge.target not in names:
                 yield edge.target
-    if d.initial_state not in names or d.on_loop_exhausted not in names:
+    if d.initial_state not in names:
         yield d.initial_state
+    if _has_loops(d) and d.on_loop_exhausted not in names:
+        yield d.on_loop_exhausted
+
+
+def _has_loops(d: MachineDefinition) -> bool:
+    return any(edge.loop for state in d.states for edge in state.edges)
 
 
 def _state_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
@@ -258,10 +264,9 @@ def _labelled_edges(state: StateDefinition) -> Iterator[tuple[str, Edge]]:
 
 def _graph_problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
     graph = {s.name: {e.target for e in s.edges} for s in d.states}
-    loops_possible = any(e.loop for s in d.states for e in s.edges)
-    if loops_possible:
-        for targets in graph.values():
-            targets.add(d.on_loop_exhausted)
+    for s in d.states:
+        if any(e.loop for e in s.edges):  # taking a loop edge past the bound exits here
+            graph[s.name].add(d.on_loop_exhausted)
     reachable = _reach(graph, [d.initial_state])
     for state in d.states:
         if state.name not in reachable:

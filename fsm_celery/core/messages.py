@@ -20,7 +20,11 @@ ACK_STREAM = "stream:state:ack"
 
 class _Message(BaseModel):
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        frozen=True,
+        strict=True,  # a wire protocol: "yes" is not a boolean, "3" is not an attempt
     )
 
     def to_wire(self) -> str:
