@@ -152,6 +152,8 @@ def status(machine_id: str, as_json: bool) -> None:
         "agent_type",
         "agent_id",
         "deadline_at",
+        "heartbeat_at",
+        "progress",
         "error",
         "created_at",
         "updated_at",

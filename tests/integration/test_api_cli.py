@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from click.testing import CliRunner, Result
 
 from fsm_celery import cli
 from fsm_celery.core.loader import load_file
+from fsm_celery.core.messages import ack_channel
 from fsm_celery.exceptions import InvalidContext, MachineNotFound, UnknownMachineType
-from tests.integration.harness import ROOT, FsmEnv, ScriptedAgent
+from tests.integration.harness import ROOT, SILENT, FsmEnv, ScriptedAgent
 
 
 @pytest.fixture
@@ -126,3 +128,30 @@ def test_cli_validate_accepts_the_shipped_definitions() -> None:
     result = CliRunner().invoke(cli.main, ["definitions", "validate", str(ROOT / "definitions")])
     assert result.exit_code == 0, result.output
     assert result.output.count("ok  ") == 3
+
+
+def test_cli_admin_commands_are_audited_with_actor_and_reason(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedAgent(fsm, {"FIRST": [SILENT]}) as agent:
+        mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
+        agent.wait_for_tasks(1)
+        paused = run("pause", str(mid), "--reason", "deploy freeze", "--actor", "alice")
+        assert paused.exit_code == 0 and "paused" in paused.output
+        refused = run("pause", str(mid))
+        assert refused.exit_code == 1
+        assert "cannot pause a paused machine" in refused.output
+        assert run("force", str(mid), "DONE", "--actor", "bob").exit_code == 0
+    rows = json.loads(run("history", str(mid), "--json").output)
+    assert [(r["event"], r["actor"], r["reason"]) for r in rows[1:]] == [
+        ("pause", "alice", "deploy freeze"),
+        ("force", "bob", ""),
+    ]
+    assert "completed" in run("status", str(mid)).output
+
+
+def test_cli_rejected_lists_reasons(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
+    fsm.redis.publish(ack_channel(fsm.settings.channel_prefix), "{definitely not json")
+    deadline = time.monotonic() + 10
+    while "malformed_json" not in (out := run("rejected", "--limit", "5").output):
+        assert time.monotonic() < deadline, out
+        time.sleep(0.1)
+    assert json.loads(run("stats").output)["rejected"]["malformed_json"] >= 1

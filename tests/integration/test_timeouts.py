@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tests.integration.harness import SILENT, FsmEnv, ScriptedAgent
+import itertools
+from datetime import datetime, timedelta
+
+from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent
 
 
 def test_silent_state_times_out_is_retried_then_takes_its_failure_edge(fsm: FsmEnv) -> None:
@@ -22,3 +25,14 @@ def test_silent_state_times_out_is_retried_then_takes_its_failure_edge(fsm: FsmE
     history = fsm.client.history(mid)
     assert history[1].error_message == "timed out (retry 1 of 1)"
     assert (history[1].duration_ms or 0) >= 1000
+
+
+def test_a_failed_attempt_is_retried_after_its_backoff(fsm: FsmEnv) -> None:
+    script = {"SLOW_RETRY": [Reply(success=False, error="flaky"), Reply(success=False)]}
+    with ScriptedAgent(fsm, script) as agent:
+        mid = fsm.client.start_machine("test_backoff", {}, agent_id=agent.id)
+        assert fsm.wait_until_done(mid, timeout=20).status == "completed"
+    sent = [datetime.fromisoformat(t["deadline"]) - timedelta(seconds=30) for t in agent.tasks]
+    first, second = [(b - a).total_seconds() for a, b in itertools.pairwise(sent)]
+    assert 1 <= first < 1.9  # delay 1 s
+    assert 2 <= second < 2.9  # then 1 s * rate 2
