@@ -10,7 +10,10 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
+from fsm_celery.core.usage import Budget, Usage
 from fsm_celery.store import queries as q
+
+KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or why it paused
 
 
 class Step(NamedTuple):
@@ -37,6 +40,8 @@ def snapshot(row: q.AnyRow) -> Machine:
         attempt=row.attempt,
         state_retries=row.state_retries,
         context=row.context,
+        usage=Usage(row.tokens_used, row.cost),
+        budget=Budget(tokens=row.budget_tokens, cost=row.budget_cost),
     )
 
 
@@ -69,6 +74,7 @@ class Changes:
         machine = self.machine(row)
         running = t.status is MachineStatus.RUNNING
         due = self.now + timedelta(seconds=t.delay_seconds) if running else None
+        spent = machine.usage + t.usage
         self.snapshots[row.id] = Machine(
             id=row.id,
             current_state=t.to_state,
@@ -76,6 +82,8 @@ class Changes:
             attempt=t.attempt,
             state_retries=t.state_retries,
             context=t.context,
+            usage=spent,
+            budget=machine.budget,
         )
         self.delays[row.id] = t.delay_seconds
         self.updates[row.id] = {
@@ -89,7 +97,9 @@ class Changes:
             "deadline_at": None,
             "heartbeat_at": None,
             "progress": None,
-            "error": t.error if t.status is MachineStatus.FAILED else None,
+            "tokens_used": spent.tokens,
+            "cost": spent.cost,
+            "error": t.error if t.status in KEEPS_ERROR else None,
             "updated_at": self.now,
         }
         beat = self.beats.get(row.id, {})
@@ -108,6 +118,9 @@ class Changes:
                 "actor": actor,
                 "reason": reason,
                 "progress": beat.get("progress", row.progress),
+                "agent_id": row.agent_id,
+                "tokens_used": t.usage.tokens,
+                "cost": t.usage.cost,
                 "created_at": self.now,
             }
         )

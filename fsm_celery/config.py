@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     accept_unsigned_acks: bool = False
     task_streams: bool = True
     stream_claim_idle_seconds: float = Field(default=30.0, gt=0)
+    agent_liveness_seconds: float = Field(default=15.0, gt=0)
     visibility_timeout_seconds: int = Field(default=3600, ge=60)
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     ack_batch_size: int = Field(default=200, gt=0)

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from fsm_celery.agent.mock import Failure, MockAgent
+from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import task_channel
@@ -20,6 +20,7 @@ from fsm_celery.store.db import make_engine, upgrade
 
 Out = Callable[[str], None]
 TERMINAL = {"completed", "failed", "cancelled"}
+THINK = (0.02, 0.15)  # seconds a mock agent works on a task
 
 
 def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
@@ -49,14 +50,15 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
         client = Client(engine, tasks.enter)
         for machine_type, version, _ in client.load_definitions():
             out(f"loaded definition {machine_type} v{version}")
-        steady = _agent(bus, settings, MockAgent(seed=7), tasks.apply_messages.delay)
+        steady = _agent(bus, settings, MockScript(seed=7, think=THINK), tasks.apply_messages.delay)
         shaky = _agent(
             bus,
             settings,
-            MockAgent(
+            MockScript(
                 seed=7,
+                think=THINK,
                 overrides={("ANALYZE_ISSUE", 1): {"needsSpec": False, "complexity": "low"}},
-                failures=(Failure("RUN_TESTS", frozenset({1}), "2 of 48 tests failed"),),
+                failures={"RUN_TESTS": frozenset({1})},
             ),
             tasks.apply_messages.delay,
         )
@@ -82,13 +84,13 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
 
 
 def _agent(
-    bus: MemoryBus, settings: Settings, mock: MockAgent, send: Callable[[list[str]], object]
+    bus: MemoryBus, settings: Settings, mock: MockScript, send: Callable[[list[str]], object]
 ) -> uuid.UUID:
     agent_id = uuid.uuid4()
 
     def handle(message: str) -> None:
         task = json.loads(message)
-        time.sleep(mock.think_seconds(task, 0.02, 0.15))
+        time.sleep(mock.think_seconds(task["machineId"], task["attempt"]))
         send([json.dumps(mock.answer(task))])
 
     bus.subscribe(task_channel(str(agent_id), settings.channel_prefix), handle)

@@ -6,7 +6,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -18,9 +18,11 @@ from sqlalchemy import Connection, Engine
 from fsm_celery.changes import Changes, Step, aware, snapshot
 from fsm_celery.channel import Dispatcher
 from fsm_celery.config import Settings
-from fsm_celery.core.admin import Command, decide_command
+from fsm_celery.core.admin import Action, Command, decide_command
 from fsm_celery.core.definition import TEMPLATES, FailureKind, MachineDefinition
 from fsm_celery.core.messages import (
+    AgentStatus,
+    MachineMessage,
     StateAck,
     StateHeartbeat,
     StateTask,
@@ -39,6 +41,7 @@ from fsm_celery.core.transition import (
     decide,
     initial_context,
 )
+from fsm_celery.core.usage import BUDGET_EXCEEDED, Budget
 from fsm_celery.exceptions import (
     CommandRefused,
     InvalidAgentId,
@@ -133,6 +136,9 @@ class MachineEngine:
                     "updated_at": now,
                     "definition_version": version,
                     "agent_id": agent,
+                    "agent_pinned": agent is not None,
+                    "budget_tokens": definition.budget.tokens if definition.budget else None,
+                    "budget_cost": definition.budget.cost if definition.budget else None,
                     "attempt": 1,
                     "state_retries": 0,
                     "dispatch_due_at": now,
@@ -174,21 +180,44 @@ class MachineEngine:
                 timeout=int(state.timeout_seconds * 1000),
                 deadline=deadline,
                 task_token=task_token(self.settings.task_token_secret, row.id, state.name, attempt),
+                heartbeat_timeout=_ms(state.heartbeat_timeout),
             )
             q.mark_dispatched_txn(conn, row.id, now, deadline)
+            agent = self._route(conn, row, now)
             # Sent before commit: a crash after it sends again (at-least-once dispatch);
             # the duplicate ack is rejected as stale, so the work is applied once.
-            agent = str(row.agent_id) if row.agent_id is not None else row.agent_type
             self.dispatcher.dispatch(agent, task.to_wire())
         return state.timeout_seconds
+
+    def _route(self, conn: Connection, row: q.AnyRow, now: datetime) -> str:
+        """Where the task goes: the machine's agent, else a live agent of its type, else the
+        type's own channel and stream, where any agent of the type may take it."""
+        since = now - timedelta(seconds=self.settings.agent_liveness_seconds)
+        if row.agent_id is not None and (
+            row.agent_pinned or q.agent_alive_txn(conn, row.agent_id, since)
+        ):
+            return str(row.agent_id)
+        chosen = q.pick_agent_txn(conn, row.agent_type, since, now)
+        if chosen is None:
+            return str(row.agent_type)
+        q.assign_agent_txn(conn, row.id, chosen)
+        return str(chosen)
 
     # acks and heartbeats ----------------------------------------------------------------
 
     def apply_messages(self, payloads: Iterable[str]) -> list[Step]:
-        """Apply a batch of raw acks and heartbeats in one transaction; the steps to enter."""
+        """Apply a batch of raw agent messages in one transaction; the steps to enter."""
         changes = Changes(self.clock())
-        parsed = [(m, raw) for raw in payloads if (m := self._parse(raw, changes)) is not None]
+        parsed: list[tuple[MachineMessage, str]] = []
+        statuses: dict[UUID, AgentStatus] = {}
+        for raw in payloads:
+            message = self._parse(raw, changes)
+            if isinstance(message, AgentStatus):
+                statuses[message.agent_id] = message  # the latest of each agent's reports
+            elif message is not None:
+                parsed.append((message, raw))
         with self.db.begin() as conn:
+            q.upsert_agents_txn(conn, [_agent_row(s, changes.now) for s in statuses.values()])
             rows = q.lock_machines_txn(conn, (m.machine_id for m, _ in parsed))
             for message, raw in parsed:
                 row = rows.get(message.machine_id)
@@ -206,7 +235,7 @@ class MachineEngine:
             changes.write(conn)
         return changes.steps()
 
-    def _parse(self, raw: str, changes: Changes) -> StateAck | StateHeartbeat | None:
+    def _parse(self, raw: str, changes: Changes) -> AgentMessage | None:
         limit = self.settings.max_payload_bytes
         if len(raw.encode("utf-8", "replace")) > limit:
             changes.reject(RejectReason.OVERSIZED, f"payload over {limit} bytes", raw)
@@ -226,7 +255,7 @@ class MachineEngine:
         self,
         conn: Connection,
         row: q.AnyRow,
-        message: StateAck | StateHeartbeat,
+        message: MachineMessage,
         raw: str,
         changes: Changes,
     ) -> None:
@@ -256,7 +285,7 @@ class MachineEngine:
             changes.reject(RejectReason.MISSING_OUTPUT, decision.error or "", raw, **where)
         changes.transition(row, decision, "ack")
 
-    def _attempt_of(self, message: StateAck | StateHeartbeat, machine: Machine) -> int | None:
+    def _attempt_of(self, message: MachineMessage, machine: Machine) -> int | None:
         """The attempt the message is for, once its token is checked (None: refuse it)."""
         if message.task_token is None and self.settings.accept_unsigned_acks:
             return machine.attempt if message.attempt is None else message.attempt
@@ -304,6 +333,30 @@ class MachineEngine:
             changes.write(conn)
         return changes.steps()
 
+    def set_budget(self, machine_id: UUID, budget: Budget, actor: str) -> list[Step]:
+        """Change the machine's budget; one paused for its budget resumes if now within it."""
+        with self.db.begin() as conn:
+            row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
+            if row is None:
+                raise MachineNotFound(str(machine_id))
+            q.set_budget_txn(conn, machine_id, budget.tokens, budget.cost)
+            machine = replace(snapshot(row), budget=budget)
+            paused_for_budget = (row.error or "").startswith(BUDGET_EXCEEDED)
+            if machine.status is not MachineStatus.PAUSED or not paused_for_budget:
+                return []
+            if budget.exceeded_by(machine.usage) is not None:
+                return []
+            reason = f"budget raised to tokens={budget.tokens}, cost={budget.cost}"
+            command = Command(Action.RESUME, actor, reason)
+            decision = decide_command(
+                self._definition(conn, row.type, row.definition_version), machine, command
+            )
+            assert not isinstance(decision, Rejected)  # a paused machine can always resume
+            changes = Changes(self.clock())
+            changes.transition(row, decision, "resume", actor=actor, reason=reason)
+            changes.write(conn)
+        return changes.steps()
+
     def sweep(self, limit: int = 1000) -> tuple[list[Step], list[Step]]:
         """Machines to repair: (due but never dispatched, deadline passed but not timed out)."""
         before = self.clock() - timedelta(seconds=self.settings.sweep_grace_seconds)
@@ -311,6 +364,22 @@ class MachineEngine:
             due = [Step(r.id, r.attempt) for r in q.due_dispatches_txn(conn, before, limit)]
             overdue = [Step(r.id, r.attempt) for r in q.overdue_deadlines_txn(conn, before, limit)]
         return due, overdue
+
+
+AgentMessage = StateAck | StateHeartbeat | AgentStatus
+
+
+def _agent_row(status: AgentStatus, now: datetime) -> dict[str, Any]:
+    return {
+        "id": status.agent_id,
+        "agent_type": status.agent_type,
+        "status": status.status,
+        "concurrency": status.concurrency,
+        "running": status.running,
+        "hostname": status.hostname,
+        "started_at": now,
+        "last_seen_at": now,
+    }
 
 
 def _awaits_dispatch(row: q.AnyRow | None, attempt: int) -> bool:
@@ -349,6 +418,10 @@ def _agent_uuid(agent_id: UUID | str | None) -> UUID | None:
         return UUID(str(agent_id))
     except ValueError:
         raise InvalidAgentId(agent_id) from None
+
+
+def _ms(value: timedelta | None) -> int | None:
+    return None if value is None else int(value.total_seconds() * 1000)
 
 
 def _render(template: str, context: Mapping[str, Any]) -> str:

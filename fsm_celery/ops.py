@@ -11,6 +11,7 @@ from uuid import UUID
 
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.loader import definition_files, load_all
+from fsm_celery.core.usage import Budget
 from fsm_celery.engine import MachineEngine, Step
 from fsm_celery.exceptions import MachineNotFound
 from fsm_celery.store import queries as q
@@ -36,6 +37,10 @@ class MachineInfo:
     deadline_at: datetime | None
     heartbeat_at: datetime | None
     progress: str | None
+    tokens_used: int
+    cost: float
+    budget_tokens: int | None
+    budget_cost: float | None
     error: str | None
     created_at: datetime
     updated_at: datetime
@@ -63,6 +68,9 @@ class TransitionRecord:
     actor: str | None
     reason: str | None
     progress: str | None
+    agent_id: UUID | None
+    tokens_used: int
+    cost: float
     created_at: datetime
 
     @classmethod
@@ -128,6 +136,24 @@ class Client:
         """Move the machine to the named state, whatever its status."""
         return self._command(machine_id, Command(Action.FORCE, actor, reason, target))
 
+    def set_budget(
+        self,
+        machine_id: UUID | str,
+        actor: str,
+        tokens: int | None = None,
+        cost: float | None = None,
+    ) -> MachineInfo:
+        """Set the machine's budget (None: no limit); a machine paused over budget resumes."""
+        mid = _uuid(machine_id)
+        self.enqueue(self.engine.set_budget(mid, Budget(tokens=tokens, cost=cost), actor))
+        return self.get_machine(mid)
+
+    def agents(self) -> list[dict[str, Any]]:
+        """Every agent that ever reported, with its status and when it was last seen."""
+        with self.engine.db.connect() as conn:
+            rows = q.list_agents_txn(conn)
+        return [_jsonable(dict(r._mapping)) for r in rows]
+
     def _command(self, machine_id: UUID | str, command: Command) -> MachineInfo:
         mid = _uuid(machine_id)
         self.enqueue(self.engine.command(mid, command))
@@ -172,7 +198,18 @@ class Client:
             for row in q.status_counts_txn(conn):
                 machines.setdefault(row.type, {})[row.status] = row.total
             rejected = {row.reason: row.total for row in q.rejection_counts_txn(conn)}
-        return {"machines": machines, "rejected": rejected}
+            usage = {
+                by: {
+                    str(row.key): {
+                        "tokens": int(row.tokens or 0),
+                        "cost": float(row.cost or 0),
+                        "attempts": row.attempts,
+                    }
+                    for row in q.usage_by_txn(conn, column)
+                }
+                for by, column in (("by_type", "type"), ("by_agent", "agent_id"))
+            }
+        return {"machines": machines, "rejected": rejected, "usage": usage}
 
     def rejected(
         self, machine_id: UUID | str | None = None, limit: int = 100

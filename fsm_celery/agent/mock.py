@@ -1,12 +1,20 @@
-"""Deterministic mock agents: scripted outputs for every state of the shipped definitions."""
+"""Deterministic mock agents: scripted outputs for every state of the shipped definitions.
+
+The same seed gives the same run: outputs are fixed per state, failures are injected on chosen
+visits of a state, and think times are drawn from (seed, machine, attempt).
+"""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from fsm_celery.agent.sdk import Agent, NoAck, Task
 
 OUTPUTS: dict[str, dict[str, Any]] = {
     # cto_build_project
@@ -32,46 +40,68 @@ OUTPUTS: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Failure:
-    """Make the n-th visits of a state fail (1-based), with this error text."""
-
-    state: str
-    visits: frozenset[int]
-    error: str = "injected failure"
+class InjectedFailure(RuntimeError):
+    """A failure the mock was told to produce."""
 
 
 @dataclass
-class MockAgent:
-    """Answers state_task messages with scripted outputs; same seed, same run."""
+class MockScript:
+    """What a mock agent answers: outputs per state, and the faults to inject."""
 
     seed: int = 0
     outputs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: OUTPUTS)
-    failures: tuple[Failure, ...] = ()
+    failures: Mapping[str, frozenset[int]] = field(default_factory=dict)  # empty set: always
+    slow: Mapping[str, float] = field(default_factory=dict)
+    silent: frozenset[str] = frozenset()
     overrides: Mapping[tuple[str, int], Mapping[str, Any]] = field(default_factory=dict)
+    think: tuple[float, float] = (0.0, 0.0)
     _visits: Counter[tuple[str, str]] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def think_seconds(self, task: Mapping[str, Any], low: float, high: float) -> float:
-        """A deterministic pseudo-random work time for the task."""
-        rng = random.Random(f"{self.seed}:{task['machineId']}:{task['attempt']}")
-        return rng.uniform(low, high)
+    def think_seconds(self, machine_id: str, attempt: int) -> float:
+        """A pseudo-random work time fixed by seed, machine and attempt."""
+        low, high = self.think
+        return random.Random(f"{self.seed}:{machine_id}:{attempt}").uniform(low, high)
+
+    def respond(self, machine_id: str, state: str) -> dict[str, Any]:
+        """The output for this visit of the state; raises InjectedFailure or NoAck when told."""
+        with self._lock:
+            self._visits[(machine_id, state)] += 1
+            visit = self._visits[(machine_id, state)]
+        if state in self.silent:
+            raise NoAck
+        failing = self.failures.get(state)
+        if failing is not None and (not failing or visit in failing):
+            raise InjectedFailure(f"injected failure in {state} (visit {visit})")
+        return dict(self.overrides.get((state, visit), self.outputs.get(state, {})))
 
     def answer(self, task: Mapping[str, Any]) -> dict[str, Any]:
-        """The state_ack for a state_task."""
-        state = task["state"]
-        key = (str(task["machineId"]), state)
-        self._visits[key] += 1
-        visit = self._visits[key]
+        """The state_ack for a state_task given as parsed JSON (used by the embedded demo)."""
         ack: dict[str, Any] = {
             "type": "state_ack",
             "machineId": task["machineId"],
-            "state": state,
+            "state": task["state"],
             "attempt": task["attempt"],
             "taskToken": task["taskToken"],
-            "success": True,
-            "output": dict(self.overrides.get((state, visit), self.outputs.get(state, {}))),
         }
-        for failure in self.failures:
-            if failure.state == state and visit in failure.visits:
-                ack.update(success=False, output={}, error=failure.error)
-        return ack
+        try:
+            return {
+                **ack,
+                "success": True,
+                "output": self.respond(task["machineId"], task["state"]),
+            }
+        except InjectedFailure as exc:
+            return {**ack, "success": False, "output": {}, "error": str(exc)}
+
+
+def serve_mock(agent: Agent, script: MockScript) -> Agent:
+    """Register the script as the agent's handler for every machine type and state."""
+
+    @agent.handler()
+    def handle(task: Task) -> Mapping[str, Any]:
+        time.sleep(
+            script.slow.get(task.state, 0.0) + script.think_seconds(task.machine_id, task.attempt)
+        )
+        return script.respond(task.machine_id, task.state)
+
+    return agent

@@ -15,6 +15,7 @@ import jmespath.exceptions
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from fsm_celery.core.usage import Budget
 from fsm_celery.exceptions import DefinitionError, Problem
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*$"
@@ -122,6 +123,7 @@ class MachineDefinition(BaseModel):
     description: str = ""
     initial_state: str
     max_loops: int = Field(default=3, ge=0)
+    budget: Budget | None = None
     on_loop_exhausted: str = "FAILED"
     states: tuple[StateDefinition, ...] = Field(min_length=1)
 

@@ -46,6 +46,9 @@ class StateTask(_Message):
     timeout: int = Field(description="milliseconds the agent has, as in the seed")
     deadline: datetime
     task_token: str
+    heartbeat_timeout: int | None = Field(
+        default=None, description="milliseconds of silence allowed between heartbeats"
+    )
 
 
 class StateAck(_Message):
@@ -72,12 +75,25 @@ class StateHeartbeat(_Message):
     progress: str | None = Field(default=None, max_length=2000)
 
 
-AgentMessage = Annotated[StateAck | StateHeartbeat, Field(discriminator="type")]
-AGENT_MESSAGE: TypeAdapter[StateAck | StateHeartbeat] = TypeAdapter(AgentMessage)
+class AgentStatus(_Message):
+    """Agent → engine: I am here (sent every few seconds), or I am stopping."""
+
+    type: Literal["agent_status"]
+    agent_id: UUID
+    agent_type: str = Field(min_length=1, max_length=10)
+    status: Literal["active", "stopped"]
+    concurrency: int = Field(ge=1)
+    running: int = Field(default=0, ge=0)
+    hostname: str | None = Field(default=None, max_length=255)
 
 
-def parse_agent_message(raw: str | bytes) -> StateAck | StateHeartbeat:
-    """Parse an ack or heartbeat (pydantic's ValidationError says what is wrong)."""
+MachineMessage = StateAck | StateHeartbeat
+AgentMessage = Annotated[StateAck | StateHeartbeat | AgentStatus, Field(discriminator="type")]
+AGENT_MESSAGE: TypeAdapter[StateAck | StateHeartbeat | AgentStatus] = TypeAdapter(AgentMessage)
+
+
+def parse_agent_message(raw: str | bytes) -> StateAck | StateHeartbeat | AgentStatus:
+    """Parse an ack, heartbeat or agent status (pydantic's ValidationError says what is wrong)."""
     return AGENT_MESSAGE.validate_json(raw)
 
 
@@ -121,6 +137,7 @@ def message_schemas() -> dict[str, dict[str, Any]]:
         "state_task": StateTask.model_json_schema(by_alias=True),
         "state_ack": StateAck.model_json_schema(by_alias=True),
         "state_heartbeat": StateHeartbeat.model_json_schema(by_alias=True),
+        "agent_status": AgentStatus.model_json_schema(by_alias=True),
     }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
@@ -17,6 +17,7 @@ from fsm_celery.core.definition import (
     compile_guard,
 )
 from fsm_celery.core.retry import jitter_unit, retry_delay
+from fsm_celery.core.usage import NO_BUDGET, NOTHING, Budget, Usage, usage_of
 
 LOOP_COUNT = "retryCount"
 LOOP_LIMIT = "maxRetries"
@@ -58,6 +59,8 @@ class Machine:
     attempt: int
     state_retries: int
     context: Mapping[str, Any]
+    usage: Usage = NOTHING
+    budget: Budget = NO_BUDGET
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class Transition:
     error: str | None = None
     failure: FailureKind | None = None
     delay_seconds: float = 0.0  # wait before the next state is entered (retry backoff)
+    usage: Usage = NOTHING  # what this attempt spent
+    budget: Budget | None = None  # a new budget (set by an admin command)
 
     @property
     def enters_state(self) -> bool:
@@ -133,6 +138,21 @@ def initial_context(definition: MachineDefinition, context: Mapping[str, Any]) -
 
 def decide(definition: MachineDefinition, machine: Machine, event: Event) -> Decision:
     """Decide what the event does to the machine. Pure: no I/O, no clock."""
+    decision = _decide(definition, machine, event)
+    if isinstance(decision, Rejected) or isinstance(event, Timeout):
+        return decision
+    usage = usage_of(event.output)
+    over = machine.budget.exceeded_by(machine.usage + usage)
+    if over is not None and decision.status is MachineStatus.RUNNING:
+        # The work is recorded and the machine moves on, but spends nothing more until an
+        # admin raises the budget.
+        return replace(
+            decision, usage=usage, status=MachineStatus.PAUSED, error=over, delay_seconds=0.0
+        )
+    return replace(decision, usage=usage)
+
+
+def _decide(definition: MachineDefinition, machine: Machine, event: Event) -> Decision:
     rejected = check_event(machine, event.state, event.attempt)
     if rejected is not None:
         return rejected

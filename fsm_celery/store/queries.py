@@ -8,10 +8,18 @@ from typing import Any
 from uuid import UUID
 
 from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
-from fsm_celery.store.tables import definitions, machines, rejected_messages, transitions
+from fsm_celery.store.tables import (
+    agents,
+    definitions,
+    machines,
+    rejected_messages,
+    transitions,
+)
 
 AnyRow = Row[*tuple[Any, ...]]
 PAYLOAD_KEEP = 4096  # characters of a rejected payload kept for the record
@@ -125,6 +133,8 @@ _UPDATE = (
         deadline_at=bindparam("deadline_at"),
         heartbeat_at=bindparam("heartbeat_at"),
         progress=bindparam("progress"),
+        tokens_used=bindparam("tokens_used"),
+        cost=bindparam("cost"),
         error=bindparam("error"),
         updated_at=bindparam("updated_at"),
     )
@@ -264,4 +274,84 @@ def overdue_deadlines_txn(conn: Connection, before: datetime, limit: int) -> Seq
         )
         .order_by(machines.c.deadline_at)
         .limit(limit)
+    ).all()
+
+
+def upsert_agents_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Record each agent's latest status (insert the first time it is seen)."""
+    if not rows:
+        return
+    dialect = conn.dialect.name
+    insert_fn = pg_insert if dialect == "postgresql" else sqlite_insert
+    statement = insert_fn(agents)
+    changed = ("agent_type", "status", "concurrency", "running", "hostname", "last_seen_at")
+    statement = statement.on_conflict_do_update(
+        index_elements=[agents.c.id],
+        set_={name: statement.excluded[name] for name in changed},
+    )
+    conn.execute(statement, rows)
+
+
+def agent_alive_txn(conn: Connection, agent_id: UUID, since: datetime) -> bool:
+    """Whether the agent said it is active at or after `since`."""
+    found = conn.execute(
+        select(agents.c.id).where(
+            agents.c.id == agent_id, agents.c.status == "active", agents.c.last_seen_at >= since
+        )
+    ).first()
+    return found is not None
+
+
+def pick_agent_txn(
+    conn: Connection, agent_type: str, since: datetime, now: datetime
+) -> UUID | None:
+    """The live agent of the type assigned least recently (round robin), marked as assigned."""
+    chosen = conn.execute(
+        select(agents.c.id)
+        .where(
+            agents.c.agent_type == agent_type,
+            agents.c.status == "active",
+            agents.c.last_seen_at >= since,
+        )
+        .order_by(agents.c.assigned_at.asc().nulls_first(), agents.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    ).scalar()
+    if chosen is not None:
+        conn.execute(update(agents).where(agents.c.id == chosen).values(assigned_at=now))
+    return chosen
+
+
+def assign_agent_txn(conn: Connection, machine_id: UUID, agent_id: UUID) -> None:
+    conn.execute(update(machines).where(machines.c.id == machine_id).values(agent_id=agent_id))
+
+
+def set_budget_txn(
+    conn: Connection, machine_id: UUID, tokens: int | None, cost: float | None
+) -> None:
+    conn.execute(
+        update(machines)
+        .where(machines.c.id == machine_id)
+        .values(budget_tokens=tokens, budget_cost=cost)
+    )
+
+
+def list_agents_txn(conn: Connection) -> Sequence[AnyRow]:
+    return conn.execute(select(agents).order_by(agents.c.agent_type, agents.c.started_at)).all()
+
+
+def usage_by_txn(conn: Connection, column: str) -> Sequence[AnyRow]:
+    """Tokens and cost summed per machine type ("type") or per agent ("agent_id")."""
+    key = machines.c.type if column == "type" else transitions.c.agent_id
+    return conn.execute(
+        select(
+            key.label("key"),
+            func.sum(transitions.c.tokens_used).label("tokens"),
+            func.sum(transitions.c.cost).label("cost"),
+            func.count().label("attempts"),
+        )
+        .select_from(transitions.join(machines, machines.c.id == transitions.c.machine_id))
+        .where(transitions.c.event.in_(["ack", "timeout"]))
+        .group_by(key)
+        .order_by(key)
     ).all()

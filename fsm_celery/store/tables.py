@@ -8,6 +8,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -72,6 +74,11 @@ machines = Table(
     Column("error", Text),
     Column("heartbeat_at", DateTime(timezone=True)),
     Column("progress", Text),
+    Column("agent_pinned", Boolean, nullable=False, server_default=false()),
+    Column("tokens_used", BigInteger, nullable=False, server_default="0"),
+    Column("cost", Float, nullable=False, server_default="0"),
+    Column("budget_tokens", BigInteger),
+    Column("budget_cost", Float),
     Index("idx_machines_agent", "agent_type", "status"),
     Index("idx_machines_issue", "github_issue"),
     Index("idx_machines_type_status", "type", "status"),
@@ -102,7 +109,11 @@ transitions = Table(
     Column("actor", String(100)),
     Column("reason", Text),
     Column("progress", Text),
+    Column("agent_id", Uuid),
+    Column("tokens_used", BigInteger, nullable=False, server_default="0"),
+    Column("cost", Float, nullable=False, server_default="0"),
     Index("idx_transitions_machine", "machine_id"),
+    Index("idx_transitions_agent", "agent_id"),
     UniqueConstraint("machine_id", "attempt", name="uq_transitions_machine_attempt"),
 )
 
@@ -119,4 +130,19 @@ rejected_messages = Table(
     Column("payload", Text, nullable=False),
     Index("idx_rejected_reason", "reason", "received_at"),
     Index("idx_rejected_machine", "machine_id"),
+)
+
+agents = Table(
+    "agents",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("agent_type", String(10), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("running", Integer, nullable=False),
+    Column("hostname", String(255)),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False),
+    Column("assigned_at", DateTime(timezone=True)),
+    Index("idx_agents_type_seen", "agent_type", "status", "last_seen_at"),
 )
