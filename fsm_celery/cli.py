@@ -227,6 +227,111 @@ _admin_command("force", "Move a machine to TARGET state, whatever its status.", 
 
 
 @main.command()
+@click.argument("machine_id")
+@click.option("--tokens", type=click.IntRange(min=0), default=None, help="Token budget.")
+@click.option("--cost", type=click.FloatRange(min=0), default=None, help="Cost budget.")
+@click.option("--actor", default=lambda: os.environ.get("USER", "cli"), show_default="$USER")
+@_fail_cleanly
+def budget(machine_id: str, tokens: int | None, cost: float | None, actor: str) -> None:
+    """Set a machine's budget (unset: no limit); one paused over budget resumes within it."""
+    info = _client().set_budget(machine_id, actor, tokens=tokens, cost=cost)
+    click.echo(
+        f"{info.id}  {info.status}  tokens {info.tokens_used}/{info.budget_tokens or '-'}"
+        f"  cost {info.cost:g}/{info.budget_cost if info.budget_cost is not None else '-'}"
+    )
+
+
+@main.command()
+@_fail_cleanly
+def agents() -> None:
+    """Agents that reported to the engine, and when they were last seen."""
+    for a in _client().agents():
+        click.echo(
+            f"{a['id']}  {a['agent_type']:10} {a['status']:8} running "
+            f"{a['running']}/{a['concurrency']}  last seen {a['last_seen_at']}"
+        )
+
+
+@main.command()
+@click.option("--mock", is_flag=True, help="Serve every shipped definition with scripted outputs.")
+@click.option("--app", "app_path", default=None, help="module:attribute of your fsm_celery Agent.")
+@click.option(
+    "--agent-type",
+    "agent_types",
+    multiple=True,
+    help="Agent types to serve (default with --mock: every type in the definitions).",
+)
+@click.option("--agent-id", type=click.UUID, default=None, help="Stable id (one agent type).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--fail",
+    "fails",
+    multiple=True,
+    metavar="STATE[:N,M]",
+    help="Fail the state (on visits N, M; every visit without them).",
+)
+@click.option("--slow", "slows", multiple=True, metavar="STATE=SECONDS")
+@click.option("--silent", "silents", multiple=True, metavar="STATE", help="Never answer it.")
+@click.option("--think", type=float, default=0.0, help="Up to this many seconds per task.")
+@_fail_cleanly
+def agent(
+    mock: bool,
+    app_path: str | None,
+    agent_types: tuple[str, ...],
+    agent_id: uuid.UUID | None,
+    concurrency: int,
+    seed: int,
+    fails: tuple[str, ...],
+    slows: tuple[str, ...],
+    silents: tuple[str, ...],
+    think: float,
+) -> None:
+    """Run an agent: the mock agents (--mock), or your own (--app module:attribute)."""
+    from fsm_celery.agent.run import run_agents, user_agent
+
+    settings = get_settings()
+    logging.getLogger("fsm_celery").setLevel(logging.INFO)
+    if app_path is not None:
+        run_agents([user_agent(app_path)])
+        return
+    if not mock:
+        raise click.UsageError("pass --mock, or --app module:attribute naming your Agent")
+    from fsm_celery.agent.run import mock_agents
+
+    try:
+        script = _mock_script(seed, fails, slows, silents, think)
+        agents = mock_agents(settings, script, agent_types, agent_id, concurrency)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    run_agents(agents)
+
+
+def _mock_script(
+    seed: int,
+    fails: tuple[str, ...],
+    slows: tuple[str, ...],
+    silents: tuple[str, ...],
+    think: float,
+) -> Any:
+    from fsm_celery.agent.mock import MockScript
+
+    failures: dict[str, frozenset[int]] = {}
+    for spec in fails:
+        state, _, visits = spec.partition(":")
+        failures[state] = frozenset(int(v) for v in visits.split(",") if v)
+    slow: dict[str, float] = {}
+    for spec in slows:
+        state, sep, seconds = spec.partition("=")
+        if not sep:
+            raise ValueError(f"--slow takes STATE=SECONDS, got {spec!r}")
+        slow[state] = float(seconds)
+    return MockScript(
+        seed=seed, failures=failures, slow=slow, silent=frozenset(silents), think=(0.0, think)
+    )
+
+
+@main.command()
 @_fail_cleanly
 def stats() -> None:
     """Machines per type and status; rejected messages per reason."""

@@ -1,0 +1,72 @@
+"""Running agents from the command line: the mock agents, or a user's own."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import threading
+import uuid
+from collections.abc import Iterable
+
+from fsm_celery.agent.mock import MockScript, serve_mock
+from fsm_celery.agent.sdk import Agent
+from fsm_celery.config import Settings
+from fsm_celery.core.loader import definition_files, load_all
+from fsm_celery.pipeline.durable import serve_pipeline
+from fsm_celery.pipeline.orchestrator import PIPELINE
+
+AGENT_NAMESPACE = uuid.UUID("5d0f7b1c-9c39-4a8e-8c55-0f8b7f4b2a61")
+
+
+def mock_agents(
+    settings: Settings,
+    script: MockScript,
+    agent_types: Iterable[str] = (),
+    agent_id: uuid.UUID | None = None,
+    concurrency: int = 4,
+) -> list[Agent]:
+    """One mock agent per agent type of the definitions (or of those named)."""
+    definitions = load_all(definition_files(settings.definitions_path))
+    types = sorted(set(agent_types) or {d.agent_type for d in definitions})
+    if agent_id is not None and len(types) != 1:
+        raise ValueError("--agent-id needs exactly one --agent-type")
+    serves_pipeline = {d.agent_type for d in definitions if d.type == PIPELINE}
+    made = []
+    for agent_type in types:
+        agent = Agent(
+            agent_type,
+            redis_url=settings.redis_url,
+            agent_id=agent_id or uuid.uuid5(AGENT_NAMESPACE, f"mock:{script.seed}:{agent_type}"),
+            concurrency=concurrency,
+            prefix=settings.channel_prefix,
+        )
+        serve_mock(agent, script)
+        if agent_type in serves_pipeline:
+            serve_pipeline(agent)  # the pipeline's own agents, in mock mode
+        made.append(agent)
+    return made
+
+
+def user_agent(path: str) -> Agent:
+    """The Agent object named by module:attribute."""
+    module_name, _, attribute = path.partition(":")
+    found = getattr(importlib.import_module(module_name), attribute or "agent")
+    if not isinstance(found, Agent):
+        raise TypeError(f"{path} is a {type(found).__name__}, not an fsm_celery Agent")
+    return found
+
+
+def run_agents(agents: list[Agent]) -> None:
+    """Run the agents until SIGTERM or SIGINT; each finishes or hands back its tasks."""
+
+    def stop(*_: object) -> None:
+        for agent in agents:
+            agent.stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    threads = [threading.Thread(target=a.run, kwargs={"install_signals": False}) for a in agents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
