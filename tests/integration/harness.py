@@ -185,6 +185,25 @@ class FsmEnv:
         if not alive:
             self.start_worker(beat=beat)
 
+    def start_agent(self, *args: str) -> Proc:
+        """An agent process: `fsm-celery agent ARGS`, or a script given as its first arg."""
+        if args and args[0].endswith(".py"):
+            argv = [sys.executable, str(ROOT / args[0]), *args[1:]]
+        else:
+            argv = [sys.executable, "-m", "fsm_celery", "agent", *args]
+        return self._spawn("agent", argv)
+
+    def wait_for_agents(self, count: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+        """The active agents, once at least count reported."""
+        deadline = time.monotonic() + timeout
+        while True:
+            active = [a for a in self.client.agents() if a["status"] == "active"]
+            if len(active) >= count:
+                return active
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(active)} of {count} agents reported active")
+            time.sleep(0.1)
+
     def ensure_bridge(self) -> None:
         """Start a bridge unless one of this environment's is alive."""
         if not [p for p in self.procs if p.name == "bridge" and p.popen.poll() is None]:

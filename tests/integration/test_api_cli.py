@@ -127,7 +127,7 @@ def test_cli_validate_names_file_state_and_field(tmp_path: Path) -> None:
 def test_cli_validate_accepts_the_shipped_definitions() -> None:
     result = CliRunner().invoke(cli.main, ["definitions", "validate", str(ROOT / "definitions")])
     assert result.exit_code == 0, result.output
-    assert result.output.count("ok  ") == 3
+    assert result.output.count("ok  ") == 4
 
 
 def test_cli_admin_commands_are_audited_with_actor_and_reason(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]

@@ -110,6 +110,6 @@ def test_token_matches_only_the_issued_token() -> None:
 
 def test_every_message_has_a_schema_with_wire_names() -> None:
     schemas = message_schemas()
-    assert set(schemas) == {"state_task", "state_ack", "state_heartbeat"}
+    assert set(schemas) == {"state_task", "state_ack", "state_heartbeat", "agent_status"}
     assert "machineId" in schemas["state_ack"]["properties"]
     assert "taskToken" in schemas["state_task"]["required"]

@@ -56,6 +56,7 @@ def test_the_shipped_definitions_are_valid() -> None:
         "cto_build_project",
         "cto_fix_bug",
         "cto_infrastructure_check",
+        "research_pipeline",
     }
 
 

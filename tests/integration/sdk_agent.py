@@ -1,0 +1,59 @@
+"""An agent process written with the SDK, the way a user writes one (run by the tests).
+
+    python tests/integration/sdk_agent.py AGENT_TYPE AGENT_ID [MARKER]
+
+Serves every shipped CTO definition and the test definitions. With MARKER, the first visit of
+test_linear's ONE works for a minute (so a test can kill it mid-task) and leaves MARKER behind;
+later visits answer at once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fsm_celery.agent.mock import OUTPUTS
+from fsm_celery.agent.run import run_agents
+from fsm_celery.agent.sdk import Agent, Task
+from fsm_celery.pipeline.durable import serve_pipeline
+
+EXTRA = {
+    "ONE": {"one": 1},
+    "TWO": {"two": 2},
+    "THREE": {"three": 3},
+    "FIRST": {"first": 1},
+    "SECOND": {"second": 2},
+}
+
+
+def build(agent_type: str, agent_id: str, marker: Path | None) -> Agent:
+    agent = Agent(
+        agent_type,
+        redis_url=os.environ["FSM_REDIS_URL"],
+        agent_id=agent_id,
+        prefix=os.environ.get("FSM_CHANNEL_PREFIX", ""),
+        concurrency=8,
+        status_interval=1.0,
+        shutdown_grace=5.0,
+    )
+
+    @agent.handler()
+    def answer(task: Task) -> dict[str, Any]:
+        first_visit = marker is not None and not marker.exists()
+        if task.machine_type == "test_linear" and task.state == "ONE" and first_visit:
+            marker.write_text(task.machine_id)  # type: ignore[union-attr]
+            time.sleep(60)  # long enough to be killed in the middle
+        task.progress(f"working on {task.state}")
+        return {**OUTPUTS.get(task.state, {}), **EXTRA.get(task.state, {})}
+
+    serve_pipeline(agent)
+    return agent
+
+
+if __name__ == "__main__":
+    agent_type, agent_id = sys.argv[1], sys.argv[2]
+    marker = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    run_agents([build(agent_type, agent_id, marker)])
