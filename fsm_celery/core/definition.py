@@ -136,6 +136,11 @@ class MachineDefinition(BaseModel):
         """The state called name (KeyError if there is none)."""
         return self._by_name[name]
 
+    def step_bound(self) -> int:
+        """The most transitions a run can take: each loop pass visits each state, retries too."""
+        visits = sum(s.max_retries + 1 for s in self.states if s.terminal is None)
+        return (self.max_loops + 2) * visits
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready form that loads back to an equal definition."""
         return self.model_dump(mode="json", exclude_defaults=True)

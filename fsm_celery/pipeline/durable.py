@@ -7,15 +7,17 @@ from typing import Any
 
 from fsm_celery.agent.sdk import Agent, Handler, Task
 from fsm_celery.pipeline.agents import PipelineAgent
-from fsm_celery.pipeline.orchestrator import PIPELINE, default_agents, finalize, output_of
+from fsm_celery.pipeline.orchestrator import PIPELINE, as_node, default_agents, finalize
 from fsm_celery.pipeline.state import TaskState
 
 
 def pipeline_handler(agent: PipelineAgent) -> Handler:
     """A handler that runs the agent on the TaskState in the machine's context."""
 
+    node = as_node(agent)
+
     def handle(task: Task) -> Mapping[str, Any]:
-        return output_of(agent.process(TaskState.from_dict(task.context["taskState"])))
+        return node(task.context)
 
     return handle
 

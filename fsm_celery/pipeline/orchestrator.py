@@ -4,7 +4,7 @@ pure core the durable engine uses, so both take the same path for the same query
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,15 @@ def pipeline_context(state: TaskState) -> dict[str, Any]:
 def output_of(state: TaskState) -> dict[str, Any]:
     """An agent's result as an ack output: the new state, and the reviewer's verdict."""
     return {"taskState": state.to_dict(), "approved": state.approved}
+
+
+def as_node(agent: PipelineAgent) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """The agent as a graph node: machine context in, ack output (an update) out."""
+
+    def node(context: Mapping[str, Any]) -> dict[str, Any]:
+        return output_of(agent.process(TaskState.from_dict(dict(context["taskState"]))))
+
+    return node
 
 
 def finalize(state: TaskState, status: str, error: str | None) -> TaskState:

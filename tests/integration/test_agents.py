@@ -233,3 +233,39 @@ def test_a_machine_over_its_budget_pauses_until_an_admin_raises_it(agents_env: F
     usage = agents_env.client.stats()["usage"]
     assert usage["by_type"]["test_budget"]["tokens"] >= 180
     assert usage["by_agent"][agent.id]["tokens"] == 180
+
+
+def test_langgraph_nodes_serve_as_durable_agents(agents_env: FsmEnv) -> None:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    from fsm_celery.langgraph import node_handler
+
+    class PairState(TypedDict, total=False):
+        first: int
+        second: int
+
+    def first(state: dict[str, Any]) -> dict[str, Any]:
+        return {"first": 1}
+
+    def second(state: dict[str, Any]) -> dict[str, Any]:
+        return {"second": state["first"] + 1}
+
+    native = StateGraph(PairState)
+    native.add_node("FIRST", first)
+    native.add_node("SECOND", second)
+    native.add_edge(START, "FIRST")
+    native.add_edge("FIRST", "SECOND")
+    native.add_edge("SECOND", END)
+    assert native.compile().invoke({}) == {"first": 1, "second": 2}  # they are LangGraph nodes
+
+    def setup(agent: Agent) -> None:
+        agent.handler("test_pair", "FIRST")(node_handler(first))
+        agent.handler("test_pair", "SECOND")(node_handler(second))
+
+    with _ThreadAgent(agents_env, "graphs", setup) as agent:
+        mid = agents_env.client.start_machine("test_pair", {}, agent_id=agent.id)
+        info = agents_env.wait_until_done(mid, timeout=20)
+    assert info.status == "completed"
+    assert (info.context["first"], info.context["second"]) == (1, 2)

@@ -34,12 +34,6 @@ def allowed_targets(d: MachineDefinition, state: str) -> set[str]:
     return targets
 
 
-def bound(d: MachineDefinition) -> int:
-    """The most transitions a run can take: each loop pass visits each state, with retries."""
-    visits = sum(s.max_retries + 1 for s in d.states if s.terminal is None)
-    return (d.max_loops + 2) * visits
-
-
 def junk_for(draw: st.DrawFn, d: MachineDefinition, state: str, attempt: int) -> Event:
     """An event that must change nothing: a stale attempt, or another state's ack."""
     if draw(st.booleans()):
@@ -69,7 +63,7 @@ def test_random_events_follow_the_definition_and_terminate(
     definition: MachineDefinition, data: st.DataObject
 ) -> None:
     machine = machine_in(definition, definition.initial_state)
-    for _ in range(bound(definition)):
+    for _ in range(definition.step_bound()):
         if machine.status is not MachineStatus.RUNNING:
             break
         state, attempt = machine.current_state, machine.attempt
