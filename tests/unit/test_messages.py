@@ -113,3 +113,14 @@ def test_every_message_has_a_schema_with_wire_names() -> None:
     assert set(schemas) == {"state_task", "state_ack", "state_heartbeat", "agent_status"}
     assert "machineId" in schemas["state_ack"]["properties"]
     assert "taskToken" in schemas["state_task"]["required"]
+
+
+def test_the_published_schemas_are_current() -> None:
+    from pathlib import Path
+
+    from fsm_celery.core.messages import schemas_json
+
+    published = Path(__file__).resolve().parents[2] / "docs" / "schemas.json"
+    assert published.read_text().strip() == schemas_json().strip(), (
+        "docs/schemas.json is stale: run fsm-celery schema > docs/schemas.json"
+    )
