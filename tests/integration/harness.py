@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -151,8 +152,16 @@ class FsmEnv:
         self.procs.append(proc)
         return proc
 
-    def start_worker(self, *, beat: bool = False, concurrency: int = 2) -> Proc:
-        """A real `celery worker` on this environment's queue (with beat for the sweeper)."""
+    def start_worker(
+        self, *, beat: bool = False, concurrency: int = 2, supervised: bool = False
+    ) -> Proc:
+        """A real `celery worker` on this environment's queue (with beat for the sweeper).
+
+        Supervised, it is started again whenever it exits, as a process manager (systemd,
+        `restart: unless-stopped`) does in production: Celery's worker exits on some broker
+        failures (a Redis restart while it restores unacknowledged messages) instead of
+        reconnecting.
+        """
         argv = [
             sys.executable,
             "-m",
@@ -175,6 +184,8 @@ class FsmEnv:
         ]
         if beat:
             argv += ["-B", "-s", str(LOGS / f"{self.name}-beat-{uuid.uuid4().hex[:6]}")]
+        if supervised:
+            argv = ["bash", "-c", f'while true; do {shlex.join(argv)}; sleep 0.5; done']
         proc = self._spawn("worker", argv)
         proc.wait_for_log(" ready.")
         return proc

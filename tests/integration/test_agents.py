@@ -34,7 +34,7 @@ def agents_env(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
     env = env_factory(
         "agents", agent_liveness_seconds=3.0, sweep_interval_seconds=1.0, sweep_grace_seconds=1.0
     )
-    env.start_worker(beat=True)
+    env.start_worker(beat=True, supervised=True)
     env.start_bridge()
     yield env
     env.stop_all()
@@ -269,3 +269,129 @@ def test_langgraph_nodes_serve_as_durable_agents(agents_env: FsmEnv) -> None:
         info = agents_env.wait_until_done(mid, timeout=20)
     assert info.status == "completed"
     assert (info.context["first"], info.context["second"]) == (1, 2)
+
+
+def test_an_agent_works_on_at_most_its_concurrency(agents_env: FsmEnv) -> None:
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def setup(agent: Agent) -> None:
+        agent.concurrency = 2
+
+        @agent.handler("test_pair")
+        def slow(task: Task) -> dict[str, Any]:
+            nonlocal running, most
+            with lock:
+                running += 1
+                most = max(most, running)
+            time.sleep(0.3)
+            with lock:
+                running -= 1
+            return {"first": 1, "second": 2}
+
+    with _ThreadAgent(agents_env, "limited", setup) as agent:
+        ids = [
+            agents_env.client.start_machine("test_pair", {}, agent_id=agent.id) for _ in range(6)
+        ]
+        infos = [agents_env.wait_until_done(mid, timeout=30) for mid in ids]
+    assert {i.status for i in infos} == {"completed"}
+    assert most == 2
+
+
+def test_shutdown_hands_back_unfinished_work_to_be_retried(agents_env: FsmEnv) -> None:
+    release = threading.Event()
+
+    def stubborn(agent: Agent) -> None:
+        agent.shutdown_grace = 0.5
+
+        @agent.handler("test_pair")
+        def hold(task: Task) -> dict[str, Any]:
+            release.wait(10)
+            return {"first": 1}
+
+    def willing(agent: Agent) -> None:
+        @agent.handler("test_pair")
+        def answer(task: Task) -> dict[str, Any]:
+            return {"first": 1, "second": 2}
+
+    shared_id = str(uuid.uuid4())
+    first = _ThreadAgent(agents_env, "handoff", stubborn)
+    first.agent.id = shared_id
+    with first:
+        mid = agents_env.client.start_machine("test_pair", {}, agent_id=shared_id)
+        agents_env.wait_for_state(mid, "FIRST")
+        time.sleep(0.5)  # the handler is holding the task
+    release.set()
+    deadline = time.monotonic() + 10
+    while len(agents_env.client.history(mid)) < 2:
+        assert time.monotonic() < deadline, "nothing was handed back"
+        time.sleep(0.05)
+    handed = agents_env.client.history(mid)[1]
+    assert (handed.success, handed.error_message) == (
+        False,
+        "handed back: the agent is shutting down (retry 1 of 3)",
+    )
+    second = _ThreadAgent(agents_env, "handoff", willing)
+    second.agent.id = shared_id
+    with second:
+        assert agents_env.wait_until_done(mid, timeout=20).status == "completed"
+
+
+def test_agents_reconnect_after_redis_restarts(agents_env: FsmEnv) -> None:
+    def setup(agent: Agent) -> None:
+        @agent.handler("test_linear")
+        def answer(task: Task) -> dict[str, Any]:
+            time.sleep(0.05)
+            return {"one": 1, "two": 2, "three": 3}
+
+    with _ThreadAgent(agents_env, "survivor", setup) as agent:
+        ids = [
+            agents_env.client.start_machine("test_linear", {}, agent_id=agent.id) for _ in range(20)
+        ]
+        time.sleep(0.3)
+        _restart_redis()
+        infos = [agents_env.wait_until_done(mid, timeout=60) for mid in ids]
+    assert {i.status for i in infos} == {"completed"}
+
+
+def _restart_redis() -> None:
+    import subprocess
+
+    subprocess.run(
+        ["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"],
+        check=False,
+        capture_output=True,
+        timeout=30,
+    )
+    subprocess.run(
+        [
+            "redis-server",
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "-::1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "/var/lib/redis",
+            "--logfile",
+            "/var/log/redis/ci.log",
+        ],
+        check=True,
+        timeout=30,
+    )
+    deadline = time.monotonic() + 20
+    while (
+        subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True, check=False
+        ).stdout.strip()
+        != b"PONG"
+    ):
+        assert time.monotonic() < deadline, "Redis did not come back"
+        time.sleep(0.1)
