@@ -153,7 +153,7 @@ class FsmEnv:
         return proc
 
     def start_worker(
-        self, *, beat: bool = False, concurrency: int = 2, supervised: bool = False
+        self, *, beat: bool = False, concurrency: int = 2, supervised: bool = True
     ) -> Proc:
         """A real `celery worker` on this environment's queue (with beat for the sweeper).
 
