@@ -185,7 +185,7 @@ class FsmEnv:
         if beat:
             argv += ["-B", "-s", str(LOGS / f"{self.name}-beat-{uuid.uuid4().hex[:6]}")]
         if supervised:
-            argv = ["bash", "-c", f'while true; do {shlex.join(argv)}; sleep 0.5; done']
+            argv = ["bash", "-c", f"while true; do {shlex.join(argv)}; sleep 0.5; done"]
         proc = self._spawn("worker", argv)
         proc.wait_for_log(" ready.")
         return proc
