@@ -6,11 +6,14 @@ Reliability choices:
   (it checks machine, attempt and state under a row lock), so a redelivery is harmless.
 - worker_prefetch_multiplier = 4: with late acks, prefetched messages of a dead worker come back
   after the visibility timeout; a small prefetch bounds how many wait.
-- visibility_timeout: how long Redis waits before redelivering an unacknowledged message. A
-  countdown longer than it would be redelivered while it waits, so timeout checks and retry
-  delays are capped at half of it and re-scheduled; check_timeout re-reads the deadline under a
-  row lock, so a check that fires early, late or twice cannot time a state out wrongly or twice.
-  The sweeper (beat) catches checks lost with a killed worker or a flushed Redis.
+- no countdown tasks: a countdown longer than the visibility timeout is redelivered while it
+  waits, and a worker holds every pending countdown in memory. Deadlines and retry delays are
+  columns in PostgreSQL instead, applied by the scan task that beat sends every second
+  (FSM_SCAN_INTERVAL_SECONDS) with SELECT ... FOR UPDATE SKIP LOCKED, so any number of scans
+  and workers can run at once and none applies a timeout twice.
+- visibility_timeout (60 s): how long Redis waits before redelivering an unacknowledged message,
+  the ack batches a killed worker held among them. Every task runs for milliseconds, so a short
+  one brings those acks back soon; a task redelivered while it still runs is harmless.
 - autoretry on database and Redis connection errors (worker/tasks.py), with capped, jittered
   backoff: a PostgreSQL restart delays transitions, it does not drop them.
 - task_ignore_result: the database holds every outcome; no result backend is needed.
@@ -44,5 +47,8 @@ timezone = "UTC"
 enable_utc = True
 
 beat_schedule = {
-    "fsm-sweep": {"task": "fsm.sweep", "schedule": _settings.sweep_interval_seconds},
+    # Deadlines and due dispatches live in PostgreSQL; this scan applies them. It replaces one
+    # countdown task per state (which a worker would hold in memory), and repairs anything a
+    # killed worker, a lost message or a flushed Redis left behind.
+    "fsm-scan": {"task": "fsm.scan", "schedule": _settings.scan_interval_seconds},
 }

@@ -56,6 +56,8 @@ class Changes:
     rejections: list[dict[str, Any]] = field(default_factory=list)
     snapshots: dict[UUID, Machine] = field(default_factory=dict)
     delays: dict[UUID, float] = field(default_factory=dict)
+    dispatched: dict[UUID, dict[str, Any]] = field(default_factory=dict)
+    outbox: list[tuple[str, str]] = field(default_factory=list)
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
@@ -99,6 +101,7 @@ class Changes:
             "progress": None,
             "tokens_used": spent.tokens,
             "cost": spent.cost,
+            "entered_at": row.entered_at,
             "error": t.error if t.status in KEEPS_ERROR else None,
             "updated_at": self.now,
         }
@@ -124,6 +127,23 @@ class Changes:
                 "created_at": self.now,
             }
         )
+
+    def dispatch(self, machine_id: UUID, agent: str, message: str, deadline: datetime) -> None:
+        """Record that the machine's attempt is sent now, with its deadline, and queue it."""
+        entered = {"dispatch_due_at": None, "entered_at": self.now, "deadline_at": deadline}
+        if machine_id in self.updates:  # decided in this transaction: one UPDATE does both
+            self.updates[machine_id].update(entered)
+        else:
+            self.dispatched[machine_id] = {"_id": machine_id, **entered}
+        self.outbox.append((agent, message))
+
+    def due_now(self) -> list[UUID]:
+        """Machines this transaction moved on whose next state is to be entered at once."""
+        return [
+            mid
+            for mid, u in self.updates.items()
+            if u["status"] == MachineStatus.RUNNING.value and not self.delays.get(mid)
+        ]
 
     def heartbeat(self, row: q.AnyRow, deadline: datetime, progress: str | None) -> None:
         """Record a sign of life: a later deadline, and the agent's progress text."""
@@ -159,7 +179,7 @@ class Changes:
         )
 
     def steps(self) -> list[Step]:
-        """The states to enter once the transaction committed."""
+        """The machines this transaction moved on to a state, and the delay before it."""
         return [
             Step(mid, u["attempt"], self.delays.get(mid, 0.0))
             for mid, u in self.updates.items()
@@ -167,8 +187,10 @@ class Changes:
         ]
 
     def write(self, conn: Connection) -> None:
+        """Write everything decided (the outbox is sent by the caller, before commit)."""
         q.update_heartbeats_txn(conn, list(self.beats.values()))
         q.update_machines_txn(conn, list(self.updates.values()))
+        q.mark_dispatched_txn(conn, list(self.dispatched.values()))
         q.insert_transitions_txn(conn, self.history)
         q.insert_rejections_txn(conn, self.rejections)
 

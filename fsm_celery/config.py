@@ -24,12 +24,11 @@ class Settings(BaseSettings):
     task_streams: bool = True
     stream_claim_idle_seconds: float = Field(default=30.0, gt=0)
     agent_liveness_seconds: float = Field(default=15.0, gt=0)
-    visibility_timeout_seconds: int = Field(default=3600, ge=60)
+    visibility_timeout_seconds: int = Field(default=60, ge=5)
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     ack_batch_size: int = Field(default=200, gt=0)
     ack_batch_linger_ms: float = Field(default=2.0, ge=0)
-    sweep_interval_seconds: float = Field(default=15.0, gt=0)
-    sweep_grace_seconds: float = Field(default=30.0, ge=0)
+    scan_interval_seconds: float = Field(default=1.0, gt=0)
 
     @property
     def celery_broker_url(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -77,10 +78,20 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
                 ),
                 client.start_machine("cto_infrastructure_check", {}, steady),
             ]
+            scanning = threading.Event()
+            scanner = threading.Thread(target=_scan, args=(engine, scanning), daemon=True)
+            scanner.start()  # timeouts and retry delays, as beat's scan does in production
             done = _follow(client, ids, out, timeout)
+            scanning.set()
+            scanner.join(5)
         bus.close()
         db.dispose()
         return done
+
+
+def _scan(engine: MachineEngine, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        engine.scan()
 
 
 def _agent(

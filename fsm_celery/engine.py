@@ -6,7 +6,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -53,23 +53,18 @@ from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MachineEngine", "Step", "TimeoutCheck"]
+__all__ = ["MachineEngine", "Step"]
+
+
+EARLY = timedelta(milliseconds=50)  # how early a countdown may fire and still enter a state
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclass(frozen=True)
-class TimeoutCheck:
-    """What a timeout check found: a step to enter, or how long until the deadline."""
-
-    steps: list[Step] = field(default_factory=list)
-    wait_seconds: float | None = None
-
-
 class MachineEngine:
-    """Runs machines: starts them, enters states, applies acks, timeouts and commands, sweeps."""
+    """Runs machines: starts them, enters states, applies acks, timeouts and commands, scans."""
 
     def __init__(
         self,
@@ -158,36 +153,50 @@ class MachineEngine:
 
     # enter a state ----------------------------------------------------------------------
 
-    def enter_state(self, machine_id: UUID, attempt: int) -> float | None:
-        """Dispatch the attempt's state_task; the seconds to its deadline, or None if no-op."""
-        now = self.clock()
+    def enter_state(self, machine_id: UUID, attempt: int) -> bool:
+        """Dispatch the attempt's state_task unless that was done already; whether it was."""
+        changes = Changes(self.clock())
         with self.db.begin() as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
-            if not _awaits_dispatch(row, attempt):
-                return None
-            assert row is not None
-            definition = self._definition(conn, row.type, row.definition_version)
-            state = definition.state(row.current_state)
-            deadline = now + state.timeout
-            task = StateTask(
-                machine_id=row.id,
-                machine_type=row.type,
-                state=state.name,
-                attempt=attempt,
-                context=row.context,
-                prompt=_render(state.prompt, row.context),
-                required_output=list(state.required_output),
-                timeout=int(state.timeout_seconds * 1000),
-                deadline=deadline,
-                task_token=task_token(self.settings.task_token_secret, row.id, state.name, attempt),
-                heartbeat_timeout=_ms(state.heartbeat_timeout),
-            )
-            q.mark_dispatched_txn(conn, row.id, now, deadline)
-            agent = self._route(conn, row, now)
-            # Sent before commit: a crash after it sends again (at-least-once dispatch);
-            # the duplicate ack is rejected as stale, so the work is applied once.
-            self.dispatcher.dispatch(agent, task.to_wire())
-        return state.timeout_seconds
+            if row is None or not _awaits_dispatch(row, attempt):
+                return False
+            if aware(row.dispatch_due_at) > changes.now + EARLY:  # type: ignore[operator]
+                return False  # a retry delay is still running: the scan enters it when due
+            self._enter(conn, row, snapshot(row), changes)
+            self._finish(conn, changes)
+        return True
+
+    def _enter(self, conn: Connection, row: q.AnyRow, machine: Machine, changes: Changes) -> None:
+        """Build the attempt's state_task, route it, and record it as sent (in this txn)."""
+        definition = self._definition(conn, row.type, row.definition_version)
+        state = definition.state(machine.current_state)
+        deadline = changes.now + state.timeout
+        task = StateTask(
+            machine_id=row.id,
+            machine_type=row.type,
+            state=state.name,
+            attempt=machine.attempt,
+            context=dict(machine.context),
+            prompt=_render(state.prompt, machine.context),
+            required_output=list(state.required_output),
+            timeout=int(state.timeout_seconds * 1000),
+            deadline=deadline,
+            task_token=task_token(
+                self.settings.task_token_secret, row.id, state.name, machine.attempt
+            ),
+            heartbeat_timeout=_ms(state.heartbeat_timeout),
+        )
+        changes.dispatch(row.id, self._route(conn, row, changes.now), task.to_wire(), deadline)
+
+    def _finish(self, conn: Connection, changes: Changes) -> None:
+        """Write the transaction's changes, then send its state_tasks, before the commit.
+
+        A crash after sending and before commit rolls the decision back and the message that
+        caused it is delivered again, so a state_task may be sent twice (at least once); its
+        duplicate ack is then refused as stale, and the work is applied once.
+        """
+        changes.write(conn)
+        self.dispatcher.dispatch_many(changes.outbox)
 
     def _route(self, conn: Connection, row: q.AnyRow, now: datetime) -> str:
         """Where the task goes: the machine's agent, else a live agent of its type, else the
@@ -232,7 +241,9 @@ class MachineEngine:
                     )
                 else:
                     self._apply(conn, row, message, raw, changes)
-            changes.write(conn)
+            for mid in changes.due_now():
+                self._enter(conn, rows[mid], changes.snapshots[mid], changes)
+            self._finish(conn, changes)
         return changes.steps()
 
     def _parse(self, raw: str, changes: Changes) -> AgentMessage | None:
@@ -294,24 +305,34 @@ class MachineEngine:
             return None
         return message.attempt
 
-    # timeouts, commands and the sweeper -------------------------------------------------
+    # timeouts, commands and the scan -----------------------------------------------------
 
-    def check_timeout(self, machine_id: UUID, attempt: int) -> TimeoutCheck:
-        """Time the attempt out if its deadline passed; otherwise say how long is left."""
+    def scan(self, limit: int = 500) -> tuple[int, list[Step]]:
+        """Time out attempts past their deadline and enter the states whose dispatch is due.
+
+        The database is the truth: this also repairs a dispatch lost with a killed worker, a
+        dropped message or a flushed Redis. Rows another transaction holds are skipped. Returns
+        how many machines it handled (a full batch: scan again at once) and the retries it
+        scheduled after a delay.
+        """
         changes = Changes(self.clock())
         with self.db.begin() as conn:
-            row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
-            if row is None or not _dispatched(row, attempt):
-                return TimeoutCheck()
-            left = (aware(row.deadline_at) - changes.now).total_seconds()  # type: ignore[operator]
-            if left > 0:
-                return TimeoutCheck(wait_seconds=left)
-            definition = self._definition(conn, row.type, row.definition_version)
-            decision = decide(definition, snapshot(row), Timeout(row.current_state, attempt))
-            assert not isinstance(decision, Rejected)  # _dispatched checked what decide checks
-            changes.transition(row, decision, "timeout")
-            changes.write(conn)
-        return TimeoutCheck(steps=changes.steps())
+            overdue = q.lock_overdue_txn(conn, changes.now, limit)
+            for row in overdue:
+                definition = self._definition(conn, row.type, row.definition_version)
+                decision = decide(
+                    definition, snapshot(row), Timeout(row.current_state, row.attempt)
+                )
+                assert not isinstance(decision, Rejected)  # the query chose dispatched attempts
+                changes.transition(row, decision, "timeout")
+            due = q.lock_due_txn(conn, changes.now, limit)
+            rows = {row.id: row for row in (*overdue, *due)}
+            for mid in changes.due_now():
+                self._enter(conn, rows[mid], changes.snapshots[mid], changes)
+            for row in due:
+                self._enter(conn, row, snapshot(row), changes)
+            self._finish(conn, changes)
+        return len(overdue) + len(due), [s for s in changes.steps() if s.delay > 0]
 
     def command(self, machine_id: UUID, command: Command) -> list[Step]:
         """Apply an operator's command; raises CommandRefused when it does not apply."""
@@ -330,7 +351,9 @@ class MachineEngine:
             changes.transition(
                 row, decision, command.action.value, actor=command.actor, reason=command.reason
             )
-            changes.write(conn)
+            for mid in changes.due_now():
+                self._enter(conn, row, changes.snapshots[mid], changes)
+            self._finish(conn, changes)
         return changes.steps()
 
     def set_budget(self, machine_id: UUID, budget: Budget, actor: str) -> list[Step]:
@@ -354,16 +377,9 @@ class MachineEngine:
             assert not isinstance(decision, Rejected)  # a paused machine can always resume
             changes = Changes(self.clock())
             changes.transition(row, decision, "resume", actor=actor, reason=reason)
-            changes.write(conn)
+            self._enter(conn, row, changes.snapshots[row.id], changes)
+            self._finish(conn, changes)
         return changes.steps()
-
-    def sweep(self, limit: int = 1000) -> tuple[list[Step], list[Step]]:
-        """Machines to repair: (due but never dispatched, deadline passed but not timed out)."""
-        before = self.clock() - timedelta(seconds=self.settings.sweep_grace_seconds)
-        with self.db.connect() as conn:
-            due = [Step(r.id, r.attempt) for r in q.due_dispatches_txn(conn, before, limit)]
-            overdue = [Step(r.id, r.attempt) for r in q.overdue_deadlines_txn(conn, before, limit)]
-        return due, overdue
 
 
 AgentMessage = StateAck | StateHeartbeat | AgentStatus
@@ -388,15 +404,6 @@ def _awaits_dispatch(row: q.AnyRow | None, attempt: int) -> bool:
         and row.status == MachineStatus.RUNNING
         and row.attempt == attempt
         and row.dispatch_due_at is not None
-    )
-
-
-def _dispatched(row: q.AnyRow, attempt: int) -> bool:
-    return (
-        row.status == MachineStatus.RUNNING
-        and row.attempt == attempt
-        and row.dispatch_due_at is None
-        and row.deadline_at is not None
     )
 
 

@@ -105,10 +105,10 @@ class Client:
         try:
             self.enqueue([step])
         except Exception:
-            # The machine is committed with its dispatch due: the sweeper enters its first
+            # The machine is committed with its dispatch due: the scan enters its first
             # state once the broker is back. Raising would invite a caller to start it twice.
             log.warning(
-                "machine %s started but not enqueued; the sweeper will dispatch it",
+                "machine %s started but not enqueued; the scan will dispatch it",
                 step[0],
                 exc_info=True,
             )

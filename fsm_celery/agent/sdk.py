@@ -252,9 +252,7 @@ class Agent:
         with self._lock:
             handed_back = entry_id in self._handed_back
             self._running.pop(entry_id, None)
-        if reply is not None and not handed_back:
-            self._send(reply)
-        self._done(stream, entry_id)
+        self._done(stream, entry_id, None if handed_back else reply)
 
     def _beat(self, message: StateTask, done: threading.Event) -> None:
         window_ms = message.heartbeat_timeout or message.timeout
@@ -289,14 +287,18 @@ class Agent:
     def _send(self, message: dict[str, Any]) -> None:
         self._redis().xadd(ack_stream(self.prefix), {"message": json.dumps(message)})
 
-    def _done(self, stream: str, entry_id: str) -> None:
+    def _done(self, stream: str, entry_id: str, reply: dict[str, Any] | None = None) -> None:
+        """Send the reply (if any) and acknowledge the entry, in one round trip."""
         try:
             pipe = self._redis().pipeline(transaction=False)
+            if reply is not None:
+                pipe.xadd(ack_stream(self.prefix), {"message": json.dumps(reply)})
             pipe.xack(stream, GROUP, entry_id)
             pipe.xdel(stream, entry_id)
             pipe.execute()
         except redis.RedisError as exc:
-            log.warning("could not acknowledge %s on %s: %s", entry_id, stream, exc)
+            # The entry stays pending: this agent id reads it again when it reconnects.
+            log.warning("could not answer %s on %s: %s", entry_id, stream, exc)
 
     def _report_status(self) -> None:
         self._status("active")

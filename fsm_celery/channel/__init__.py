@@ -6,6 +6,8 @@ from typing import Protocol
 
 
 class Dispatcher(Protocol):
-    """Delivers a state_task to an agent (a uuid, or an agent type for unassigned machines)."""
+    """Delivers state_tasks to agents (a uuid, or an agent type for unassigned machines)."""
 
-    def dispatch(self, agent: str, message: str) -> None: ...
+    def dispatch_many(self, messages: list[tuple[str, str]]) -> None:
+        """Send each (agent, message), all in as few round trips as the transport allows."""
+        ...

@@ -28,8 +28,9 @@ class MemoryBus:
             inbox.put(message)
         return len(inboxes)
 
-    def dispatch(self, agent: str, message: str) -> None:
-        self.publish(task_channel(agent, self._prefix), message)
+    def dispatch_many(self, messages: list[tuple[str, str]]) -> None:
+        for agent, message in messages:
+            self.publish(task_channel(agent, self._prefix), message)
 
     def subscribe(self, channel: str, handler: Handler) -> None:
         """Call handler with every message on channel, one at a time, on a thread of its own."""

@@ -13,8 +13,9 @@ STREAM_TTL_SECONDS = 7 * 24 * 3600  # a stream nobody writes to for a week is dr
 class RedisDispatcher:
     """PUBLISHes each state_task on the agent's channel and XADDs it to the agent's stream.
 
-    Both go in one pipelined round trip. A pub/sub agent that is down misses the message and the
-    state times out and is retried; a stream agent reads what it missed when it comes back.
+    A whole batch goes in one pipelined round trip. A pub/sub agent that is down misses the
+    message and the state times out and is retried; a stream agent reads what it missed when it
+    comes back.
     """
 
     def __init__(self, client: redis.Redis, prefix: str = "", streams: bool = True) -> None:
@@ -22,13 +23,18 @@ class RedisDispatcher:
         self._prefix = prefix
         self._streams = streams
 
-    def dispatch(self, agent: str, message: str) -> None:
+    def dispatch_many(self, messages: list[tuple[str, str]]) -> None:
+        if not messages:
+            return
         pipe = self._client.pipeline(transaction=False)
-        pipe.publish(task_channel(agent, self._prefix), message)
+        for agent, message in messages:
+            pipe.publish(task_channel(agent, self._prefix), message)
+            if self._streams:
+                stream = task_stream(agent, self._prefix)
+                pipe.xadd(stream, {"message": message}, maxlen=STREAM_MAXLEN, approximate=True)
         if self._streams:
-            stream = task_stream(agent, self._prefix)
-            pipe.xadd(stream, {"message": message}, maxlen=STREAM_MAXLEN, approximate=True)
-            pipe.expire(stream, STREAM_TTL_SECONDS)
+            for agent in {agent for agent, _ in messages}:
+                pipe.expire(task_stream(agent, self._prefix), STREAM_TTL_SECONDS)
         pipe.execute()
 
 

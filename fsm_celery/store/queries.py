@@ -135,6 +135,7 @@ _UPDATE = (
         progress=bindparam("progress"),
         tokens_used=bindparam("tokens_used"),
         cost=bindparam("cost"),
+        entered_at=bindparam("entered_at"),
         error=bindparam("error"),
         updated_at=bindparam("updated_at"),
     )
@@ -174,19 +175,22 @@ def last_transition_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
     ).first()
 
 
-def mark_dispatched_txn(
-    conn: Connection, machine_id: UUID, entered_at: datetime, deadline_at: datetime
-) -> None:
-    conn.execute(
-        update(machines)
-        .where(machines.c.id == machine_id)
-        .values(
-            dispatch_due_at=None,
-            entered_at=entered_at,
-            deadline_at=deadline_at,
-            updated_at=entered_at,
-        )
+_DISPATCHED = (
+    update(machines)
+    .where(machines.c.id == bindparam("_id"))
+    .values(
+        dispatch_due_at=None,
+        entered_at=bindparam("entered_at"),
+        deadline_at=bindparam("deadline_at"),
+        updated_at=bindparam("entered_at"),
     )
+)
+
+
+def mark_dispatched_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Record each dispatch: when it was entered and its deadline (rows keyed as _DISPATCHED)."""
+    if rows:
+        conn.execute(_DISPATCHED, rows)
 
 
 def insert_transitions_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
@@ -253,27 +257,29 @@ def rejections_txn(
     return conn.execute(query).all()
 
 
-def due_dispatches_txn(conn: Connection, before: datetime, limit: int) -> Sequence[AnyRow]:
-    """Running machines whose next state was committed but not dispatched by `before`."""
+def lock_overdue_txn(conn: Connection, now: datetime, limit: int) -> Sequence[AnyRow]:
+    """Lock running, dispatched machines whose deadline passed (skipping rows others hold)."""
     return conn.execute(
-        select(machines.c.id, machines.c.attempt)
-        .where(machines.c.status == "running", machines.c.dispatch_due_at < before)
-        .order_by(machines.c.dispatch_due_at)
-        .limit(limit)
-    ).all()
-
-
-def overdue_deadlines_txn(conn: Connection, before: datetime, limit: int) -> Sequence[AnyRow]:
-    """Running, dispatched machines whose deadline passed before `before`."""
-    return conn.execute(
-        select(machines.c.id, machines.c.attempt)
+        select(machines)
         .where(
             machines.c.status == "running",
             machines.c.dispatch_due_at.is_(None),
-            machines.c.deadline_at < before,
+            machines.c.deadline_at <= now,
         )
         .order_by(machines.c.deadline_at)
         .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+
+
+def lock_due_txn(conn: Connection, now: datetime, limit: int) -> Sequence[AnyRow]:
+    """Lock running machines whose next state is due to be dispatched (skipping held rows)."""
+    return conn.execute(
+        select(machines)
+        .where(machines.c.status == "running", machines.c.dispatch_due_at <= now)
+        .order_by(machines.c.dispatch_due_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
     ).all()
 
 

@@ -54,53 +54,41 @@ def _forget_parent_connections(**_: Any) -> None:
     _engine = None
 
 
-def _countdown(seconds: float) -> float:
-    # A countdown longer than the broker's visibility timeout would be redelivered while it
-    # waits; checks are capped below it and re-scheduled, the database deadline being the truth.
-    return max(0.0, min(seconds, engine().settings.visibility_timeout_seconds / 2))
-
-
 def enter(steps: list[Step]) -> None:
-    """Enqueue enter_state for each step (after the transaction that decided it committed)."""
+    """Enqueue enter_state for each step: at once, or after its retry delay.
+
+    A countdown longer than half the broker's visibility timeout would be redelivered while it
+    waits; those steps are left to the scan, which enters every state whose dispatch is due.
+    """
+    longest = engine().settings.visibility_timeout_seconds / 2
     for step in steps:
         args = (str(step.machine_id), step.attempt)
-        if step.delay > 0:
-            enter_state.apply_async(args, countdown=_countdown(step.delay))
-        else:
+        if step.delay <= 0:
             enter_state.delay(*args)
+        elif step.delay <= longest:
+            enter_state.apply_async(args, countdown=step.delay)
 
 
 @app.task(name="fsm.enter_state", **RETRY)
 def enter_state(machine_id: str, attempt: int) -> None:
-    """Dispatch the attempt's state_task and schedule its timeout check."""
-    seconds = engine().enter_state(UUID(machine_id), attempt)
-    if seconds is not None:
-        check_timeout.apply_async((machine_id, attempt), countdown=_countdown(seconds))
+    """Dispatch the attempt's state_task (a no-op when it was dispatched already)."""
+    engine().enter_state(UUID(machine_id), attempt)
 
 
 @app.task(name="fsm.apply_messages", **RETRY)
 def apply_messages(payloads: list[str]) -> None:
-    """Apply a batch of raw state_ack / state_heartbeat payloads in one transaction."""
-    enter(engine().apply_messages(payloads))
+    """Apply a batch of agent messages in one transaction, entering the next states in it."""
+    enter([step for step in engine().apply_messages(payloads) if step.delay > 0])
 
 
-@app.task(name="fsm.check_timeout", **RETRY)
-def check_timeout(machine_id: str, attempt: int) -> None:
-    """Time the attempt out if its deadline passed; re-check later if it was extended."""
-    found = engine().check_timeout(UUID(machine_id), attempt)
-    if found.wait_seconds is not None:
-        check_timeout.apply_async((machine_id, attempt), countdown=_countdown(found.wait_seconds))
-    enter(found.steps)
+@app.task(name="fsm.scan", **RETRY)
+def scan() -> None:
+    """Time out overdue attempts and enter due states (beat runs it every second)."""
+    while True:
+        handled, delayed = engine().scan(SCAN_BATCH)
+        enter(delayed)
+        if handled < SCAN_BATCH:  # else a backlog: drain it now, batch after batch
+            return
 
 
-@app.task(name="fsm.sweep", **RETRY)
-def sweep() -> None:
-    """Repair machines whose dispatch or timeout was lost; the database is the truth."""
-    due, overdue = engine().sweep()
-    if due or overdue:
-        log.warning(
-            "sweeper: re-entering %d machines, checking %d deadlines", len(due), len(overdue)
-        )
-    enter(due)
-    for step in overdue:
-        check_timeout.delay(str(step.machine_id), step.attempt)
+SCAN_BATCH = 500

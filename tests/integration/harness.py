@@ -153,7 +153,7 @@ class FsmEnv:
         return proc
 
     def start_worker(
-        self, *, beat: bool = False, concurrency: int = 2, supervised: bool = True
+        self, *, beat: bool = True, concurrency: int = 2, supervised: bool = True
     ) -> Proc:
         """A real `celery worker` on this environment's queue (with beat for the sweeper).
 
@@ -190,7 +190,7 @@ class FsmEnv:
         proc.wait_for_log(" ready.")
         return proc
 
-    def ensure_worker(self, *, beat: bool = False) -> None:
+    def ensure_worker(self, *, beat: bool = True) -> None:
         """Start a worker unless one of this environment's is alive."""
         alive = [p for p in self.procs if p.name == "worker" and p.popen.poll() is None]
         if not alive:

@@ -31,9 +31,7 @@ SHIPPED = {
 
 @pytest.fixture(scope="module")
 def agents_env(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
-    env = env_factory(
-        "agents", agent_liveness_seconds=3.0, sweep_interval_seconds=1.0, sweep_grace_seconds=1.0
-    )
+    env = env_factory("agents", agent_liveness_seconds=3.0)
     env.start_worker(beat=True)
     env.start_bridge()
     yield env

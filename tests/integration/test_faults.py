@@ -19,7 +19,7 @@ LINEAR = ["ONE", "TWO", "THREE", "DONE"]
 @pytest.fixture(scope="module")
 def faulty(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
     """A deployment of its own: workers with beat running the sweeper every second."""
-    env = env_factory("faulty", sweep_interval_seconds=1.0, sweep_grace_seconds=1.0)
+    env = env_factory("faulty")
     env.start_bridge()
     yield env
     env.stop_all()

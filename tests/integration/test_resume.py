@@ -16,7 +16,7 @@ from tests.integration.harness import FsmEnv, ScriptedAgent
 @pytest.fixture(scope="module")
 def crashy(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
     """A deployment of its own, whose workers run beat (the sweeper every second)."""
-    env = env_factory("crashy", sweep_interval_seconds=1.0, sweep_grace_seconds=1.0)
+    env = env_factory("crashy")
     env.start_bridge()
     yield env
     env.stop_all()
