@@ -369,7 +369,7 @@ def demo(path: str | None) -> None:
 @main.command("ack-bridge")
 def ack_bridge() -> None:
     """Forward acks and heartbeats from Redis (pub/sub and stream) to Celery, in batches."""
-    from fsm_celery.channel.bridge import AckBridge, PubSubSource, StreamSource
+    from fsm_celery.channel.bridge import AckBridge, Pacer, PubSubSource, StreamSource
     from fsm_celery.channel.redis import connect
     from fsm_celery.core.messages import ack_channel, ack_stream
     from fsm_celery.worker.tasks import apply_messages
@@ -380,24 +380,28 @@ def ack_bridge() -> None:
     def submit(batch: list[str]) -> None:
         apply_messages.delay(batch)
 
-    limit, size = settings.max_payload_bytes, settings.ack_batch_size
+    limit, size, prefix = (
+        settings.max_payload_bytes,
+        settings.ack_batch_size,
+        settings.channel_prefix,
+    )
+    pacer = Pacer(
+        connect(settings.celery_broker_url), settings.queue, settings.ack_batch_linger_ms / 1000
+    )
+    claim_ms = int(settings.stream_claim_idle_seconds * 1000)
     bridge = AckBridge(
         [
             PubSubSource(
-                connect(settings.redis_url),
-                ack_channel(settings.channel_prefix),
-                submit,
-                size,
-                settings.ack_batch_linger_ms / 1000,
-                limit,
+                connect(settings.redis_url), ack_channel(prefix), submit, size, pacer, limit
             ),
             StreamSource(
                 connect(settings.redis_url),
-                ack_stream(settings.channel_prefix),
+                ack_stream(prefix),
                 submit,
                 size,
                 limit,
-                int(settings.stream_claim_idle_seconds * 1000),
+                pacer,
+                claim_ms,
             ),
         ]
     )

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
@@ -431,9 +432,14 @@ def _ms(value: timedelta | None) -> int | None:
     return None if value is None else int(value.total_seconds() * 1000)
 
 
+@lru_cache(maxsize=4096)
+def _template(source: str) -> jinja2.Template:
+    return TEMPLATES.from_string(source)  # compiling costs far more than rendering
+
+
 def _render(template: str, context: Mapping[str, Any]) -> str:
     try:
-        return TEMPLATES.from_string(template).render(**context)
+        return _template(template).render(**context)
     except jinja2.TemplateError as exc:
         log.warning("prompt template failed to render (%s); sending it unrendered", exc)
         return template

@@ -24,6 +24,34 @@ Submit = Callable[[list[str]], None]
 GROUP = "fsm-bridge"
 
 
+class Pacer:
+    """How long to wait for more messages before submitting a batch.
+
+    When the workers keep up (their queue is empty) a batch goes at once, for latency. When
+    batches are queuing, a new one would only wait behind them, so it waits here instead and
+    grows, up to max_linger: fewer, larger batches, and less work per ack for the workers.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        queue: str,
+        base: float,
+        max_linger: float = 0.05,
+        per_batch: float = 0.005,
+    ) -> None:
+        self.client, self.queue = client, queue
+        self.base, self.max_linger, self.per_batch = base, max_linger, per_batch
+        self._backlog, self._read_at = 0, 0.0
+
+    def linger(self) -> float:
+        now = time.monotonic()
+        if now - self._read_at > 0.005:
+            self._backlog = int(self.client.llen(self.queue))
+            self._read_at = now
+        return min(self.max_linger, self.base + self._backlog * self.per_batch)
+
+
 class Source:
     """One place messages come from; `serve` runs until stop, raising on connection loss."""
 
@@ -79,11 +107,11 @@ class PubSubSource(Source):
         channel: str,
         submit: Submit,
         batch: int,
-        linger: float,
+        pacer: Pacer,
         max_bytes: int,
     ) -> None:
         self.client, self.channel, self.submit = client, channel, submit
-        self.batch, self.linger, self.max_bytes = batch, linger, max_bytes
+        self.batch, self.pacer, self.max_bytes = batch, pacer, max_bytes
 
     def serve(self, stop: threading.Event) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
@@ -102,7 +130,7 @@ class PubSubSource(Source):
         if first is None:
             return []
         batch = [clip(first["data"], self.max_bytes)]
-        until = time.monotonic() + self.linger
+        until = time.monotonic() + self.pacer.linger()
         while len(batch) < self.batch:
             message = pubsub.get_message(timeout=max(until - time.monotonic(), 0.0))
             if message is None:
@@ -123,10 +151,12 @@ class StreamSource(Source):
         submit: Submit,
         batch: int,
         max_bytes: int,
+        pacer: Pacer,
         claim_idle_ms: int = 30_000,
     ) -> None:
         self.client, self.stream, self.submit = client, stream, submit
         self.batch, self.max_bytes, self.claim_idle_ms = batch, max_bytes, claim_idle_ms
+        self.pacer = pacer
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
         self._next_claim = 0.0
 
@@ -169,10 +199,23 @@ class StreamSource(Source):
         return [(entry_id, fields) for entry_id, fields in found[1] if fields]
 
     def _read(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        entries = self._next(self.batch, 500)
+        if not entries:
+            return []
+        until = time.monotonic() + self.pacer.linger()
+        while len(entries) < self.batch:
+            left_ms = int((until - time.monotonic()) * 1000)
+            more = self._next(self.batch - len(entries), left_ms) if left_ms > 0 else []
+            if not more:
+                break
+            entries.extend(more)
+        return entries
+
+    def _next(self, count: int, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         found: Any = self.client.xreadgroup(
-            GROUP, self.consumer, {self.stream: ">"}, count=self.batch, block=500
+            GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms
         )
-        return found[0][1] if found else []
+        return list(found[0][1]) if found else []
 
 
 def clip(data: bytes | str, max_bytes: int) -> str:

@@ -1,0 +1,144 @@
+"""A deployment on this machine for benchmarks: its own database, queue and processes.
+
+It reuses the integration harness (real PostgreSQL, Redis, `celery worker`, `fsm-celery
+ack-bridge`), on its own Redis database so that it never touches the tests' data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from sqlalchemy import text
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PG_URL = os.environ.get("FSM_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432")
+REDIS_URL = os.environ.get("FSM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
+os.environ["FSM_REDIS_URL"] = REDIS_URL  # before fsm_celery reads its settings
+
+from tests.integration import harness  # noqa: E402
+
+FsmEnv = harness.FsmEnv
+
+TEMPLATE = f"fsm_bench_template_{os.getpid()}"
+
+
+def deployment(name: str, **settings: Any) -> FsmEnv:
+    """A fresh deployment with the bench definitions loaded."""
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    harness.create_template(PG_URL, TEMPLATE)
+    env = harness.make_env(name, PG_URL, TEMPLATE, REDIS_URL, **settings)
+    env.client.load_definitions(str(ROOT / "bench" / "definitions"))
+    return env
+
+
+def tear_down(env: FsmEnv) -> None:
+    env.stop_all()
+    env.client.engine.db.dispose()
+    harness.drop_database(PG_URL, harness.database_name(env))
+    harness.drop_database(PG_URL, TEMPLATE)
+
+
+def start_machines(env: FsmEnv, machine_type: str, count: int, agent_id: str) -> list[Any]:
+    """Start count machines for the agent as fast as the API allows."""
+    return [env.client.start_machine(machine_type, {}, agent_id=agent_id) for _ in range(count)]
+
+
+def transitions(env: FsmEnv) -> int:
+    """How many acks have been applied so far."""
+    with env.client.engine.db.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM state_transitions WHERE event = 'ack'")
+            ).scalar_one()
+        )
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds used by groups of processes between start() and stop()."""
+
+    groups: dict[str, list[psutil.Process]]
+    before: dict[str, float] = field(default_factory=dict)
+
+    @staticmethod
+    def of(env: FsmEnv, extra: dict[str, list[int]] | None = None) -> CpuMeter:
+        groups: dict[str, list[psutil.Process]] = {}
+        for proc in env.procs:
+            if proc.popen.poll() is None:
+                parent = psutil.Process(proc.popen.pid)
+                groups.setdefault(proc.name, []).extend([parent, *parent.children(True)])
+        for name, pids in (extra or {}).items():
+            groups[name] = [psutil.Process(p) for p in pids]
+        groups["postgres"] = [
+            p for p in psutil.process_iter(["name"]) if p.info["name"] in ("postgres", "postmaster")
+        ]
+        groups["redis"] = [
+            p for p in psutil.process_iter(["name"]) if p.info["name"] == "redis-server"
+        ]
+        return CpuMeter(groups)
+
+    def _read(self) -> dict[str, float]:
+        totals = {}
+        for name, procs in self.groups.items():
+            total = 0.0
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                except psutil.Error:
+                    pass
+            totals[name] = total
+        return totals
+
+    def start(self) -> None:
+        self.before = self._read()
+
+    def stop(self) -> dict[str, float]:
+        after = self._read()
+        return {name: after[name] - self.before.get(name, 0.0) for name in after}
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+    }
+
+
+def write_result(name: str, result: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine_info(), **result}, indent=2))
+    return path
+
+
+def spawn_fast_agent(
+    env: FsmEnv, agent_id: str, rate: float = 0.0, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    environ = {**env.env, **({"FAST_AGENT_LOG": str(log)} if log else {})}
+    argv = [sys.executable, str(ROOT / "bench" / "fast_agent.py"), agent_id]
+    if rate:
+        argv.append(str(rate))
+    return subprocess.Popen(argv, cwd=ROOT, env=environ, start_new_session=True)
+
+
+def wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)

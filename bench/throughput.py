@@ -1,0 +1,181 @@
+"""Throughput: N machines driven by an agent that acks at once; transitions per second
+sustained, CPU per transition by process, and two baselines measured in the same run.
+
+    .venv/bin/python -m bench.throughput [--machines 1 100 1000 10000] [--concurrency 2]
+
+Baselines: a plain Celery chain of no-op tasks each enqueuing the next (same broker, same worker
+settings), and the bare transition transaction (lock the row, update it, insert the history row)
+run from Python on one connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+from bench.common import (
+    PG_URL,
+    CpuMeter,
+    deployment,
+    spawn_fast_agent,
+    start_machines,
+    tear_down,
+    transitions,
+    wait,
+    write_result,
+)
+
+STATES = 10  # bench_chain: ten working states per machine
+
+
+def run_engine(machines: int, concurrency: int) -> dict[str, Any]:
+    """Our figure: every machine through its ten states; rate between 10% and 90% of the work."""
+    env = deployment(f"tp{machines}")
+    try:
+        env.start_worker(beat=True, concurrency=concurrency)
+        env.start_bridge()
+        agent_id = str(uuid.uuid4())
+        agent = spawn_fast_agent(env, agent_id)
+        total = machines * STATES
+        meter = CpuMeter.of(env, {"agent": [agent.pid]})
+        started = time.monotonic()
+        start_machines(env, "bench_chain", machines, agent_id)
+        wait(lambda: transitions(env) >= max(1, total // 10), 600, "10% of the transitions")
+        t0, n0 = time.monotonic(), transitions(env)
+        meter.start()
+        wait(lambda: transitions(env) >= max(1, total * 9 // 10), 1800, "90% of the transitions")
+        t1, n1 = time.monotonic(), transitions(env)
+        cpu = meter.stop()
+        wait(lambda: transitions(env) >= total, 600, "every transition")
+        elapsed = time.monotonic() - started
+        agent.terminate()
+        done = n1 - n0
+        rate = done / (t1 - t0) if t1 > t0 else float("nan")
+        return {
+            "machines": machines,
+            "transitions": total,
+            "sustained_per_s": round(rate, 1),
+            "overall_per_s": round(total / elapsed, 1),
+            "elapsed_s": round(elapsed, 2),
+            "cpu_ms_per_transition": {k: round(v * 1000 / max(done, 1), 3) for k, v in cpu.items()},
+        }
+    finally:
+        tear_down(env)
+
+
+def run_chain_baseline(chains: int = 200, steps: int = 20, concurrency: int = 2) -> dict[str, Any]:
+    """Plain Celery: no-op tasks, each enqueuing the next, on the same broker and settings."""
+    env = deployment("chain")
+    try:
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench.chain_app",
+            "worker",
+            "-Q",
+            env.settings.queue,
+            "-c",
+            str(concurrency),
+            "-P",
+            "prefork",
+            "-l",
+            "warning",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        env._spawn("chain-worker", argv)
+        from bench.chain_app import _done, step
+
+        counter = f"bench:chain:{uuid.uuid4().hex}"
+        time.sleep(4)  # let the worker come up (it logs nothing at warning level)
+        t0 = time.monotonic()
+        for chain in range(chains):
+            step.apply_async((chain, steps, counter), queue=env.settings.queue)
+        wait(lambda: int(_done.get(counter) or 0) >= chains, 600, "the chains")
+        elapsed = time.monotonic() - t0
+        return {
+            "chains": chains,
+            "steps": steps,
+            "steps_per_s": round(chains * steps / elapsed, 1),
+            "elapsed_s": round(elapsed, 2),
+        }
+    finally:
+        tear_down(env)
+
+
+def run_transaction_baseline(count: int = 5000, rows: int = 1000) -> dict[str, Any]:
+    """The bare transition transaction from Python, one connection, one row per transaction."""
+    env = deployment("txn")
+    engine = create_engine(env.settings.database_url)
+    try:
+        ids = start_machines(env, "bench_chain", rows, str(uuid.uuid4()))
+        statements = (
+            text("SELECT attempt FROM state_machines WHERE id = :id FOR UPDATE"),
+            text(
+                "UPDATE state_machines SET attempt = attempt + 1, updated_at = now() WHERE id = :id"
+            ),
+            text(
+                "INSERT INTO state_transitions (machine_id, from_state, to_state, success, "
+                "attempt, event) VALUES (:id, 'S00', 'S01', true, :attempt, 'bench')"
+            ),
+        )
+        t0 = time.monotonic()
+        with engine.connect() as conn:
+            for n in range(count):
+                mid = ids[n % rows]
+                with conn.begin():
+                    attempt = conn.execute(statements[0], {"id": mid}).scalar_one()
+                    conn.execute(statements[1], {"id": mid})
+                    conn.execute(statements[2], {"id": mid, "attempt": 1000 + attempt})
+        elapsed = time.monotonic() - t0
+        return {"transactions": count, "per_s": round(count / elapsed, 1)}
+    finally:
+        engine.dispose()
+        tear_down(env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--machines", type=int, nargs="+", default=[1, 100, 1000, 10000])
+    parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
+    args = parser.parse_args()
+    runs = [run_engine(n, args.concurrency) for n in args.machines]
+    chain = run_chain_baseline(concurrency=args.concurrency)
+    txn = run_transaction_baseline()
+    print(
+        f"\n{'machines':>9} {'transitions':>12} {'sustained/s':>12} {'overall/s':>10}  "
+        "CPU ms per transition"
+    )
+    for r in runs:
+        cpu = "  ".join(f"{k} {v}" for k, v in sorted(r["cpu_ms_per_transition"].items()))
+        print(
+            f"{r['machines']:>9} {r['transitions']:>12} {r['sustained_per_s']:>12} "
+            f"{r['overall_per_s']:>10}  {cpu}"
+        )
+    best = max(runs, key=lambda r: r["sustained_per_s"])
+    print(
+        f"\nplain Celery chain ({chain['chains']}x{chain['steps']}): {chain['steps_per_s']} steps/s"
+    )
+    print(f"bare transition transaction (1 connection): {txn['per_s']} tx/s")
+    ref = next((r for r in runs if r["machines"] == 1000), best)
+    print(
+        f"fsm-celery at {ref['machines']} machines: {ref['sustained_per_s']} transitions/s = "
+        f"{ref['sustained_per_s'] / chain['steps_per_s']:.2f}x the Celery chain, "
+        f"{ref['sustained_per_s'] / txn['per_s']:.2f}x the bare transaction"
+    )
+    path = write_result(
+        "throughput",
+        {"runs": runs, "celery_chain": chain, "bare_transaction": txn, "pg_url": PG_URL},
+    )
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()
