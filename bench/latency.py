@@ -1,0 +1,111 @@
+"""Latency: from an ack's publication to the next state_task's publication, at 25%, 50% and 90%
+of the maximum throughput (measured first, in the same run).
+
+    .venv/bin/python -m bench.latency [--machines 1000] [--seconds 10]
+
+The agent paces its acks to the target rate and logs when it sent each ack, and when Redis stored
+each task in its stream (the entry id, in milliseconds); the latency of a transition is the
+storing of attempt n+1 minus the sending of the ack of attempt n. It covers the bridge, the
+Celery hop, the transaction and the dispatch, and is exact to a millisecond.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    deployment,
+    spawn_fast_agent,
+    start_machines,
+    tear_down,
+    transitions,
+    wait,
+    write_result,
+)
+from bench.throughput import run_engine
+
+
+def pairs(log: Path) -> list[float]:
+    """Milliseconds from each ack sent to the next task of the same machine stored."""
+    acks: dict[tuple[str, int], float] = {}
+    received: dict[tuple[str, int], float] = {}
+    for line in log.read_text().splitlines():
+        kind, machine, attempt, at = line.split()
+        (acks if kind == "A" else received)[(machine, int(attempt))] = float(at)
+    return [
+        (received[(m, a + 1)] - sent) * 1000
+        for (m, a), sent in acks.items()
+        if (m, a + 1) in received
+    ]
+
+
+def measure(machines: int, rate: float, seconds: float) -> dict[str, Any]:
+    env = deployment(f"lat{int(rate)}")
+    try:
+        env.start_worker(beat=True)
+        env.start_bridge()
+        agent_id = str(uuid.uuid4())
+        log = Path(tempfile.mkstemp(suffix=".log")[1])
+        agent = spawn_fast_agent(env, agent_id, rate, log)
+        start_machines(env, "bench_chain", machines, agent_id)
+        wait(lambda: transitions(env) >= machines, 600, "warm-up")
+        log.write_text("")  # measure the steady state only
+        t0, n0 = time.monotonic(), transitions(env)
+        time.sleep(seconds)
+        done = transitions(env) - n0
+        elapsed = time.monotonic() - t0
+        agent.terminate()
+        agent.wait(10)
+        samples = sorted(pairs(log))
+        q = statistics.quantiles(samples, n=100) if len(samples) > 2 else [float("nan")] * 99
+        return {
+            "target_per_s": round(rate, 1),
+            "achieved_per_s": round(done / elapsed, 1),
+            "samples": len(samples),
+            "p50_ms": round(q[49], 2),
+            "p95_ms": round(q[94], 2),
+            "p99_ms": round(q[98], 2),
+            "max_ms": round(samples[-1], 2) if samples else None,
+        }
+    finally:
+        tear_down(env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--machines", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    top = run_engine(args.machines, 2)["sustained_per_s"]
+    levels = [
+        (share, measure(args.machines, top * share, args.seconds)) for share in (0.25, 0.5, 0.9)
+    ]
+    print(f"\nmaximum throughput at {args.machines} machines: {top}/s")
+    print(
+        f"{'load':>5} {'target/s':>9} {'achieved/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'p99 ms':>8} {'samples':>8}"
+    )
+    for share, r in levels:
+        print(
+            f"{share:>5.0%} {r['target_per_s']:>9} {r['achieved_per_s']:>11} {r['p50_ms']:>8} "
+            f"{r['p95_ms']:>8} {r['p99_ms']:>8} {r['samples']:>8}"
+        )
+    path = write_result(
+        "latency",
+        {
+            "max_per_s": top,
+            "machines": args.machines,
+            "levels": {f"{int(s * 100)}%": r for s, r in levels},
+        },
+    )
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()
