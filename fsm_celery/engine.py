@@ -32,6 +32,8 @@ from fsm_celery.core.messages import (
     token_matches,
 )
 from fsm_celery.core.transition import (
+    LOOP_COUNT,
+    LOOP_LIMIT,
     Ack,
     Machine,
     MachineStatus,
@@ -414,9 +416,14 @@ def _checked_context(context: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(context, Mapping):
         raise InvalidContext(f"context must be a JSON object, got {type(context).__name__}")
     try:
-        return dict(json.loads(json.dumps(dict(context))))
+        checked = dict(json.loads(json.dumps(dict(context))))
     except (TypeError, ValueError) as exc:
         raise InvalidContext(f"context is not JSON-serialisable: {exc}") from exc
+    for counter in (LOOP_COUNT, LOOP_LIMIT):
+        value = checked.get(counter, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidContext(f"context {counter} must be a whole number >= 0, got {value!r}")
+    return checked
 
 
 def _agent_uuid(agent_id: UUID | str | None) -> UUID | None:

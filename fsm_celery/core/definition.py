@@ -188,6 +188,18 @@ def _problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
             None,
             "initial_state",
         )
+    if (
+        _has_loops(d)
+        and d.on_loop_exhausted in seen
+        and d.state(d.on_loop_exhausted).terminal is None
+    ):
+        yield Problem(
+            f"on_loop_exhausted must be a terminal state, {d.on_loop_exhausted!r} is not: "
+            "a machine past its loop bound would loop on",
+            source,
+            None,
+            "on_loop_exhausted",
+        )
     if _has_loops(d) and d.on_loop_exhausted not in seen:
         yield Problem(
             f"target {d.on_loop_exhausted!r} is not one of the states",
@@ -217,7 +229,7 @@ def _has_loops(d: MachineDefinition) -> bool:
     return any(edge.loop for state in d.states for edge in state.edges)
 
 
-def _state_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
+def _timing_problems(state: StateDefinition, source: str) -> Iterator[Problem]:
     name = state.name
     if state.timeout <= timedelta(0):
         yield Problem(
@@ -227,15 +239,23 @@ def _state_problems(state: StateDefinition, names: set[str], source: str) -> Ite
         yield Problem("heartbeat_timeout must be positive", source, name, "heartbeat_timeout")
     if state.backoff.delay < timedelta(0) or state.backoff.max_delay < state.backoff.delay:
         yield Problem("backoff needs 0 <= delay <= max_delay", source, name, "backoff")
+
+
+def _state_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
+    name = state.name
+    yield from _timing_problems(state, source)
     if state.terminal is not None:
         if state.edges:
-            yield Problem("a terminal state has no edges", source, name, "on_success")
+            field = "on_success" if state.on_success else "on_failure"
+            yield Problem("a terminal state has no edges", source, name, field)
         return
     if not state.on_success:
         yield Problem("a non-terminal state needs on_success", source, name, "on_success")
     if state.on_failure is None:
         yield Problem("a non-terminal state needs on_failure", source, name, "on_failure")
     yield from _edge_problems(state, names, source)
+    if state.on_failure is not None and state.on_failure.when is not None:
+        yield Problem("a failure edge takes no guard (when:)", source, name, "on_failure")
     if state.on_success and state.on_success[-1].when is not None:
         yield Problem(
             "the last on_success edge must have no guard (it is the default)",

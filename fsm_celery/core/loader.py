@@ -21,6 +21,12 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     keys: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a mapping key must be a plain value, got {key!r}", key_node.start_mark
+            ) from None
         if key in keys:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -74,15 +80,20 @@ def definition_files(path: str | Path) -> list[Path]:
 def load_all(paths: Iterable[Path]) -> list[MachineDefinition]:
     """Load every file, gathering the problems of all of them into one DefinitionError."""
     loaded: list[MachineDefinition] = []
+    sources: dict[str, list[str]] = {}
     problems: list[Problem] = []
     for path in paths:
         try:
-            loaded.append(load_file(path))
+            definition = load_file(path)
         except DefinitionError as exc:
             problems.extend(exc.problems)
-    types = [d.type for d in loaded]
-    for t in sorted({t for t in types if types.count(t) > 1}):
-        problems.append(Problem(f"machine type {t!r} is defined more than once", "definitions"))
+            continue
+        loaded.append(definition)
+        sources.setdefault(definition.type, []).append(str(path))
+    for machine_type, files in sorted(sources.items()):
+        if len(files) > 1:
+            message = f"machine type {machine_type!r} is defined more than once: {', '.join(files)}"
+            problems.append(Problem(message, files[-1]))
     if problems:
         raise DefinitionError(problems)
     return loaded

@@ -8,6 +8,8 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+import jmespath.exceptions
+
 from fsm_celery.core.definition import (
     Edge,
     FailureKind,
@@ -180,7 +182,22 @@ def _decide(definition: MachineDefinition, machine: Machine, event: Event) -> De
             output,
         )
     context = {**machine.context, **output}
-    edge = _chosen_edge(state, output, context)
+    for counter in (LOOP_COUNT, LOOP_LIMIT):  # the loop bound is the engine's, not the agent's
+        if counter in machine.context:
+            context[counter] = machine.context[counter]
+        else:
+            context.pop(counter, None)
+    try:
+        edge = _chosen_edge(state, output, context)
+    except jmespath.exceptions.JMESPathError as exc:
+        return _fail(
+            definition,
+            machine,
+            state,
+            FailureKind.INVALID_OUTPUT,
+            f"a guard could not be evaluated on the output: {exc}",
+            output,
+        )
     return _take(definition, machine, edge, context, output, None, None)
 
 
@@ -212,6 +229,13 @@ def _chosen_edge(state: StateDefinition, output: dict[str, Any], context: dict[s
         if edge.when is None or _truthy(compile_guard(edge.when).search(data)):
             return edge
     return state.on_success[-1]  # the validator makes the last edge an unguarded default
+
+
+def _count(value: Any, default: int) -> int:
+    """A loop counter from the context; anything but a whole number >= 0 counts as the default."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return default
 
 
 def _truthy(value: Any) -> bool:
@@ -258,8 +282,8 @@ def _take(
 ) -> Transition:
     target = edge.target
     if edge.loop:
-        loops = int(context.get(LOOP_COUNT, 0)) + 1
-        limit = int(context.get(LOOP_LIMIT, definition.max_loops))
+        loops = _count(context.get(LOOP_COUNT), 0) + 1
+        limit = _count(context.get(LOOP_LIMIT), definition.max_loops)
         context[LOOP_COUNT] = loops
         if loops > limit:
             target = definition.on_loop_exhausted

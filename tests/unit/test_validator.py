@@ -1,18 +1,28 @@
-"""The static validator: one test per rule, each naming the file, the state and the field."""
+"""The loader and the static validator: one test per rule, each naming file, state and field."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from fsm_celery.core.loader import definition_files, load_all, load_file, load_text
+from fsm_celery.core.definition import MachineDefinition, validate
+from fsm_celery.core.loader import (
+    definition_files,
+    load_all,
+    load_file,
+    load_text,
+    parse_definition,
+)
 from fsm_celery.exceptions import DefinitionError, Problem
 
 ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = definition_files(ROOT / "definitions")
 SOURCE = "machine.yaml"
 
-GOOD = """
+# A small valid machine; each test breaks one thing in it.
+GOOD = """\
 type: example
 agent_type: cto
 initial_state: A
@@ -34,6 +44,12 @@ states:
 """
 
 
+def edit(old: str, new: str, text: str = GOOD) -> str:
+    """The text with exactly one occurrence of old replaced (so a typo cannot pass silently)."""
+    assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
+    return text.replace(old, new)
+
+
 def problems(text: str) -> list[Problem]:
     with pytest.raises(DefinitionError) as caught:
         load_text(text, SOURCE)
@@ -41,18 +57,34 @@ def problems(text: str) -> list[Problem]:
 
 
 def only_problem(text: str) -> Problem:
-    [problem] = problems(text)
-    return problem
+    found = problems(text)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def assert_problem(p: Problem, state: str | None, field: str | None, fragment: str) -> None:
+    assert (p.source, p.state, p.field) == (SOURCE, state, field), p
+    assert fragment in p.message, p
+
+
+# -- valid definitions ------------------------------------------------------------------------
 
 
 def test_a_good_definition_loads() -> None:
     definition = load_text(GOOD, SOURCE)
     assert [s.name for s in definition.states] == ["A", "B", "DONE", "FAILED"]
+    assert definition.state("B").on_success[1].loop
 
 
-def test_the_shipped_definitions_are_valid() -> None:
-    loaded = load_all(definition_files(ROOT / "definitions"))
-    assert {d.type for d in loaded} == {
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_each_shipped_definition_validates(path: Path) -> None:
+    definition = load_file(path)
+    validate(definition, path.name)  # validating again finds nothing either
+    assert definition.type == path.stem
+
+
+def test_the_shipped_definitions_load_together() -> None:
+    assert {d.type for d in load_all(SHIPPED)} == {
         "cto_build_project",
         "cto_fix_bug",
         "cto_infrastructure_check",
@@ -60,115 +92,69 @@ def test_the_shipped_definitions_are_valid() -> None:
     }
 
 
-def test_unknown_success_target() -> None:
-    p = only_problem(GOOD.replace("on_success: B", "on_success: NOWHERE"))
-    assert (p.source, p.state, p.field) == (SOURCE, "A", "on_success[0]")
-    assert "unknown target state 'NOWHERE'" in p.message
+def test_on_loop_exhausted_is_not_checked_when_no_edge_loops() -> None:
+    text = edit("      - {target: A, loop: true}\n", "      - {target: FAILED}\n")
+    definition = load_text(edit("initial_state: A", "initial_state: A\non_loop_exhausted: X", text))
+    assert definition.on_loop_exhausted == "X"
 
 
-def test_unknown_guarded_target() -> None:
+# -- unknown targets --------------------------------------------------------------------------
+
+
+def test_unknown_on_success_target() -> None:
+    p = only_problem(edit("on_success: B", "on_success: NOWHERE"))
+    assert_problem(p, "A", "on_success[0]", "unknown target state 'NOWHERE'")
+
+
+def test_unknown_target_of_a_guarded_edge() -> None:
+    p = only_problem(edit("{target: DONE, when: output.ok}", "{target: GONE, when: output.ok}"))
+    assert_problem(p, "B", "on_success[0]", "unknown target state 'GONE'")
+
+
+def test_unknown_target_of_the_default_edge_after_a_guarded_one() -> None:
+    p = only_problem(edit("{target: A, loop: true}", "{target: AA, loop: true}"))
+    assert_problem(p, "B", "on_success[1]", "unknown target state 'AA'")
+
+
+def test_unknown_on_failure_target() -> None:
     p = only_problem(
-        GOOD.replace("{target: DONE, when: output.ok}", "{target: GONE, when: output.ok}")
+        edit("    on_failure: FAILED\n  - name: B", "    on_failure: OOPS\n  - name: B")
     )
-    assert (p.state, p.field) == ("B", "on_success[0]")
-    assert "'GONE'" in p.message
+    assert_problem(p, "A", "on_failure", "unknown target state 'OOPS'")
 
 
-def test_unknown_failure_target() -> None:
-    text = GOOD.replace("    on_failure: FAILED\n  - name: B", "    on_failure: OOPS\n  - name: B")
-    p = only_problem(text)
-    assert (p.state, p.field) == ("A", "on_failure")
+def test_unknown_on_loop_exhausted_target() -> None:
+    p = only_problem(edit("initial_state: A", "initial_state: A\non_loop_exhausted: X"))
+    assert_problem(p, None, "on_loop_exhausted", "target 'X' is not one of the states")
 
 
-def test_unknown_loop_exhausted_target() -> None:
-    p = only_problem(GOOD.replace("initial_state: A", "initial_state: A\non_loop_exhausted: X"))
-    assert (p.state, p.field) == (None, "on_loop_exhausted")
+# -- the graph --------------------------------------------------------------------------------
 
 
-def test_missing_initial_state() -> None:
-    p = only_problem(GOOD.replace("initial_state: A", "initial_state: START"))
-    assert (p.source, p.state, p.field) == (SOURCE, None, "initial_state")
-    assert "'START' is not one of the states" in p.message
+def test_initial_state_that_is_not_a_state() -> None:
+    p = only_problem(edit("initial_state: A", "initial_state: START"))
+    assert_problem(p, None, "initial_state", "initial state 'START' is not one of the states")
 
 
 def test_initial_state_is_required() -> None:
-    p = only_problem(GOOD.replace("initial_state: A\n", ""))
-    assert (p.field, p.message) == ("initial_state", "Field required")
+    p = only_problem(edit("initial_state: A\n", ""))
+    assert p == Problem("Field required", SOURCE, None, "initial_state")
 
 
 def test_unreachable_state() -> None:
-    text = GOOD + "  - name: ORPHAN\n    on_success: DONE\n    on_failure: FAILED\n"
-    p = only_problem(text)
-    assert (p.state, p.message) == ("ORPHAN", "unreachable from the initial state")
+    p = only_problem(GOOD + "  - name: ORPHAN\n    on_success: DONE\n    on_failure: FAILED\n")
+    assert p == Problem("unreachable from the initial state", SOURCE, "ORPHAN", None)
 
 
 def test_state_that_cannot_reach_a_terminal() -> None:
-    text = GOOD.replace("on_success: B", "on_success: SINK") + (
-        "  - name: SINK\n    on_success: SINK\n    on_failure: SINK\n"
-    )
-    found = {(p.state, p.message) for p in problems(text)}
-    assert ("SINK", "cannot reach a terminal state") in found
+    text = edit("    on_failure: FAILED\n  - name: DONE", "    on_failure: SINK\n  - name: DONE")
+    text += "  - name: SINK\n    on_success: SINK\n    on_failure: SINK\n"
+    found = problems(text)
+    assert Problem("cannot reach a terminal state", SOURCE, "SINK", None) in found
+    assert {p.state for p in found if "cannot reach" in p.message} == {"SINK"}
 
 
-def test_guard_that_does_not_compile() -> None:
-    p = only_problem(GOOD.replace("when: output.ok", "when: 'output.[ok'"))
-    assert (p.state, p.field) == ("B", "on_success[0]")
-    assert "guard 'output.[ok' does not compile" in p.message
-
-
-def test_zero_timeout() -> None:
-    p = only_problem(GOOD.replace("timeout: 10", "timeout: 0"))
-    assert (p.state, p.field) == ("A", "timeout")
-    assert "timeout must be positive" in p.message
-
-
-def test_negative_timeout() -> None:
-    p = only_problem(GOOD.replace("timeout: 10", "timeout: -5"))
-    assert (p.state, p.field, p.message) == ("A", "timeout", "timeout must be positive, got -5s")
-
-
-def test_non_positive_heartbeat_timeout() -> None:
-    p = only_problem(GOOD.replace("timeout: 10", "timeout: 10\n    heartbeat_timeout: 0"))
-    assert (p.state, p.field) == ("A", "heartbeat_timeout")
-
-
-def test_duplicate_state_names() -> None:
-    text = GOOD + "  - name: A\n    terminal: completed\n"
-    p = problems(text)[0]
-    assert (p.state, p.field, p.message) == ("A", "name", "duplicate state name 'A'")
-
-
-def test_duplicate_yaml_keys() -> None:
-    p = only_problem(GOOD.replace("    timeout: 10\n", "    timeout: 10\n    timeout: 20\n"))
-    assert p.source == SOURCE
-    assert "duplicate key 'timeout'" in p.message
-
-
-def test_cycle_without_a_loop_edge_is_unbounded() -> None:
-    p = only_problem(GOOD.replace("{target: A, loop: true}", "{target: A}"))
-    assert "has no edge marked loop: true" in p.message
-
-
-def test_last_success_edge_must_be_a_default() -> None:
-    text = GOOD.replace("{target: A, loop: true}", "{target: A, loop: true, when: output.no}")
-    p = only_problem(text)
-    assert (p.state, p.field) == ("B", "on_success")
-    assert "must have no guard" in p.message
-
-
-def test_terminal_state_has_no_edges() -> None:
-    text = GOOD.replace("terminal: completed", "terminal: completed\n    on_success: FAILED")
-    p = only_problem(text)
-    assert (p.state, p.field, p.message) == ("DONE", "on_success", "a terminal state has no edges")
-
-
-def test_non_terminal_state_needs_both_edges() -> None:
-    text = GOOD.replace("    on_success: B\n    on_failure: FAILED\n", "")
-    found = {(p.state, p.field) for p in problems(text)}
-    assert {("A", "on_success"), ("A", "on_failure")} <= found
-
-
-def test_no_terminal_state() -> None:
+def test_no_terminal_state_at_all() -> None:
     text = """
 type: endless
 agent_type: cto
@@ -177,68 +163,290 @@ on_loop_exhausted: A
 states:
   - {name: A, on_success: {target: A, loop: true}, on_failure: {target: A, loop: true}}
 """
-    found = {(p.field, p.message) for p in problems(text)}
-    assert ("states", "no terminal state (terminal: completed|failed)") in found
+    found = problems(text)  # on_loop_exhausted: A is refused too: it is not terminal
+    assert (
+        Problem("no terminal state (terminal: completed|failed)", SOURCE, None, "states") in found
+    )
+
+
+def test_cycle_without_a_loop_edge() -> None:
+    p = only_problem(edit("{target: A, loop: true}", "{target: A}"))
+    assert_problem(p, "B", None, "cycle through 'A' has no edge marked loop: true")
+
+
+def test_self_cycle_on_failure_without_a_loop_edge() -> None:
+    p = only_problem(edit("    on_failure: FAILED\n  - name: B", "    on_failure: A\n  - name: B"))
+    assert_problem(p, "A", None, "cycle through 'A' has no edge marked loop: true")
+
+
+def test_loop_exhausted_state_that_leads_back_into_the_loop_is_refused() -> None:
+    # Once retryCount passes maxRetries every loop edge leads to on_loop_exhausted; if that state
+    # can take the loop edge again the machine cycles A -> B -> A forever, unbounded.
+    text = """
+type: loopy
+agent_type: cto
+initial_state: A
+on_loop_exhausted: A
+states:
+  - {name: A, on_success: B, on_failure: DONE}
+  - {name: B, on_success: {target: A, loop: true}, on_failure: DONE}
+  - {name: DONE, terminal: completed}
+"""
+    problems(text)
+
+
+# -- edges of one state -----------------------------------------------------------------------
+
+
+def test_last_on_success_edge_must_be_unguarded() -> None:
+    p = only_problem(edit("{target: A, loop: true}", "{target: A, loop: true, when: output.no}"))
+    assert_problem(p, "B", "on_success", "the last on_success edge must have no guard")
+
+
+def test_single_guarded_on_success_edge_has_no_default() -> None:
+    p = only_problem(edit("on_success: B", "on_success: {target: B, when: output.go}"))
+    assert_problem(p, "A", "on_success", "must have no guard (it is the default)")
+
+
+def test_terminal_state_with_an_on_success_edge() -> None:
+    p = only_problem(edit("terminal: completed", "terminal: completed\n    on_success: FAILED"))
+    assert p == Problem("a terminal state has no edges", SOURCE, "DONE", "on_success")
+
+
+def test_terminal_state_with_an_on_failure_edge_names_on_failure() -> None:
+    found = problems(edit("terminal: completed", "terminal: completed\n    on_failure: FAILED"))
+    assert Problem("a terminal state has no edges", SOURCE, "DONE", "on_failure") in found
+
+
+def test_non_terminal_state_without_on_success() -> None:
+    p = only_problem(edit("    on_success: B\n    on_failure: FAILED\n", "    on_failure: B\n"))
+    assert p == Problem("a non-terminal state needs on_success", SOURCE, "A", "on_success")
+
+
+def test_non_terminal_state_without_on_failure() -> None:
+    p = only_problem(edit("    on_failure: FAILED\n  - name: B", "  - name: B"))
+    assert p == Problem("a non-terminal state needs on_failure", SOURCE, "A", "on_failure")
+
+
+def test_guard_that_does_not_compile() -> None:
+    p = only_problem(edit("when: output.ok", "when: 'output.[ok'"))
+    assert_problem(p, "B", "on_success[0]", "guard 'output.[ok' does not compile")
+
+
+# -- per-state settings -----------------------------------------------------------------------
+
+
+def test_zero_timeout() -> None:
+    p = only_problem(edit("timeout: 10", "timeout: 0"))
+    assert p == Problem("timeout must be positive, got 0s", SOURCE, "A", "timeout")
+
+
+def test_negative_timeout() -> None:
+    p = only_problem(edit("timeout: 10", "timeout: -5"))
+    assert p == Problem("timeout must be positive, got -5s", SOURCE, "A", "timeout")
+
+
+def test_non_positive_heartbeat_timeout() -> None:
+    p = only_problem(edit("timeout: 10", "timeout: 10\n    heartbeat_timeout: 0"))
+    assert p == Problem("heartbeat_timeout must be positive", SOURCE, "A", "heartbeat_timeout")
+
+
+def test_backoff_delay_above_its_cap() -> None:
+    p = only_problem(edit("timeout: 10", "timeout: 10\n    backoff: {delay: 60, max_delay: 5}"))
+    assert p == Problem("backoff needs 0 <= delay <= max_delay", SOURCE, "A", "backoff")
 
 
 def test_prompt_template_that_does_not_compile() -> None:
-    p = only_problem(GOOD.replace("Do {{ thing }}.", "Do {{ thing }."))
-    assert (p.state, p.field) == ("A", "prompt")
-    assert "prompt template does not compile" in p.message
+    p = only_problem(edit("Do {{ thing }}.", "Do {{ thing }."))
+    assert_problem(p, "A", "prompt", "prompt template does not compile")
 
 
-def test_wrong_type_names_the_state_and_field() -> None:
-    p = only_problem(GOOD.replace("timeout: 10", "timeout: 10\n    max_retries: many"))
-    assert (p.state, p.field) == ("A", "max_retries")
+def test_duplicate_state_names() -> None:
+    found = problems(GOOD + "  - name: A\n    terminal: completed\n")
+    assert found[0] == Problem("duplicate state name 'A'", SOURCE, "A", "name")
 
 
-def test_unknown_field_is_refused() -> None:
-    p = only_problem(GOOD.replace("timeout: 10", "timeout: 10\n    retries: 3"))
-    assert (p.state, p.field, p.message) == ("A", "retries", "Extra inputs are not permitted")
+# -- pydantic errors, mapped to the state ------------------------------------------------------
+
+
+def test_wrong_type_for_max_retries_names_the_state_and_field() -> None:
+    p = only_problem(edit("timeout: 10", "timeout: 10\n    max_retries: many"))
+    assert_problem(p, "A", "max_retries", "valid integer")
+
+
+def test_negative_max_retries_names_the_state_and_field() -> None:
+    p = only_problem(edit("timeout: 10", "timeout: 10\n    max_retries: -1"))
+    assert_problem(p, "A", "max_retries", "greater than or equal to 0")
+
+
+def test_wrong_type_inside_an_edge_names_the_edge() -> None:
+    p = only_problem(edit("{target: A, loop: true}", "{target: A, loop: maybe}"))
+    assert_problem(p, "B", "on_success.1.loop", "valid boolean")
+
+
+def test_unknown_terminal_kind_names_the_state() -> None:
+    p = only_problem(edit("terminal: failed", "terminal: crashed"))
+    assert_problem(p, "FAILED", "terminal", "'completed' or 'failed'")
+
+
+def test_unknown_state_field_is_refused() -> None:
+    p = only_problem(edit("timeout: 10", "timeout: 10\n    retries: 3"))
+    assert p == Problem("Extra inputs are not permitted", SOURCE, "A", "retries")
+
+
+def test_invalid_state_name_names_the_state() -> None:
+    p = only_problem(GOOD + "  - name: 9lives\n    terminal: failed\n")
+    assert_problem(p, "9lives", "name", "should match pattern")
+
+
+def test_state_that_is_not_a_mapping_is_named_by_position() -> None:
+    p = only_problem(GOOD + "  - just a string\n")
+    assert (p.source, p.state, p.field) == (SOURCE, "#5", None)
+
+
+def test_wrong_top_level_value_names_no_state() -> None:
+    p = only_problem(edit("initial_state: A", "initial_state: A\nmax_loops: -1"))
+    assert_problem(p, None, "max_loops", "greater than or equal to 0")
+
+
+def test_empty_state_list() -> None:
+    p = only_problem("type: t\nagent_type: cto\ninitial_state: A\nstates: []\n")
+    assert_problem(p, None, "states", "at least 1 item")
+
+
+# -- YAML and files ---------------------------------------------------------------------------
+
+
+def test_duplicate_key_in_a_state() -> None:
+    p = only_problem(edit("    timeout: 10\n", "    timeout: 10\n    timeout: 20\n"))
+    assert_problem(p, None, None, "duplicate key 'timeout'")
+    assert "line 8" in p.message
+
+
+def test_duplicate_top_level_key() -> None:
+    p = only_problem(edit("initial_state: A", "initial_state: A\ninitial_state: B"))
+    assert_problem(p, None, None, "duplicate key 'initial_state'")
 
 
 def test_invalid_yaml() -> None:
     p = only_problem("type: [unclosed")
-    assert p.source == SOURCE and p.message.startswith("invalid YAML")
+    assert_problem(p, None, None, "invalid YAML")
 
 
-def test_document_that_is_not_a_mapping() -> None:
-    assert only_problem("- just\n- a list\n").message == "a definition must be a mapping"
+def test_yaml_with_an_unhashable_key_is_a_definition_error() -> None:
+    p = only_problem(GOOD + "? [a, b]\n: 1\n")
+    assert_problem(p, None, None, "invalid YAML")
 
 
-def test_same_type_in_two_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("text", ["- just\n- a list\n", "just a string\n", ""])
+def test_document_that_is_not_a_mapping(text: str) -> None:
+    assert only_problem(text) == Problem("a definition must be a mapping", SOURCE)
+
+
+def test_load_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(edit("timeout: 10", "timeout: 0"))
+    with pytest.raises(DefinitionError) as caught:
+        load_file(path)
+    assert caught.value.problems == [
+        Problem("timeout must be positive, got 0s", str(path), "A", "timeout")
+    ]
+    assert str(path) in str(caught.value)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(DefinitionError) as caught:
+        load_file(missing)
+    [p] = caught.value.problems
+    assert (p.source, p.state, p.field) == (str(missing), None, None)
+    assert p.message.startswith("cannot read")
+
+
+def test_same_type_defined_twice_in_load_all(tmp_path: Path) -> None:
     for name in ("one.yaml", "two.yaml"):
         (tmp_path / name).write_text(GOOD)
     with pytest.raises(DefinitionError) as caught:
         load_all(definition_files(tmp_path))
-    assert [p.message for p in caught.value.problems] == [
-        "machine type 'example' is defined more than once"
-    ]
+    [problem] = caught.value.problems
+    assert problem.message == (
+        f"machine type 'example' is defined more than once: {tmp_path / 'one.yaml'}, "
+        f"{tmp_path / 'two.yaml'}"
+    )
 
 
-def test_problems_of_every_file_are_reported_together(tmp_path: Path) -> None:
-    (tmp_path / "a.yaml").write_text(GOOD.replace("timeout: 10", "timeout: 0"))
+def test_same_type_defined_twice_names_both_files(tmp_path: Path) -> None:
+    for name in ("one.yaml", "two.yaml"):
+        (tmp_path / name).write_text(GOOD)
+    with pytest.raises(DefinitionError) as caught:
+        load_all(definition_files(tmp_path))
+    assert "one.yaml" in str(caught.value) and "two.yaml" in str(caught.value)
+
+
+def test_load_all_reports_the_problems_of_every_file(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(edit("timeout: 10", "timeout: 0"))
     (tmp_path / "b.yaml").write_text("type: [")
     with pytest.raises(DefinitionError) as caught:
         load_all(definition_files(tmp_path))
-    assert {Path(p.source).name for p in caught.value.problems} == {"a.yaml", "b.yaml"}
+    assert [Path(p.source).name for p in caught.value.problems] == ["a.yaml", "b.yaml"]
 
 
-def test_unreadable_file_is_a_problem_not_a_crash(tmp_path: Path) -> None:
-    with pytest.raises(DefinitionError, match="cannot read"):
-        load_file(tmp_path / "missing.yaml")
+def test_validator_reports_every_problem_at_once() -> None:
+    text = edit("timeout: 10", "timeout: 0", edit("Do {{ thing }}.", "Do {{ thing }."))
+    assert {(p.state, p.field) for p in problems(text)} == {("A", "timeout"), ("A", "prompt")}
 
 
-def test_round_trip_through_json_keeps_content_and_digest() -> None:
-    from fsm_celery.core.loader import parse_definition
+def test_validate_raises_with_the_given_source() -> None:
+    data = load_text(GOOD).to_json()
+    data["initial_state"] = "NOPE"
+    with pytest.raises(DefinitionError) as caught:
+        validate(MachineDefinition.model_validate(data), "other.yaml")
+    assert [(p.source, p.field) for p in caught.value.problems] == [("other.yaml", "initial_state")]
 
+
+# -- JSON round trip and digest ---------------------------------------------------------------
+
+
+def test_definition_round_trips_through_json() -> None:
     definition = load_text(GOOD, SOURCE)
-    again = parse_definition(definition.to_json())
+    again = parse_definition(json.loads(json.dumps(definition.to_json())))
     assert again == definition
     assert again.digest() == definition.digest()
 
 
-def test_digest_changes_with_content() -> None:
-    assert (
-        load_text(GOOD).digest() != load_text(GOOD.replace("timeout: 10", "timeout: 11")).digest()
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_definition_round_trips_through_json(path: Path) -> None:
+    definition = load_file(path)
+    again = parse_definition(json.loads(json.dumps(definition.to_json())))
+    assert again == definition
+    assert again.digest() == definition.digest()
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("timeout: 10", "timeout: 11"),
+        ("when: output.ok", "when: output.okay"),
+        ("Do {{ thing }}.", "Do {{ thing }}!"),
+        ("prompt: Do", "description: new\n    prompt: Do"),
+        ("initial_state: A", "initial_state: A\nmax_loops: 4"),
+    ],
+)
+def test_digest_changes_when_content_changes(old: str, new: str) -> None:
+    assert load_text(GOOD).digest() != load_text(edit(old, new)).digest()
+
+
+def test_digest_ignores_comments_key_order_and_spelled_out_defaults() -> None:
+    text = edit("type: example\nagent_type: cto\n", "# a comment\nagent_type: cto\ntype: example\n")
+    text = edit("timeout: 10", "timeout: 10\n    max_retries: 0", text)
+    assert load_text(text).digest() == load_text(GOOD).digest()
+
+
+def test_failure_edge_with_a_guard_is_refused() -> None:
+    found = problems(
+        edit(
+            "    on_failure: FAILED\n  - name: B",
+            "    on_failure: {target: FAILED, when: output.ok}\n  - name: B",
+        )
     )
+    assert Problem("a failure edge takes no guard (when:)", SOURCE, "A", "on_failure") in found
