@@ -1,0 +1,112 @@
+"""Scale: throughput with 100,000 finished machines and 1,000,000 history rows already stored,
+beside the same run on an empty database; the scan's time and the API's list queries' times.
+
+    .venv/bin/python -m bench.scale [--finished 100000] [--history 1000000] [--machines 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from sqlalchemy import text
+
+from bench.common import FsmEnv, deployment, tear_down, write_result
+from bench.throughput import run_engine
+
+
+def fill(finished: int, history: int) -> Any:
+    """A prefill that stores finished machines and their history with set-based SQL."""
+
+    def prefill(env: FsmEnv) -> None:
+        per = max(history // finished, 1)
+        with env.client.engine.db.begin() as conn:
+            conn.execute(
+                text("""
+                INSERT INTO state_machines (id, type, agent_type, current_state, context, status,
+                    definition_version, attempt, created_at, updated_at)
+                SELECT gen_random_uuid(), 'bench_chain', 'bench', 'DONE', '{}'::jsonb,
+                    'completed', 1, :per + 1, now() - interval '1 day', now() - interval '1 day'
+                FROM generate_series(1, :finished)"""),
+                {"finished": finished, "per": per},
+            )
+            conn.execute(
+                text("""
+                INSERT INTO state_transitions (machine_id, from_state, to_state, success,
+                    attempt, event, created_at)
+                SELECT m.id, 'S00', 'S01', true, g, 'ack', now() - interval '1 day'
+                FROM state_machines m CROSS JOIN generate_series(1, :per) g
+                WHERE m.status = 'completed'"""),
+                {"per": per},
+            )
+            conn.execute(text("ANALYZE"))
+
+    return prefill
+
+
+def timed(fn: Any, repeat: int = 20) -> float:
+    """Median milliseconds of fn()."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return round(statistics.median(times), 2)
+
+
+def queries(finished: int, history: int) -> dict[str, float]:
+    env = deployment("scaleq")
+    try:
+        fill(finished, history)(env)
+        client = env.client
+        return {
+            "scan_ms": timed(lambda: client.engine.scan(500)),
+            "list_running_ms": timed(lambda: client.list_machines(status="running", limit=50)),
+            "list_by_type_ms": timed(
+                lambda: client.list_machines(machine_type="bench_chain", limit=50)
+            ),
+            "list_by_agent_type_ms": timed(
+                lambda: client.list_machines(agent_type="bench", status="completed", limit=50)
+            ),
+            "stats_ms": timed(client.stats, repeat=5),
+        }
+    finally:
+        tear_down(env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--finished", type=int, default=100_000)
+    parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument("--machines", type=int, default=1000)
+    args = parser.parse_args()
+    empty = run_engine(args.machines, 2)
+    full = run_engine(args.machines, 2, fill(args.finished, args.history))
+    times = queries(args.finished, args.history)
+    ratio = full["sustained_per_s"] / empty["sustained_per_s"]
+    print(f"\n{'database':>28} {'sustained/s':>12}")
+    print(f"{'empty':>28} {empty['sustained_per_s']:>12}")
+    print(
+        f"{f'{args.finished:,} machines, {args.history:,} rows':>28} "
+        f"{full['sustained_per_s']:>12}   ({ratio:.0%} of empty)"
+    )
+    for name, ms in times.items():
+        print(f"{name:>28} {ms:>10} ms")
+    path = write_result(
+        "scale",
+        {
+            "empty": empty,
+            "full": full,
+            "ratio": round(ratio, 3),
+            "finished": args.finished,
+            "history": args.history,
+            "query_ms": times,
+        },
+    )
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()
