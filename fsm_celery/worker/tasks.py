@@ -17,6 +17,7 @@ from fsm_celery.worker.app import app
 log = logging.getLogger(__name__)
 
 _engine: MachineEngine | None = None
+SCAN_BATCH = 500  # machines per scan transaction
 TRANSIENT = (
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
@@ -60,7 +61,7 @@ def enter(steps: list[Step]) -> None:
     A countdown longer than half the broker's visibility timeout would be redelivered while it
     waits; those steps are left to the scan, which enters every state whose dispatch is due.
     """
-    longest = engine().settings.visibility_timeout_seconds / 2
+    longest = get_settings().visibility_timeout_seconds / 2
     for step in steps:
         args = (str(step.machine_id), step.attempt)
         if step.delay <= 0:
@@ -89,6 +90,3 @@ def scan() -> None:
         enter(delayed)
         if handled < SCAN_BATCH:  # else a backlog: drain it now, batch after batch
             return
-
-
-SCAN_BATCH = 500
