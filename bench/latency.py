@@ -45,10 +45,13 @@ def pairs(log: Path) -> list[float]:
     ]
 
 
-def measure(machines: int, rate: float, seconds: float) -> dict[str, Any]:
+def measure(
+    machines: int, rate: float, seconds: float, pool: str = "prefork", workers: int = 1
+) -> dict[str, Any]:
     env = deployment(f"lat{int(rate)}")
     try:
-        env.start_worker(beat=True)
+        for n in range(workers):
+            env.start_worker(beat=n == 0, pool=pool, concurrency=1 if pool == "solo" else 2)
         env.start_bridge()
         agent_id = str(uuid.uuid4())
         log = Path(tempfile.mkstemp(suffix=".log")[1])
@@ -81,10 +84,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--machines", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--pool", default="prefork", help="worker pool: prefork or solo")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes to start")
     args = parser.parse_args()
     top = run_engine(args.machines, 2)["sustained_per_s"]
     levels = [
-        (share, measure(args.machines, top * share, args.seconds)) for share in (0.25, 0.5, 0.9)
+        (share, measure(args.machines, top * share, args.seconds, args.pool, args.workers))
+        for share in (0.25, 0.5, 0.9)
     ]
     print(f"\nmaximum throughput at {args.machines} machines: {top}/s")
     print(

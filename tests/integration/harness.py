@@ -153,7 +153,12 @@ class FsmEnv:
         return proc
 
     def start_worker(
-        self, *, beat: bool = True, concurrency: int = 2, supervised: bool = True
+        self,
+        *,
+        beat: bool = True,
+        concurrency: int = 2,
+        supervised: bool = True,
+        pool: str = "prefork",
     ) -> Proc:
         """A real `celery worker` on this environment's queue (with beat for the sweeper).
 
@@ -174,7 +179,7 @@ class FsmEnv:
             "-c",
             str(concurrency),
             "-P",
-            "prefork",
+            pool,
             "-l",
             "info",
             "--without-mingle",
