@@ -28,8 +28,9 @@ def fill(finished: int, history: int) -> Any:
                 INSERT INTO state_machines (id, type, agent_type, current_state, context, status,
                     definition_version, attempt, created_at, updated_at)
                 SELECT gen_random_uuid(), 'bench_chain', 'bench', 'DONE', '{}'::jsonb,
-                    'completed', 1, :per + 1, now() - interval '1 day', now() - interval '1 day'
-                FROM generate_series(1, :finished)"""),
+                    'completed', 1, :per + 1, now() - g * interval '1 second',
+                    now() - g * interval '1 second'
+                FROM generate_series(1, :finished) g"""),
                 {"finished": finished, "per": per},
             )
             conn.execute(

@@ -82,6 +82,8 @@ machines = Table(
     Index("idx_machines_agent", "agent_type", "status"),
     Index("idx_machines_issue", "github_issue"),
     Index("idx_machines_type_status", "type", "status"),
+    Index("idx_machines_type_created", "type", "created_at"),
+    Index("idx_machines_agent_created", "agent_type", "status", "created_at"),
     Index(
         "idx_machines_dispatch_due",
         "dispatch_due_at",
