@@ -2,13 +2,12 @@
 
 FsmError                      root of everything this package raises
 ├── DefinitionError           a machine definition is invalid (carries every problem)
-├── MachineError              an operation on a machine instance was refused
-│   ├── UnknownMachineType    no definition is loaded for that type
-│   ├── MachineNotFound       no machine has that id
-│   ├── InvalidContext        the context given at start is not a JSON object
-│   ├── InvalidAgentId        the agent id given at start is not a UUID
-│   └── CommandRefused        an admin command does not apply to the machine as it is
-└── StoreError                the database is missing its schema or answered badly
+└── MachineError              an operation on a machine instance was refused
+    ├── UnknownMachineType    no definition is loaded for that type
+    ├── MachineNotFound       no machine has that id
+    ├── InvalidContext        the context given at start is not a JSON object
+    ├── InvalidAgentId        the agent id given at start is not a UUID
+    └── CommandRefused        an admin command does not apply to the machine as it is
 """
 
 from __future__ import annotations
@@ -89,7 +88,3 @@ class CommandRefused(MachineError):
         self.machine_id = machine_id
         self.detail = detail
         super().__init__(f"{action} refused for machine {machine_id}: {detail}")
-
-
-class StoreError(FsmError):
-    """The database could not serve the request."""

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from datetime import timedelta
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any, Literal
 
 import jinja2
@@ -151,20 +152,10 @@ class MachineDefinition(BaseModel):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+@lru_cache(maxsize=4096)
 def compile_guard(expression: str) -> Any:
     """A compiled JMESPath guard (raises jmespath's ParseError when it does not compile)."""
-    return _compiled(expression)
-
-
-_GUARDS: dict[str, Any] = {}
-
-
-def _compiled(expression: str) -> Any:
-    found = _GUARDS.get(expression)
-    if found is None:
-        found = jmespath.compile(expression)
-        _GUARDS[expression] = found
-    return found
+    return jmespath.compile(expression)
 
 
 def validate(definition: MachineDefinition, source: str = "<definition>") -> None:

@@ -78,29 +78,6 @@ def definition_txn(conn: Connection, machine_type: str, version: int) -> Machine
     return parse_definition(body, f"{machine_type} v{version}")
 
 
-def definitions_summary_txn(conn: Connection) -> Sequence[AnyRow]:
-    """Each machine type with its latest version and agent type."""
-    latest = (
-        select(definitions.c.type, func.max(definitions.c.version).label("version"))
-        .group_by(definitions.c.type)
-        .subquery()
-    )
-    return conn.execute(
-        select(
-            definitions.c.type,
-            definitions.c.version,
-            definitions.c.agent_type,
-            definitions.c.description,
-            definitions.c.created_at,
-        )
-        .join(
-            latest,
-            (latest.c.type == definitions.c.type) & (latest.c.version == definitions.c.version),
-        )
-        .order_by(definitions.c.type)
-    ).all()
-
-
 def insert_machine_txn(conn: Connection, values: dict[str, Any]) -> None:
     conn.execute(insert(machines).values(**values))
 
