@@ -3,10 +3,11 @@ them with one pipeline. Run by the benchmarks so that the agent is not what they
 
     python bench/fast_agent.py AGENT_ID [RATE]
 
-RATE (acks per second) paces it, for latency at a chosen load; each paced ack is sent on its
-own. With FAST_AGENT_LOG set, it writes a line per task (T, with the time Redis stored it: the
-stream entry id) and per ack sent (A): `T|A machine attempt unix-time`, so the latency benchmark
-can pair an ack with the next task's publication, however long the task then waited here.
+RATE (acks per second) paces it, for latency at a chosen load: every millisecond it sends, in one
+pipeline, the acks due by then. With FAST_AGENT_LOG set, it writes a line per task received (T)
+and per ack sent (A), `T|A machine attempt milliseconds`, both times taken from Redis's clock
+(the stream entry ids of the task and of the ack), so the latency benchmark pairs an ack with the
+next task of its machine on one clock, however long that task then waited here.
 """
 
 from __future__ import annotations
@@ -17,12 +18,33 @@ import os
 import signal
 import sys
 import time
+from collections import deque
+from typing import Any
 
 import redis
 
 from fsm_celery.core.messages import ack_stream, task_stream
 
 GROUP = "agents"
+
+
+def stored_ms(entry_id: bytes) -> int:
+    """When Redis stored a stream entry, in milliseconds (the first part of its id)."""
+    return int(entry_id.split(b"-")[0])
+
+
+def ack_for(task: dict[str, Any]) -> str:
+    return json.dumps(
+        {
+            "type": "state_ack",
+            "machineId": task["machineId"],
+            "state": task["state"],
+            "attempt": task["attempt"],
+            "taskToken": task["taskToken"],
+            "success": True,
+            "output": {},
+        }
+    )
 
 
 def main() -> None:
@@ -41,40 +63,36 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, finish)
     log = open(os.environ.get("FAST_AGENT_LOG", os.devnull), "a", buffering=1 << 16)  # noqa: SIM115
+    waiting: deque[tuple[bytes, dict[str, Any]]] = deque()
     started, answered = time.monotonic(), 0
     while not stop:
-        found = client.xreadgroup(GROUP, agent_id, {tasks: ">"}, count=500, block=200)
-        if not found:
+        found = client.xreadgroup(
+            GROUP, agent_id, {tasks: ">"}, count=500, block=None if waiting else 200
+        )
+        for entry_id, fields in found[0][1] if found else []:
+            task = json.loads(fields[b"message"])
+            log.write(f"T {task['machineId']} {task['attempt']} {stored_ms(entry_id)}\n")
+            waiting.append((entry_id, task))
+        due = len(waiting)
+        if rate:
+            due = min(due, int((time.monotonic() - started) * rate) - answered)
+            if due <= 0:
+                time.sleep(0.001)
+                continue
+        if not due:
             continue
         pipe = client.pipeline(transaction=False)
-        for entry_id, fields in found[0][1]:
-            task = json.loads(fields[b"message"])
-            stored = int(entry_id.split(b"-")[0]) / 1000  # Redis's clock, milliseconds
-            log.write(f"T {task['machineId']} {task['attempt']} {stored:.3f}\n")
-            ack = {
-                "type": "state_ack",
-                "machineId": task["machineId"],
-                "state": task["state"],
-                "attempt": task["attempt"],
-                "taskToken": task["taskToken"],
-                "success": True,
-                "output": {},
-            }
-            if rate:
-                time.sleep(max(0.0, started + answered / rate - time.monotonic()))
-            pipe.xadd(acks, {"message": json.dumps(ack)})
+        sent = [waiting.popleft() for _ in range(due)]
+        for entry_id, task in sent:
+            pipe.xadd(acks, {"message": ack_for(task)})
             pipe.xack(tasks, GROUP, entry_id)
             pipe.xdel(tasks, entry_id)
-            if rate:
-                pipe.execute()
-                log.write(f"A {task['machineId']} {task['attempt']} {time.time():.6f}\n")
-            answered += 1
-        if not rate:
-            pipe.execute()
-            sent = time.time()
-            for _, fields in found[0][1]:
-                task = json.loads(fields[b"message"])
-                log.write(f"A {task['machineId']} {task['attempt']} {sent:.6f}\n")
+        replies = pipe.execute()
+        for (_, task), ack_id in zip(sent, replies[::3], strict=True):
+            log.write(f"A {task['machineId']} {task['attempt']} {stored_ms(ack_id)}\n")
+        answered += due
+        if rate and not waiting:  # no credit for time spent with nothing to answer
+            answered = max(answered, int((time.monotonic() - started) * rate))
     log.close()
 
 

@@ -3,10 +3,11 @@ of the maximum throughput (measured first, in the same run).
 
     .venv/bin/python -m bench.latency [--machines 1000] [--seconds 10]
 
-The agent paces its acks to the target rate and logs when it sent each ack, and when Redis stored
-each task in its stream (the entry id, in milliseconds); the latency of a transition is the
-storing of attempt n+1 minus the sending of the ack of attempt n. It covers the bridge, the
-Celery hop, the transaction and the dispatch, and is exact to a millisecond.
+The agent paces its acks to the target rate and logs when Redis stored each ack in the ack stream
+and each task in the agent's stream (both from the entry ids, Redis's clock, in milliseconds);
+the latency of a transition is the storing of attempt n+1 minus the storing of the ack of attempt
+n. It covers the bridge's read, the transaction (locks, decision, writes, commit) and the dispatch,
+to a millisecond.
 """
 
 from __future__ import annotations
@@ -29,34 +30,34 @@ from bench.common import (
     write_result,
 )
 from bench.throughput import run_engine
+from fsm_celery.core.messages import task_stream
 
 
 def pairs(log: Path) -> list[float]:
-    """Milliseconds from each ack sent to the next task of the same machine stored."""
-    acks: dict[tuple[str, int], float] = {}
-    received: dict[tuple[str, int], float] = {}
+    """Milliseconds from each ack stored to the next task of the same machine stored."""
+    acks: dict[tuple[str, int], int] = {}
+    received: dict[tuple[str, int], int] = {}
     for line in log.read_text().splitlines():
         kind, machine, attempt, at = line.split()
-        (acks if kind == "A" else received)[(machine, int(attempt))] = float(at)
+        (acks if kind == "A" else received)[(machine, int(attempt))] = int(at)
     return [
-        (received[(m, a + 1)] - sent) * 1000
+        float(received[(m, a + 1)] - sent)
         for (m, a), sent in acks.items()
         if (m, a + 1) in received
     ]
 
 
-def measure(
-    machines: int, rate: float, seconds: float, pool: str = "prefork", workers: int = 1
-) -> dict[str, Any]:
+def measure(machines: int, rate: float, seconds: float, bridges: int = 2) -> dict[str, Any]:
     env = deployment(f"lat{int(rate)}")
     try:
-        for n in range(workers):
-            env.start_worker(beat=n == 0, pool=pool, concurrency=1 if pool == "solo" else 2)
-        env.start_bridge()
+        env.start_worker(beat=True)
+        env.start_bridge(processes=bridges)
         agent_id = str(uuid.uuid4())
         log = Path(tempfile.mkstemp(suffix=".log")[1])
+        start_machines(env, "bench_loop", machines, agent_id)
+        stream = task_stream(agent_id, env.settings.channel_prefix)
+        wait(lambda: env.redis.xlen(stream) >= machines, 600, "the first dispatches")
         agent = spawn_fast_agent(env, agent_id, rate, log)
-        start_machines(env, "bench_chain", machines, agent_id)
         wait(lambda: transitions(env) >= machines, 600, "warm-up")
         log.write_text("")  # measure the steady state only
         t0, n0 = time.monotonic(), transitions(env)
@@ -84,13 +85,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--machines", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--pool", default="prefork", help="worker pool: prefork or solo")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes to start")
+    parser.add_argument("--bridges", type=int, default=2, help="ack bridge processes")
+    parser.add_argument("--levels", type=float, nargs="+", default=[0.25, 0.5, 0.9])
     args = parser.parse_args()
-    top = run_engine(args.machines, 2)["sustained_per_s"]
+    top = run_engine(args.machines, 2, bridges=args.bridges)["sustained_per_s"]
     levels = [
-        (share, measure(args.machines, top * share, args.seconds, args.pool, args.workers))
-        for share in (0.25, 0.5, 0.9)
+        (share, measure(args.machines, top * share, args.seconds, args.bridges))
+        for share in args.levels
     ]
     print(f"\nmaximum throughput at {args.machines} machines: {top}/s")
     print(

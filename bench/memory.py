@@ -22,6 +22,9 @@ from sqlalchemy import text
 from bench.common import FsmEnv, deployment, tear_down, wait, write_result
 
 
+PROCESSES = ("worker", "beat", "bridge")
+
+
 def rss_mb(env: FsmEnv, name: str, kind: str = "rss") -> float:
     """Memory of the named processes and their children, in MiB: summed RSS (which counts the
     pages forked children share once per child), or PSS (which shares them out)."""
@@ -68,9 +71,10 @@ def main() -> None:
     args = parser.parse_args()
     env = deployment("memory")
     try:
-        env.start_worker(beat=True)
-        env.start_bridge()
-        idle = {"worker": rss_mb(env, "worker"), "bridge": rss_mb(env, "bridge")}
+        env.start_worker(beat=False)  # as in production: beat runs on its own
+        env.start_beat()
+        env.start_bridge(processes=2)
+        idle = {name: rss_mb(env, name) for name in PROCESSES}
         store_due(env, args.machines, str(uuid.uuid4()))
         t0 = time.monotonic()
         wait(lambda: waiting(env) >= args.machines, 1800, "every machine dispatched")
@@ -81,9 +85,8 @@ def main() -> None:
             samples.append(
                 {
                     "t": round(time.monotonic() - t0, 1),
-                    "worker": rss_mb(env, "worker"),
+                    **{name: rss_mb(env, name) for name in PROCESSES},
                     "worker_pss": rss_mb(env, "worker", "pss"),
-                    "bridge": rss_mb(env, "bridge"),
                 }
             )
             if time.monotonic() >= end:
@@ -96,7 +99,7 @@ def main() -> None:
             f"({args.machines / dispatched_s:.0f}/s), now waiting"
         )
         print(f"{'':>8} {'idle MiB':>9} {'waiting MiB':>12} {'after soak':>11} {'peak':>7}")
-        for name in ("worker", "bridge"):
+        for name in PROCESSES:
             print(
                 f"{name:>8} {idle[name]:>9} {first[name]:>12} {last[name]:>11} "
                 f"{max(s[name] for s in samples):>7}"
@@ -106,7 +109,7 @@ def main() -> None:
         print(
             f"worker PSS (pages shared by the forked processes counted once): "
             f"{first['worker_pss']} -> {last['worker_pss']} MiB; the worker is a supervisor "
-            "shell, the main process, 2 prefork children and the embedded beat"
+            "shell, the main process and 2 prefork children; the bridge 2 processes"
         )
         path = write_result(
             "memory",

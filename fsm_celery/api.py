@@ -14,12 +14,13 @@ from fsm_celery.ops import Client, MachineInfo, TransitionRecord
 from fsm_celery.store.db import make_engine
 
 
-def redis_engine(settings: Settings) -> MachineEngine:
+def redis_engine(settings: Settings, pre_ping: bool = True) -> MachineEngine:
     """An engine on the configured database that dispatches to agents through Redis."""
     dispatcher = RedisDispatcher(
         connect(settings.redis_url), settings.channel_prefix, settings.task_streams
     )
-    return MachineEngine(make_engine(settings.database_url), dispatcher, settings)
+    db = make_engine(settings.database_url, pre_ping=pre_ping)
+    return MachineEngine(db, dispatcher, settings)
 
 
 def celery_client(settings: Settings) -> Client:

@@ -189,9 +189,8 @@ class Changes:
     def write(self, conn: Connection) -> None:
         """Write everything decided (the outbox is sent by the caller, before commit)."""
         q.update_heartbeats_txn(conn, list(self.beats.values()))
-        q.update_machines_txn(conn, list(self.updates.values()))
+        q.move_machines_txn(conn, list(self.updates.values()), self.history)
         q.mark_dispatched_txn(conn, list(self.dispatched.values()))
-        q.insert_transitions_txn(conn, self.history)
         q.insert_rejections_txn(conn, self.rejections)
 
 

@@ -367,46 +367,57 @@ def demo(path: str | None) -> None:
 
 
 @main.command("ack-bridge")
-def ack_bridge() -> None:
-    """Forward acks and heartbeats from Redis (pub/sub and stream) to Celery, in batches."""
-    from fsm_celery.channel.bridge import AckBridge, Pacer, PubSubSource, StreamSource
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Processes sharing the ack stream (one per core); the first also reads pub/sub.",
+)
+def ack_bridge(processes: int) -> None:
+    """Apply acks and heartbeats from Redis (pub/sub and stream) in batches."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    others = [
+        context.Process(target=serve_acks, args=(False,), name=f"bridge-{n}", daemon=True)
+        for n in range(1, processes)
+    ]
+    for process in others:
+        process.start()
+    serve_acks(True)
+    for process in others:
+        process.join(15)
+    click.echo("ack bridge stopped")
+
+
+def serve_acks(pubsub: bool) -> None:
+    """Serve the ack stream (and the pub/sub channel) until SIGINT or SIGTERM."""
+    from fsm_celery.acks import AckApplier
+    from fsm_celery.api import redis_engine
+    from fsm_celery.channel.bridge import AckBridge, PubSubSource, Source, StreamSource
     from fsm_celery.channel.redis import connect
     from fsm_celery.core.messages import ack_channel, ack_stream
-    from fsm_celery.worker.tasks import apply_messages
+    from fsm_celery.worker.tasks import enter
 
     settings = get_settings()
+    logging.basicConfig(format="%(asctime)s %(processName)s %(levelname)s %(message)s")
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
-
-    def submit(batch: list[str]) -> None:
-        apply_messages.delay(batch)
-
+    apply = AckApplier(redis_engine(settings, pre_ping=False), enter)  # it retries instead
     limit, size, prefix = (
         settings.max_payload_bytes,
         settings.ack_batch_size,
         settings.channel_prefix,
     )
-    pacer = Pacer(
-        connect(settings.celery_broker_url), settings.queue, settings.ack_batch_linger_ms / 1000
-    )
     claim_ms = int(settings.stream_claim_idle_seconds * 1000)
-    bridge = AckBridge(
-        [
-            PubSubSource(
-                connect(settings.redis_url), ack_channel(prefix), submit, size, pacer, limit
-            ),
-            StreamSource(
-                connect(settings.redis_url),
-                ack_stream(prefix),
-                submit,
-                size,
-                limit,
-                pacer,
-                claim_ms,
-            ),
-        ]
-    )
+    sources: list[Source] = [
+        StreamSource(connect(settings.redis_url), ack_stream(prefix), apply, size, limit, claim_ms)
+    ]
+    if pubsub:
+        sources.append(
+            PubSubSource(connect(settings.redis_url), ack_channel(prefix), apply, size, limit)
+        )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    bridge.run(stop)
-    click.echo("ack bridge stopped")
+    AckBridge(sources).run(stop)

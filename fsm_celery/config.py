@@ -27,7 +27,6 @@ class Settings(BaseSettings):
     visibility_timeout_seconds: int = Field(default=60, ge=5)
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     ack_batch_size: int = Field(default=500, gt=0)
-    ack_batch_linger_ms: float = Field(default=0.0, ge=0)
     scan_interval_seconds: float = Field(default=1.0, gt=0)
 
     @property

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from fsm_celery.acks import AckApplier
 from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
 from fsm_celery.config import Settings
@@ -51,7 +52,8 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
         client = Client(engine, tasks.enter)
         for machine_type, version, _ in client.load_definitions():
             out(f"loaded definition {machine_type} v{version}")
-        steady = _agent(bus, settings, MockScript(seed=7, think=THINK), tasks.apply_messages.delay)
+        apply = AckApplier(engine, tasks.enter)  # what the ack bridge does in production
+        steady = _agent(bus, settings, MockScript(seed=7, think=THINK), apply)
         shaky = _agent(
             bus,
             settings,
@@ -61,7 +63,7 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
                 overrides={("ANALYZE_ISSUE", 1): {"needsSpec": False, "complexity": "low"}},
                 failures={"RUN_TESTS": frozenset({1})},
             ),
-            tasks.apply_messages.delay,
+            apply,
         )
         with start_worker(
             app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"

@@ -234,20 +234,27 @@ class MachineEngine:
             for message, raw in parsed:
                 row = rows.get(message.machine_id)
                 if row is None:
-                    changes.reject(
-                        RejectReason.UNKNOWN_MACHINE,
-                        f"no machine {message.machine_id}",
-                        raw,
-                        machine_id=message.machine_id,
-                        state=message.state,
-                        attempt=message.attempt,
-                    )
+                    detail = f"no machine {message.machine_id}"
+                    changes.reject(RejectReason.UNKNOWN_MACHINE, detail, raw, **_where(message))
                 else:
                     self._apply(conn, row, message, raw, changes)
             for mid in changes.due_now():
                 self._enter(conn, rows[mid], changes.snapshots[mid], changes)
             self._finish(conn, changes)
         return changes.steps()
+
+    def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
+        """Record a message as rejected, in a transaction of its own."""
+        changes = Changes(self.clock())
+        try:
+            message = parse_agent_message(raw)
+        except ValidationError:
+            changes.reject(reason, detail, raw)
+        else:
+            where = {} if isinstance(message, AgentStatus) else _where(message)
+            changes.reject(reason, detail, raw, **where)
+        with self.db.begin() as conn:
+            changes.write(conn)
 
     def _parse(self, raw: str, changes: Changes) -> AgentMessage | None:
         limit = self.settings.max_payload_bytes
@@ -274,7 +281,7 @@ class MachineEngine:
         changes: Changes,
     ) -> None:
         machine = changes.machine(row)
-        where = {"machine_id": row.id, "state": message.state, "attempt": message.attempt}
+        where = _where(message)
         attempt = self._attempt_of(message, machine)
         if attempt is None:
             detail = "missing or invalid taskToken for this machine, state and attempt"
@@ -386,6 +393,10 @@ class MachineEngine:
 
 
 AgentMessage = StateAck | StateHeartbeat | AgentStatus
+
+
+def _where(message: MachineMessage) -> dict[str, Any]:
+    return {"machine_id": message.machine_id, "state": message.state, "attempt": message.attempt}
 
 
 def _agent_row(status: AgentStatus, now: datetime) -> dict[str, Any]:

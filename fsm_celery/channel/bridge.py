@@ -1,9 +1,14 @@
-"""The ack bridge: hands acks and heartbeats from Redis to Celery in batches.
+"""The ack bridge: reads acks and heartbeats from Redis and applies them, batch by batch.
 
 Two sources feed it. The seed's pub/sub channel delivers only while the bridge listens. The
 stream is durable: entries are read through a consumer group and acknowledged (XACK) only once
-their batch is on the Celery broker, so a bridge that dies leaves them pending, and the next one
-claims them (XAUTOCLAIM). Entries written while no bridge runs are read when one starts.
+the transaction that applied them has committed, so a bridge that dies leaves them pending; it
+reads its own pending entries first when it serves again, and other bridges claim what a dead
+one left (XAUTOCLAIM). Entries written while no bridge runs are read when one starts.
+
+A batch is whatever arrived while the previous one was being applied, without waiting for more:
+small when the load is light, so an ack is applied at once, and larger as the load grows, so
+each ack costs less. Several bridges (or `--processes`) share the stream's consumer group.
 """
 
 from __future__ import annotations
@@ -20,36 +25,9 @@ import redis
 
 log = logging.getLogger(__name__)
 
-Submit = Callable[[list[str]], None]
+Apply = Callable[[list[str]], None]
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
 GROUP = "fsm-bridge"
-
-
-class Pacer:
-    """How long to wait for more messages before submitting a batch.
-
-    When the workers keep up (their queue is empty) a batch goes at once, for latency. When
-    batches are queuing, a new one would only wait behind them, so it waits here instead and
-    grows, up to max_linger: fewer, larger batches, and less work per ack for the workers.
-    """
-
-    def __init__(
-        self,
-        client: redis.Redis,
-        queue: str,
-        base: float,
-        max_linger: float = 0.05,
-        per_batch: float = 0.005,
-    ) -> None:
-        self.client, self.queue = client, queue
-        self.base, self.max_linger, self.per_batch = base, max_linger, per_batch
-        self._backlog, self._read_at = 0, 0.0
-
-    def linger(self) -> float:
-        now = time.monotonic()
-        if now - self._read_at > 0.005:
-            self._backlog = int(self.client.llen(self.queue))
-            self._read_at = now
-        return min(self.max_linger, self.base + self._backlog * self.per_batch)
 
 
 class Source:
@@ -97,21 +75,15 @@ def _keep_serving(source: Source, stop: threading.Event) -> None:
 
 
 class PubSubSource(Source):
-    """The seed's channel: SUBSCRIBE, then submit what arrives in batches."""
+    """The seed's channel: SUBSCRIBE, then apply what arrives, batch by batch."""
 
     name = "pubsub"
 
     def __init__(
-        self,
-        client: redis.Redis,
-        channel: str,
-        submit: Submit,
-        batch: int,
-        pacer: Pacer,
-        max_bytes: int,
+        self, client: redis.Redis, channel: str, apply: Apply, batch: int, max_bytes: int
     ) -> None:
-        self.client, self.channel, self.submit = client, channel, submit
-        self.batch, self.pacer, self.max_bytes = batch, pacer, max_bytes
+        self.client, self.channel, self.apply = client, channel, apply
+        self.batch, self.max_bytes = batch, max_bytes
 
     def serve(self, stop: threading.Event) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
@@ -121,26 +93,24 @@ class PubSubSource(Source):
             while not stop.is_set():
                 batch = self._collect(pubsub)
                 if batch:
-                    self.submit(batch)
+                    self.apply(batch)
         finally:
             pubsub.close()
 
     def _collect(self, pubsub: redis.client.PubSub) -> list[str]:
-        first = pubsub.get_message(timeout=0.5)
-        if first is None:
-            return []
-        batch = [clip(first["data"], self.max_bytes)]
-        until = time.monotonic() + self.pacer.linger()
-        while len(batch) < self.batch:
-            message = pubsub.get_message(timeout=max(until - time.monotonic(), 0.0))
-            if message is None:
-                break
+        """The next message, waiting for it, and those already received behind it."""
+        message = pubsub.get_message(timeout=0.5)
+        batch: list[str] = []
+        while message is not None:
             batch.append(clip(message["data"], self.max_bytes))
+            if len(batch) >= self.batch:
+                break
+            message = pubsub.get_message(timeout=0.0)
         return batch
 
 
 class StreamSource(Source):
-    """The durable path: XREADGROUP, submit, then XACK and XDEL; XAUTOCLAIM what others left."""
+    """The durable path: XREADGROUP, apply, then XACK and XDEL; XAUTOCLAIM what others left."""
 
     name = "stream"
 
@@ -148,38 +118,42 @@ class StreamSource(Source):
         self,
         client: redis.Redis,
         stream: str,
-        submit: Submit,
+        apply: Apply,
         batch: int,
         max_bytes: int,
-        pacer: Pacer,
         claim_idle_ms: int = 30_000,
     ) -> None:
-        self.client, self.stream, self.submit = client, stream, submit
+        self.client, self.stream, self.apply = client, stream, apply
         self.batch, self.max_bytes, self.claim_idle_ms = batch, max_bytes, claim_idle_ms
-        self.pacer = pacer
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
         self._next_claim = 0.0
 
     def serve(self, stop: threading.Event) -> None:
         self._ensure_group()
         log.info("ack bridge reading stream %s as %s", self.stream, self.consumer)
+        own = True  # first what this consumer read before and did not finish (a lost connection)
         while not stop.is_set():
             try:
-                entries = self._claim() or self._read()
+                entries = self._read("0") if own else self._claim() or self._read(">", 500)
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
                 self._ensure_group()  # the stream or its group vanished (FLUSHALL): start again
                 continue
+            own = own and bool(entries)
             if entries:
-                self.submit(
-                    [clip(fields.get(b"message", b""), self.max_bytes) for _, fields in entries]
-                )
-                ids = [entry_id for entry_id, _ in entries]
-                pipe = self.client.pipeline(transaction=False)
-                pipe.xack(self.stream, GROUP, *ids)
-                pipe.xdel(self.stream, *ids)
-                pipe.execute()
+                self._apply(entries)
+
+    def _apply(self, entries: Entries) -> None:
+        """Apply the entries that still hold a message; XACK and XDEL all once committed."""
+        payloads = [clip(fields[b"message"], self.max_bytes) for _, fields in entries if fields]
+        if payloads:
+            self.apply(payloads)
+        ids = [entry_id for entry_id, _ in entries]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xack(self.stream, GROUP, *ids)
+        pipe.xdel(self.stream, *ids)
+        pipe.execute()
 
     def _ensure_group(self) -> None:
         try:
@@ -188,7 +162,7 @@ class StreamSource(Source):
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def _claim(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    def _claim(self) -> Entries:
         now = time.monotonic()
         if now < self._next_claim:
             return []
@@ -198,24 +172,12 @@ class StreamSource(Source):
         )
         return [(entry_id, fields) for entry_id, fields in found[1] if fields]
 
-    def _read(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        entries = self._next(self.batch, 500)
-        if not entries:
-            return []
-        until = time.monotonic() + self.pacer.linger()
-        while len(entries) < self.batch:
-            left_ms = int((until - time.monotonic()) * 1000)
-            more = self._next(self.batch - len(entries), left_ms) if left_ms > 0 else []
-            if not more:
-                break
-            entries.extend(more)
-        return entries
-
-    def _next(self, count: int, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    def _read(self, start: str, block_ms: int | None = None) -> Entries:
+        """New entries (">", waiting up to block_ms) or this consumer's pending ones ("0")."""
         found: Any = self.client.xreadgroup(
-            GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms
+            GROUP, self.consumer, {self.stream: start}, count=self.batch, block=block_ms
         )
-        return list(found[0][1]) if found else []
+        return [(i, f or {}) for i, f in found[0][1]] if found else []
 
 
 def clip(data: bytes | str, max_bytes: int) -> str:

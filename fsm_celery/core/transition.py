@@ -49,6 +49,7 @@ class RejectReason(StrEnum):
     UNKNOWN_ATTEMPT = "unknown_attempt"
     MISSING_OUTPUT = "missing_output"
     REFUSED_COMMAND = "refused_command"
+    UNPROCESSABLE = "unprocessable"
 
 
 @dataclass(frozen=True)

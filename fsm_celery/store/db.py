@@ -12,8 +12,14 @@ from sqlalchemy import Connection, Engine, create_engine, event
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-def make_engine(url: str, pool_size: int = 5) -> Engine:
-    """An engine for the URL: pooled and pre-pinged for PostgreSQL, WAL-journaled for SQLite."""
+def make_engine(url: str, pool_size: int = 5, pre_ping: bool = True) -> Engine:
+    """An engine for the URL: pooled for PostgreSQL, WAL-journaled for SQLite.
+
+    pre_ping tests each connection taken from the pool, a round trip per transaction, so that a
+    caller never sees a connection a database restart broke. A process that retries its work on
+    connection errors anyway (the ack bridge) goes without: the first error after a restart
+    discards the whole pool, and the retry runs on a new connection.
+    """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -23,7 +29,7 @@ def make_engine(url: str, pool_size: int = 5) -> Engine:
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         # batch UPDATE executemany too (not only INSERT): one round trip per page, not per row
         executemany_mode="values_plus_batch",
     )

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    Table,
+    Update,
+    bindparam,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -121,8 +135,73 @@ _UPDATE = (
 
 def update_machines_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Write each machine's decided state (rows keyed as _UPDATE's parameters)."""
-    if rows:
-        conn.execute(_UPDATE, rows)
+    _update_rows_txn(conn, _UPDATE, rows)
+
+
+def _update_rows_txn(conn: Connection, statement: Update, rows: list[dict[str, Any]]) -> None:
+    """Run the per-row UPDATE for every row: on PostgreSQL as one statement over all of them."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        conn.execute(statement, rows)
+        return
+    columns = tuple(name for name in rows[0] if name != "_id")
+    conn.execute(text(_recordset_update(columns)), {"rows": _json_rows(rows, ("_id", *columns))})
+
+
+def move_machines_txn(
+    conn: Connection, updates: list[dict[str, Any]], history: list[dict[str, Any]]
+) -> None:
+    """Write the machines' decided states and their history rows (keyed as _UPDATE's parameters
+    and as state_transitions' columns); on PostgreSQL in one statement, one round trip."""
+    if conn.dialect.name != "postgresql" or not updates or not history:
+        update_machines_txn(conn, updates)
+        insert_transitions_txn(conn, history)
+        return
+    columns = tuple(name for name in updates[0] if name != "_id")
+    fields = tuple(history[0])
+    conn.execute(
+        text(f"WITH moved AS ({_recordset_update(columns)}) {_recordset_insert(fields)}"),
+        {"rows": _json_rows(updates, ("_id", *columns)), "history": _json_rows(history, fields)},
+    )
+
+
+@lru_cache(maxsize=16)
+def _recordset_update(columns: tuple[str, ...]) -> str:
+    """UPDATE from a JSON array of rows (:rows): planned once per batch, where one statement
+    per row costs a parse and a plan each."""
+    sets = ", ".join(f"{c} = v.{c}" for c in columns)
+    return (
+        f"UPDATE {machines.name} AS m SET {sets} "
+        f"FROM {_recordset(machines, 'rows', columns, 'v', '_id UUID')} WHERE m.id = v._id"
+    )
+
+
+@lru_cache(maxsize=16)
+def _recordset_insert(columns: tuple[str, ...]) -> str:
+    """INSERT of history rows from a JSON array (:history)."""
+    names = ", ".join(columns)
+    source = _recordset(transitions, "history", columns, "h")
+    return f"INSERT INTO {transitions.name} ({names}) SELECT {names} FROM {source}"
+
+
+def _recordset(table: Table, param: str, columns: tuple[str, ...], alias: str, *extra: str) -> str:
+    """A JSON array parameter as typed rows with the table's column types."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    types = [f"{c} {table.c[c].type.compile(dialect=dialect)}" for c in columns]
+    return f"jsonb_to_recordset(CAST(:{param} AS JSONB)) AS {alias}({', '.join([*extra, *types])})"
+
+
+def _json_rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> str:
+    return json.dumps([{k: row[k] for k in keys} for row in rows], default=_json)
+
+
+def _json(value: object) -> str:
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 _HEARTBEAT = (
@@ -138,8 +217,7 @@ _HEARTBEAT = (
 
 def update_heartbeats_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Write each heartbeat's new deadline and progress."""
-    if rows:
-        conn.execute(_HEARTBEAT, rows)
+    _update_rows_txn(conn, _HEARTBEAT, rows)
 
 
 def last_transition_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
@@ -159,15 +237,14 @@ _DISPATCHED = (
         dispatch_due_at=None,
         entered_at=bindparam("entered_at"),
         deadline_at=bindparam("deadline_at"),
-        updated_at=bindparam("entered_at"),
+        updated_at=bindparam("updated_at"),
     )
 )
 
 
 def mark_dispatched_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Record each dispatch: when it was entered and its deadline (rows keyed as _DISPATCHED)."""
-    if rows:
-        conn.execute(_DISPATCHED, rows)
+    _update_rows_txn(conn, _DISPATCHED, [{**row, "updated_at": row["entered_at"]} for row in rows])
 
 
 def insert_transitions_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
@@ -177,8 +254,9 @@ def insert_transitions_txn(conn: Connection, rows: list[dict[str, Any]]) -> None
 
 def insert_rejections_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if rows:
-        for row in rows:
-            row["payload"] = row["payload"][:PAYLOAD_KEEP]
+        for row in rows:  # PostgreSQL text cannot hold NUL: keep it visible, escaped
+            row["payload"] = row["payload"][:PAYLOAD_KEEP].replace("\x00", "\\u0000")
+            row["detail"] = row["detail"].replace("\x00", "\\u0000")
         conn.execute(insert(rejected_messages), rows)
 
 

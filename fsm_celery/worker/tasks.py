@@ -6,10 +6,9 @@ import logging
 from typing import Any
 from uuid import UUID
 
-import redis
-import sqlalchemy.exc
 from celery.signals import worker_process_init
 
+from fsm_celery.acks import TRANSIENT
 from fsm_celery.config import get_settings
 from fsm_celery.engine import MachineEngine, Step
 from fsm_celery.worker.app import app
@@ -18,12 +17,6 @@ log = logging.getLogger(__name__)
 
 _engine: MachineEngine | None = None
 SCAN_BATCH = 500  # machines per scan transaction
-TRANSIENT = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    redis.ConnectionError,
-    redis.TimeoutError,
-)
 RETRY: dict[str, Any] = {
     "autoretry_for": TRANSIENT,
     "retry_backoff": True,
@@ -74,12 +67,6 @@ def enter(steps: list[Step]) -> None:
 def enter_state(machine_id: str, attempt: int) -> None:
     """Dispatch the attempt's state_task (a no-op when it was dispatched already)."""
     engine().enter_state(UUID(machine_id), attempt)
-
-
-@app.task(name="fsm.apply_messages", **RETRY)
-def apply_messages(payloads: list[str]) -> None:
-    """Apply a batch of agent messages in one transaction, entering the next states in it."""
-    enter([step for step in engine().apply_messages(payloads) if step.delay > 0])
 
 
 @app.task(name="fsm.scan", **RETRY)

@@ -195,6 +195,14 @@ class FsmEnv:
         proc.wait_for_log(" ready.")
         return proc
 
+    def start_beat(self) -> Proc:
+        """A real `celery beat` of its own, as production runs it (it sends the scan)."""
+        schedule = LOGS / f"{self.name}-beat-{uuid.uuid4().hex[:6]}"
+        argv = [sys.executable, "-m", "celery", "-A", "fsm_celery", "beat", "-s", str(schedule)]
+        proc = self._spawn("beat", [*argv, "-l", "info"])
+        proc.wait_for_log("beat: Starting...")
+        return proc
+
     def ensure_worker(self, *, beat: bool = True) -> None:
         """Start a worker unless one of this environment's is alive."""
         alive = [p for p in self.procs if p.name == "worker" and p.popen.poll() is None]
@@ -225,11 +233,12 @@ class FsmEnv:
         if not [p for p in self.procs if p.name == "bridge" and p.popen.poll() is None]:
             self.start_bridge()
 
-    def start_bridge(self) -> Proc:
+    def start_bridge(self, processes: int = 1) -> Proc:
         """A real `fsm-celery ack-bridge`, returned once it is subscribed."""
         channel = ack_channel(self.settings.channel_prefix)
         before = _subscribers(self.redis, channel)
-        proc = self._spawn("bridge", [sys.executable, "-m", "fsm_celery", "ack-bridge"])
+        argv = [sys.executable, "-m", "fsm_celery", "ack-bridge", "--processes", str(processes)]
+        proc = self._spawn("bridge", argv)
         deadline = time.monotonic() + 30
         while _subscribers(self.redis, channel) <= before:
             if time.monotonic() > deadline or proc.popen.poll() is not None:

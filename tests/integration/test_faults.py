@@ -1,5 +1,5 @@
-"""Acceptance under faults: a killed worker, a flushed Redis, a restarted PostgreSQL. Nothing is
-lost, nothing is applied twice, and every machine reaches its end."""
+"""Acceptance under faults: a killed worker or bridge, a flushed Redis, a restarted PostgreSQL.
+Nothing is lost, nothing is applied twice, and every machine reaches its end."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from uuid import UUID
 
 import pytest
 
+from fsm_celery.channel.bridge import GROUP
+from fsm_celery.core.messages import ack_stream
 from tests.integration.harness import FsmEnv, ScriptedAgent
 
 LINEAR = ["ONE", "TWO", "THREE", "DONE"]
@@ -19,8 +21,8 @@ LINEAR = ["ONE", "TWO", "THREE", "DONE"]
 @pytest.fixture(scope="module")
 def faulty(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
     """A deployment of its own: workers with beat running the sweeper every second."""
-    env = env_factory("faulty")
-    env.start_bridge()
+    env = env_factory("faulty", stream_claim_idle_seconds=1.0)
+    env.start_bridge(processes=2)
     yield env
     env.stop_all()
 
@@ -86,3 +88,19 @@ def test_postgres_restart_mid_flight_loses_and_doubles_nothing(faulty: FsmEnv) -
         infos = [faulty.wait_until_done(mid, timeout=120) for mid in ids]
     assert {info.status for info in infos} == {"completed"}
     _assert_each_finished_exactly_once(faulty, ids)
+
+
+def test_sigkill_of_the_bridge_under_load_loses_and_doubles_no_ack(faulty: FsmEnv) -> None:
+    faulty.ensure_worker(beat=True)
+    with ScriptedAgent(faulty, via_stream=True) as agent:
+        ids = _start_many(faulty, agent, 300)
+        _wait_for_progress(agent, 400)
+        for proc in faulty.procs:
+            if proc.name == "bridge":
+                proc.kill()  # both processes, mid-batch: read, perhaps applied, not XACKed
+        faulty.start_bridge(processes=2)
+        infos = [faulty.wait_until_done(mid, timeout=120) for mid in ids]
+    assert {info.status for info in infos} == {"completed"}
+    _assert_each_finished_exactly_once(faulty, ids)
+    stream = ack_stream(faulty.settings.channel_prefix)
+    assert faulty.redis.xpending(stream, GROUP)["pending"] == 0  # every entry was dealt with

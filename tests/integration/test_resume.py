@@ -1,4 +1,5 @@
-"""Acceptance: killing the worker and starting a new one resumes every running machine."""
+"""Acceptance: killing the worker (and the bridge) and starting new ones resumes every running
+machine."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ def _assert_one_history_row_per_attempt(env: FsmEnv, machine_ids: list) -> None:
         assert attempts == list(range(len(attempts))), f"machine {mid}: attempts {attempts}"
 
 
-def test_machines_waiting_on_agents_resume_on_a_new_worker(crashy: FsmEnv) -> None:
+def test_machines_waiting_on_agents_resume_when_worker_and_bridge_restart(crashy: FsmEnv) -> None:
     worker = crashy.start_worker(beat=True)
     gate = threading.Event()
-    with ScriptedAgent(crashy, gate=gate) as agent:
+    with ScriptedAgent(crashy, gate=gate, via_stream=True) as agent:
         ids = [
             crashy.client.start_machine("cto_fix_bug", {"githubIssue": i}, agent_id=agent.id)
             for i in range(10)
@@ -43,9 +44,13 @@ def test_machines_waiting_on_agents_resume_on_a_new_worker(crashy: FsmEnv) -> No
             assert time.monotonic() < deadline, "not every machine was dispatched"
             time.sleep(0.05)
         worker.kill()
-        gate.set()  # the agent answers while no worker runs: acks wait in the broker
+        for proc in crashy.procs:
+            if proc.name == "bridge":
+                proc.kill()
+        gate.set()  # the agent answers while neither runs: the acks wait in the stream
         time.sleep(1)
         assert all(crashy.client.get_machine(m).current_state == "ANALYZE_BUG" for m in ids)
+        crashy.start_bridge()
         crashy.start_worker(beat=True)
         infos = [crashy.wait_until_done(mid, timeout=60) for mid in ids]
     assert {info.status for info in infos} == {"completed"}

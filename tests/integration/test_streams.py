@@ -12,7 +12,7 @@ import redis
 
 from fsm_celery.channel.bridge import GROUP
 from fsm_celery.core.messages import ack_stream, task_stream
-from tests.integration.harness import SILENT, FsmEnv, ScriptedAgent, ack_for
+from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +99,31 @@ def test_an_agent_that_was_down_reads_its_task_from_its_stream(durable: FsmEnv) 
             client.xadd(ack_stream(prefix), {"message": json.dumps(ack_for(task))})
     assert seen == ["FIRST", "SECOND"]
     assert durable.client.get_machine(mid).status == "completed"
+
+
+def test_a_message_the_database_refuses_is_rejected_and_its_batch_applied(
+    durable: FsmEnv,
+) -> None:
+    bridge = durable.start_bridge()
+    with ScriptedAgent(durable, _silent_everywhere(3), via_stream=True) as agent:
+        ids = [durable.client.start_machine("test_pair", {}, agent_id=agent.id) for _ in range(3)]
+        tasks = agent.wait_for_tasks(3)
+        bridge.stop()  # so that the three acks are read as one batch
+        by_machine = {t["machineId"]: t for t in agent.tasks}
+        first, poisoned, last = (by_machine[str(mid)] for mid in ids)
+        agent.send(ack_for(first))
+        # Valid JSON and a valid ack, but PostgreSQL's jsonb cannot hold a NUL character.
+        agent.send(ack_for(poisoned, Reply(output={"first": True, "log": "build\u0000failed"})))
+        agent.send(ack_for(last))
+        durable.start_bridge()
+        _wait_all_in(durable, [ids[0], ids[2]], "SECOND")
+        rejected = durable.wait_for_rejections(ids[1], 1)
+    assert tasks
+    assert [r["reason"] for r in rejected] == ["unprocessable"]
+    assert "Unicode" in rejected[0]["detail"] or "\\u0000" in rejected[0]["detail"]
+    assert "\\u0000" in rejected[0]["payload"]
+    poisoned_machine = durable.client.get_machine(ids[1])
+    assert (poisoned_machine.current_state, poisoned_machine.attempt) == ("FIRST", 1)
+    assert [r.event for r in durable.client.history(ids[1])] == ["start"]
+    stream = ack_stream(durable.settings.channel_prefix)
+    assert durable.redis.xpending(stream, GROUP)["pending"] == 0
