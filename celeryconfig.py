@@ -12,8 +12,8 @@ Reliability choices:
   (FSM_SCAN_INTERVAL_SECONDS) with SELECT ... FOR UPDATE SKIP LOCKED, so any number of scans
   and workers can run at once and none applies a timeout twice.
 - visibility_timeout (60 s): how long Redis waits before redelivering an unacknowledged message,
-  the ack batches a killed worker held among them. Every task runs for milliseconds, so a short
-  one brings those acks back soon; a task redelivered while it still runs is harmless.
+  the state entries a killed worker held among them. Every task runs for milliseconds, so a short
+  one brings them back soon; a task redelivered while it still runs is harmless.
 - autoretry on database and Redis connection errors (worker/tasks.py), with capped, jittered
   backoff: a PostgreSQL restart delays transitions, it does not drop them.
 - task_ignore_result: the database holds every outcome; no result backend is needed.

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections import deque
-from typing import Any
+from typing import Any, TextIO
 
 import redis
 
@@ -47,14 +47,59 @@ def ack_for(task: dict[str, Any]) -> str:
     )
 
 
+class Agent:
+    """Reads this agent's tasks in bulk and answers them, at once or paced to a rate."""
+
+    def __init__(self, client: redis.Redis, agent_id: str, rate: float, log: TextIO) -> None:
+        prefix = os.environ.get("FSM_CHANNEL_PREFIX", "")
+        self.client, self.agent_id, self.rate, self.log = client, agent_id, rate, log
+        self.tasks, self.acks = task_stream(agent_id, prefix), ack_stream(prefix)
+        self.waiting: deque[tuple[bytes, dict[str, Any]]] = deque()
+        self.started, self.answered = time.monotonic(), 0
+        with contextlib.suppress(redis.ResponseError):  # the group exists already
+            client.xgroup_create(self.tasks, GROUP, id="0", mkstream=True)
+
+    def read(self) -> None:
+        """Read more tasks when running short (each read is a round trip)."""
+        if len(self.waiting) >= 500:
+            return
+        block = None if self.waiting else 200
+        found = self.client.xreadgroup(
+            GROUP, self.agent_id, {self.tasks: ">"}, count=1000, block=block
+        )
+        for entry_id, fields in found[0][1] if found else []:
+            task = json.loads(fields[b"message"])
+            self.log.write(f"T {task['machineId']} {task['attempt']} {stored_ms(entry_id)}\n")
+            self.waiting.append((entry_id, task))
+
+    def due(self) -> int:
+        """How many acks to send now: every task waiting, or as many as the pace allows."""
+        if not self.rate:
+            return len(self.waiting)
+        allowed = int((time.monotonic() - self.started) * self.rate) - self.answered
+        return max(0, min(len(self.waiting), allowed))
+
+    def answer(self, count: int) -> None:
+        """Send count acks in one pipeline, and XACK and XDEL their tasks."""
+        sent = [self.waiting.popleft() for _ in range(count)]
+        pipe = self.client.pipeline(transaction=False)
+        for _, task in sent:
+            pipe.xadd(self.acks, {"message": ack_for(task)})
+        pipe.xack(self.tasks, GROUP, *(entry_id for entry_id, _ in sent))
+        pipe.xdel(self.tasks, *(entry_id for entry_id, _ in sent))
+        replies = pipe.execute()
+        for (_, task), ack_id in zip(sent, replies[:count], strict=True):
+            self.log.write(f"A {task['machineId']} {task['attempt']} {stored_ms(ack_id)}\n")
+        self.answered += count
+        if self.rate and not self.waiting:  # no credit for time spent with nothing to answer
+            elapsed = time.monotonic() - self.started
+            self.answered = max(self.answered, int(elapsed * self.rate))
+
+
 def main() -> None:
     agent_id = sys.argv[1]
     rate = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
-    prefix = os.environ.get("FSM_CHANNEL_PREFIX", "")
     client = redis.Redis.from_url(os.environ["FSM_REDIS_URL"])
-    tasks, acks = task_stream(agent_id, prefix), ack_stream(prefix)
-    with contextlib.suppress(redis.ResponseError):  # the group exists already
-        client.xgroup_create(tasks, GROUP, id="0", mkstream=True)
     stop = False
 
     def finish(*_: object) -> None:
@@ -62,38 +107,15 @@ def main() -> None:
         stop = True
 
     signal.signal(signal.SIGTERM, finish)
-    log = open(os.environ.get("FAST_AGENT_LOG", os.devnull), "a", buffering=1 << 16)  # noqa: SIM115
-    waiting: deque[tuple[bytes, dict[str, Any]]] = deque()
-    started, answered = time.monotonic(), 0
-    while not stop:
-        found = client.xreadgroup(
-            GROUP, agent_id, {tasks: ">"}, count=500, block=None if waiting else 200
-        )
-        for entry_id, fields in found[0][1] if found else []:
-            task = json.loads(fields[b"message"])
-            log.write(f"T {task['machineId']} {task['attempt']} {stored_ms(entry_id)}\n")
-            waiting.append((entry_id, task))
-        due = len(waiting)
-        if rate:
-            due = min(due, int((time.monotonic() - started) * rate) - answered)
-            if due <= 0:
-                time.sleep(0.001)
-                continue
-        if not due:
-            continue
-        pipe = client.pipeline(transaction=False)
-        sent = [waiting.popleft() for _ in range(due)]
-        for entry_id, task in sent:
-            pipe.xadd(acks, {"message": ack_for(task)})
-            pipe.xack(tasks, GROUP, entry_id)
-            pipe.xdel(tasks, entry_id)
-        replies = pipe.execute()
-        for (_, task), ack_id in zip(sent, replies[::3], strict=True):
-            log.write(f"A {task['machineId']} {task['attempt']} {stored_ms(ack_id)}\n")
-        answered += due
-        if rate and not waiting:  # no credit for time spent with nothing to answer
-            answered = max(answered, int((time.monotonic() - started) * rate))
-    log.close()
+    with open(os.environ.get("FAST_AGENT_LOG", os.devnull), "a", buffering=1 << 16) as log:
+        agent = Agent(client, agent_id, rate, log)
+        while not stop:
+            agent.read()
+            count = agent.due()
+            if count:
+                agent.answer(count)
+            elif rate:
+                time.sleep(0.002)
 
 
 if __name__ == "__main__":

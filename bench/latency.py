@@ -1,7 +1,7 @@
 """Latency: from an ack's publication to the next state_task's publication, at 25%, 50% and 90%
 of the maximum throughput (measured first, in the same run).
 
-    .venv/bin/python -m bench.latency [--machines 1000] [--seconds 10]
+    .venv/bin/python -m bench.latency [--machines 1000] [--seconds 20] [--bridges 2]
 
 The agent paces its acks to the target rate and logs when Redis stored each ack in the ack stream
 and each task in the agent's stream (both from the entry ids, Redis's clock, in milliseconds);
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    CpuMeter,
     deployment,
     spawn_fast_agent,
     start_machines,
@@ -58,12 +59,16 @@ def measure(machines: int, rate: float, seconds: float, bridges: int = 2) -> dic
         stream = task_stream(agent_id, env.settings.channel_prefix)
         wait(lambda: env.redis.xlen(stream) >= machines, 600, "the first dispatches")
         agent = spawn_fast_agent(env, agent_id, rate, log)
-        wait(lambda: transitions(env) >= machines, 600, "warm-up")
+        warm = max(machines, int(rate * 3))  # three seconds at the target rate, at least
+        wait(lambda: transitions(env) >= warm, 600, "warm-up")
         log.write_text("")  # measure the steady state only
+        meter = CpuMeter.of(env, {"agent": [agent.pid]})
+        meter.start()
         t0, n0 = time.monotonic(), transitions(env)
         time.sleep(seconds)
         done = transitions(env) - n0
         elapsed = time.monotonic() - t0
+        cpu = meter.stop()
         agent.terminate()
         agent.wait(10)
         samples = sorted(pairs(log))
@@ -76,6 +81,7 @@ def measure(machines: int, rate: float, seconds: float, bridges: int = 2) -> dic
             "p95_ms": round(q[94], 2),
             "p99_ms": round(q[98], 2),
             "max_ms": round(samples[-1], 2) if samples else None,
+            "cpu_ms_per_transition": {k: round(v * 1000 / max(done, 1), 3) for k, v in cpu.items()},
         }
     finally:
         tear_down(env)
@@ -84,7 +90,7 @@ def measure(machines: int, rate: float, seconds: float, bridges: int = 2) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--machines", type=int, default=1000)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--bridges", type=int, default=2, help="ack bridge processes")
     parser.add_argument("--levels", type=float, nargs="+", default=[0.25, 0.5, 0.9])
     args = parser.parse_args()

@@ -21,7 +21,6 @@ from sqlalchemy import text
 
 from bench.common import FsmEnv, deployment, tear_down, wait, write_result
 
-
 PROCESSES = ("worker", "beat", "bridge")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -420,4 +421,13 @@ def serve_acks(pubsub: bool) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    _quiet_gc()
     AckBridge(sources).run(stop)
+
+
+def _quiet_gc() -> None:
+    """Keep the cyclic garbage collector off the hot path: what was loaded at start is never
+    collected again (gc.freeze), and young collections run a hundred times less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(70_000, 20, 100)

@@ -127,6 +127,7 @@ class StreamSource(Source):
         self.batch, self.max_bytes, self.claim_idle_ms = batch, max_bytes, claim_idle_ms
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
         self._next_claim = 0.0
+        self._done: list[bytes] = []  # applied and committed; XACKed with the next read
 
     def serve(self, stop: threading.Event) -> None:
         self._ensure_group()
@@ -143,17 +144,16 @@ class StreamSource(Source):
             own = own and bool(entries)
             if entries:
                 self._apply(entries)
+        self._acknowledge(self.client.pipeline(transaction=False)).execute()
+        self._done = []
 
     def _apply(self, entries: Entries) -> None:
-        """Apply the entries that still hold a message; XACK and XDEL all once committed."""
+        """Apply the entries that still hold a message; once committed, they are XACKed and
+        XDELed in the same round trip as the next read."""
         payloads = [clip(fields[b"message"], self.max_bytes) for _, fields in entries if fields]
         if payloads:
             self.apply(payloads)
-        ids = [entry_id for entry_id, _ in entries]
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xack(self.stream, GROUP, *ids)
-        pipe.xdel(self.stream, *ids)
-        pipe.execute()
+        self._done.extend(entry_id for entry_id, _ in entries)
 
     def _ensure_group(self) -> None:
         try:
@@ -173,11 +173,22 @@ class StreamSource(Source):
         return [(entry_id, fields) for entry_id, fields in found[1] if fields]
 
     def _read(self, start: str, block_ms: int | None = None) -> Entries:
-        """New entries (">", waiting up to block_ms) or this consumer's pending ones ("0")."""
-        found: Any = self.client.xreadgroup(
+        """New entries (">", waiting up to block_ms) or this consumer's pending ones ("0"),
+        after acknowledging those applied since the last read."""
+        pipe = self._acknowledge(self.client.pipeline(transaction=False))
+        pipe.xreadgroup(
             GROUP, self.consumer, {self.stream: start}, count=self.batch, block=block_ms
         )
+        found: Any = pipe.execute()[-1]
+        self._done = []
         return [(i, f or {}) for i, f in found[0][1]] if found else []
+
+    def _acknowledge(self, pipe: redis.client.Pipeline) -> redis.client.Pipeline:
+        """Add the XACK and XDEL of the entries applied since the last read to the pipeline."""
+        if self._done:
+            pipe.xack(self.stream, GROUP, *self._done)
+            pipe.xdel(self.stream, *self._done)
+        return pipe
 
 
 def clip(data: bytes | str, max_bytes: int) -> str:

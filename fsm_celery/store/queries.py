@@ -13,6 +13,7 @@ from sqlalchemy import (
     Connection,
     Row,
     Table,
+    TextClause,
     Update,
     bindparam,
     func,
@@ -101,10 +102,15 @@ def lock_machines_txn(conn: Connection, ids: Iterable[UUID]) -> dict[UUID, AnyRo
     ordered = sorted(set(ids))
     if not ordered:
         return {}
-    rows = conn.execute(
-        select(machines).where(machines.c.id.in_(ordered)).order_by(machines.c.id).with_for_update()
-    ).all()
-    return {row.id: row for row in rows}
+    return {row.id: row for row in conn.execute(_LOCK, {"ids": ordered})}
+
+
+_LOCK = (
+    select(machines)
+    .where(machines.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(machines.c.id)
+    .with_for_update()
+)
 
 
 def get_machine_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
@@ -146,7 +152,7 @@ def _update_rows_txn(conn: Connection, statement: Update, rows: list[dict[str, A
         conn.execute(statement, rows)
         return
     columns = tuple(name for name in rows[0] if name != "_id")
-    conn.execute(text(_recordset_update(columns)), {"rows": _json_rows(rows, ("_id", *columns))})
+    conn.execute(_update_statement(columns), {"rows": _json_rows(rows, ("_id", *columns))})
 
 
 def move_machines_txn(
@@ -161,12 +167,21 @@ def move_machines_txn(
     columns = tuple(name for name in updates[0] if name != "_id")
     fields = tuple(history[0])
     conn.execute(
-        text(f"WITH moved AS ({_recordset_update(columns)}) {_recordset_insert(fields)}"),
+        _move_statement(columns, fields),
         {"rows": _json_rows(updates, ("_id", *columns)), "history": _json_rows(history, fields)},
     )
 
 
 @lru_cache(maxsize=16)
+def _update_statement(columns: tuple[str, ...]) -> TextClause:
+    return text(_recordset_update(columns))
+
+
+@lru_cache(maxsize=16)
+def _move_statement(columns: tuple[str, ...], fields: tuple[str, ...]) -> TextClause:
+    return text(f"WITH moved AS ({_recordset_update(columns)}) {_recordset_insert(fields)}")
+
+
 def _recordset_update(columns: tuple[str, ...]) -> str:
     """UPDATE from a JSON array of rows (:rows): planned once per batch, where one statement
     per row costs a parse and a plan each."""
@@ -177,7 +192,6 @@ def _recordset_update(columns: tuple[str, ...]) -> str:
     )
 
 
-@lru_cache(maxsize=16)
 def _recordset_insert(columns: tuple[str, ...]) -> str:
     """INSERT of history rows from a JSON array (:history)."""
     names = ", ".join(columns)

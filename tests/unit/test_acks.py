@@ -1,0 +1,72 @@
+"""The ack applier's policy: a batch that fails is split until the message that breaks it is
+found and recorded; transient failures go back to the caller, which keeps the batch."""
+
+from __future__ import annotations
+
+import uuid
+from typing import cast
+
+import pytest
+import redis
+
+from fsm_celery.acks import AckApplier
+from fsm_celery.core.transition import RejectReason
+from fsm_celery.engine import MachineEngine, Step
+
+
+class Engine:
+    """Applies any batch that holds no poisoned message; records what it is told to reject."""
+
+    def __init__(self, poisoned: set[str], delay: float = 0.0, error: Exception | None = None):
+        self.poisoned, self.delay, self.error = poisoned, delay, error
+        self.applied: list[list[str]] = []
+        self.rejected: list[tuple[str, RejectReason, str]] = []
+
+    def apply_messages(self, payloads: list[str]) -> list[Step]:
+        if self.error is not None:
+            raise self.error
+        if self.poisoned & set(payloads):
+            raise ValueError("unsupported Unicode escape sequence\nDETAIL: more")
+        self.applied.append(payloads)
+        return [Step(uuid.uuid4(), 2, self.delay) for _ in payloads]
+
+    def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
+        self.rejected.append((raw, reason, detail))
+
+
+def _applier(engine: Engine, entered: list[Step]) -> AckApplier:
+    return AckApplier(cast(MachineEngine, engine), entered.extend)
+
+
+def test_a_healthy_batch_is_applied_in_one_go() -> None:
+    engine, entered = Engine(set()), list[Step]()
+    _applier(engine, entered)(["a", "b", "c"])
+    assert engine.applied == [["a", "b", "c"]]
+    assert engine.rejected == []
+
+
+def test_a_message_that_breaks_its_batch_is_rejected_and_the_others_applied() -> None:
+    engine, entered = Engine({"b"}), list[Step]()
+    _applier(engine, entered)(["a", "b", "c"])
+    assert engine.applied == [["a"], ["c"]]
+    assert engine.rejected == [
+        ("b", RejectReason.UNPROCESSABLE, "ValueError: unsupported Unicode escape sequence")
+    ]
+
+
+@pytest.mark.parametrize(
+    "error", [redis.ConnectionError("gone"), redis.TimeoutError("slow")], ids=repr
+)
+def test_a_transient_error_is_raised_and_nothing_is_rejected(error: Exception) -> None:
+    engine, entered = Engine(set(), error=error), list[Step]()
+    with pytest.raises(type(error)):
+        _applier(engine, entered)(["a", "b"])
+    assert engine.rejected == []
+
+
+def test_only_steps_waiting_out_a_delay_are_handed_on() -> None:
+    entered: list[Step] = []
+    _applier(Engine(set(), delay=0.0), entered)(["a"])
+    assert entered == []  # entered in the transaction that decided them
+    _applier(Engine(set(), delay=2.5), entered)(["a", "b"])
+    assert [step.delay for step in entered] == [2.5, 2.5]
