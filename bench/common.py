@@ -25,6 +25,7 @@ PG_URL = os.environ.get("FSM_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.
 REDIS_URL = os.environ.get("FSM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 os.environ["FSM_REDIS_URL"] = REDIS_URL  # before fsm_celery reads its settings
 
+from fsm_celery.core.messages import task_stream  # noqa: E402
 from tests.integration import harness  # noqa: E402
 
 FsmEnv = harness.FsmEnv
@@ -48,6 +49,27 @@ def tear_down(env: FsmEnv) -> None:
     env.client.engine.db.dispose()
     harness.drop_database(PG_URL, harness.database_name(env))
     harness.drop_database(PG_URL, TEMPLATE)
+
+
+def store_machines(env: FsmEnv, machine_type: str, state: str, count: int, agent_id: str) -> None:
+    """Store count running machines due for dispatch (set-based SQL): the scan then enters
+    every one of them, 500 per transaction, on the real path."""
+    with env.client.engine.db.begin() as conn:
+        conn.execute(
+            text("""
+            INSERT INTO state_machines (id, type, agent_type, current_state, context, status,
+                definition_version, attempt, agent_id, agent_pinned, dispatch_due_at)
+            SELECT gen_random_uuid(), :type, 'bench', :state, '{}'::jsonb, 'running',
+                1, 1, CAST(:agent AS uuid), true, now()
+            FROM generate_series(1, :n)"""),
+            {"n": count, "agent": agent_id, "type": machine_type, "state": state},
+        )
+
+
+def dispatched(env: FsmEnv, agent_id: str, count: int) -> None:
+    """Wait until count tasks wait in the agent's stream."""
+    stream = task_stream(agent_id, env.settings.channel_prefix)
+    wait(lambda: env.redis.xlen(stream) >= count, 600, "the first dispatches")
 
 
 def start_machines(env: FsmEnv, machine_type: str, count: int, agent_id: str) -> list[Any]:

@@ -23,15 +23,15 @@ from typing import Any
 from bench.common import (
     CpuMeter,
     deployment,
+    dispatched,
     spawn_fast_agent,
-    start_machines,
+    store_machines,
     tear_down,
     transitions,
     wait,
     write_result,
 )
 from bench.throughput import run_engine
-from fsm_celery.core.messages import task_stream
 
 
 def pairs(log: Path) -> list[float]:
@@ -55,9 +55,8 @@ def measure(machines: int, rate: float, seconds: float, bridges: int = 2) -> dic
         env.start_bridge(processes=bridges)
         agent_id = str(uuid.uuid4())
         log = Path(tempfile.mkstemp(suffix=".log")[1])
-        start_machines(env, "bench_loop", machines, agent_id)
-        stream = task_stream(agent_id, env.settings.channel_prefix)
-        wait(lambda: env.redis.xlen(stream) >= machines, 600, "the first dispatches")
+        store_machines(env, "bench_loop", "S0", machines, agent_id)
+        dispatched(env, agent_id, machines)
         agent = spawn_fast_agent(env, agent_id, rate, log)
         warm = max(machines, int(rate * 3))  # three seconds at the target rate, at least
         wait(lambda: transitions(env) >= warm, 600, "warm-up")

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 from sqlalchemy import text
 
-from bench.common import FsmEnv, deployment, tear_down, wait, write_result
+from bench.common import FsmEnv, deployment, store_machines, tear_down, wait, write_result
 
 PROCESSES = ("worker", "beat", "bridge")
 
@@ -50,19 +50,6 @@ def waiting(env: FsmEnv) -> int:
         )
 
 
-def store_due(env: FsmEnv, machines: int, agent: str) -> None:
-    with env.client.engine.db.begin() as conn:
-        conn.execute(
-            text("""
-            INSERT INTO state_machines (id, type, agent_type, current_state, context, status,
-                definition_version, attempt, agent_id, agent_pinned, dispatch_due_at)
-            SELECT gen_random_uuid(), 'bench_wait', 'bench', 'WAIT', '{}'::jsonb, 'running',
-                1, 1, CAST(:agent AS uuid), true, now()
-            FROM generate_series(1, :n)"""),
-            {"n": machines, "agent": agent},
-        )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--machines", type=int, default=100_000)
@@ -74,7 +61,7 @@ def main() -> None:
         env.start_beat()
         env.start_bridge(processes=2)
         idle = {name: rss_mb(env, name) for name in PROCESSES}
-        store_due(env, args.machines, str(uuid.uuid4()))
+        store_machines(env, "bench_wait", "WAIT", args.machines, str(uuid.uuid4()))
         t0 = time.monotonic()
         wait(lambda: waiting(env) >= args.machines, 1800, "every machine dispatched")
         dispatched_s = time.monotonic() - t0

@@ -456,6 +456,8 @@ def _template(source: str) -> jinja2.Template:
 
 
 def _render(template: str, context: Mapping[str, Any]) -> str:
+    if "{" not in template and not template.endswith("\n"):
+        return template  # Jinja would give it back as it is (it drops one trailing newline)
     try:
         return _template(template).render(**context)
     except jinja2.TemplateError as exc:
