@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -377,22 +378,38 @@ def demo(path: str | None) -> None:
 )
 def ack_bridge(processes: int) -> None:
     """Apply acks and heartbeats from Redis (pub/sub and stream) in batches."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    others = [
-        context.Process(target=serve_acks, args=(False,), name=f"bridge-{n}", daemon=True)
-        for n in range(1, processes)
-    ]
-    for process in others:
-        process.start()
-    serve_acks(True)
+    stop = threading.Event()
+    others = [_spawn_consumer(n) for n in range(1, processes)]
+    threading.Thread(target=_keep_consumers, args=(others, stop), daemon=True).start()
+    serve_acks(True, stop)
     for process in others:
         process.join(15)
     click.echo("ack bridge stopped")
 
 
-def serve_acks(pubsub: bool) -> None:
+def _spawn_consumer(number: int) -> multiprocessing.process.BaseProcess:
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(
+        target=serve_acks, args=(False,), name=f"bridge-{number}", daemon=True
+    )
+    process.start()
+    return process
+
+
+def _keep_consumers(
+    processes: list[multiprocessing.process.BaseProcess], stop: threading.Event
+) -> None:
+    """Start again, while the bridge runs, any consumer process that died."""
+    while not stop.wait(1.0):
+        for n, process in enumerate(processes):
+            if not process.is_alive() and not stop.is_set():
+                logging.getLogger(__name__).warning(
+                    "%s exited (%s); starting it again", process.name, process.exitcode
+                )
+                processes[n] = _spawn_consumer(n + 1)
+
+
+def serve_acks(pubsub: bool, stop: threading.Event | None = None) -> None:
     """Serve the ack stream (and the pub/sub channel) until SIGINT or SIGTERM."""
     from fsm_celery.acks import AckApplier
     from fsm_celery.api import redis_engine
@@ -418,11 +435,11 @@ def serve_acks(pubsub: bool) -> None:
         sources.append(
             PubSubSource(connect(settings.redis_url), ack_channel(prefix), apply, size, limit)
         )
-    stop = threading.Event()
+    stopping = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: stopping.set())
     _quiet_gc()
-    AckBridge(sources).run(stop)
+    AckBridge(sources).run(stopping)
 
 
 def _quiet_gc() -> None:

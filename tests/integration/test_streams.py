@@ -3,10 +3,12 @@ agent that was down when its task was dispatched reads it from its stream."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
 
+import psutil
 import pytest
 import redis
 
@@ -127,3 +129,32 @@ def test_a_message_the_database_refuses_is_rejected_and_its_batch_applied(
     assert [r.event for r in durable.client.history(ids[1])] == ["start"]
     stream = ack_stream(durable.settings.channel_prefix)
     assert durable.redis.xpending(stream, GROUP)["pending"] == 0
+
+
+def test_a_bridge_process_that_dies_is_started_again(durable: FsmEnv) -> None:
+    for proc in durable.procs:
+        if proc.name == "bridge":
+            proc.stop()
+    bridge = durable.start_bridge(processes=2)
+    parent = psutil.Process(bridge.popen.pid)
+
+    def consumers() -> list[psutil.Process]:
+        found = []
+        for child in parent.children():
+            with contextlib.suppress(psutil.Error):  # exited meanwhile
+                if child.status() != psutil.STATUS_ZOMBIE and "spawn_main" in str(child.cmdline()):
+                    found.append(child)
+        return found
+
+    deadline = time.monotonic() + 20
+    while len(consumers()) != 1:
+        assert time.monotonic() < deadline, "the second bridge process did not start"
+        time.sleep(0.1)
+    victim = consumers()[0]
+    victim.kill()
+    while not [p for p in consumers() if p.pid != victim.pid]:
+        assert time.monotonic() < deadline + 20, "the killed bridge process was not replaced"
+        time.sleep(0.1)
+    with ScriptedAgent(durable, via_stream=True) as agent:
+        mid = durable.client.start_machine("test_pair", {}, agent_id=agent.id)
+        assert durable.wait_until_done(mid).status == "completed"
