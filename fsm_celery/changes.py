@@ -130,7 +130,12 @@ class Changes:
 
     def dispatch(self, machine_id: UUID, agent: str, message: str, deadline: datetime) -> None:
         """Record that the machine's attempt is sent now, with its deadline, and queue it."""
-        entered = {"dispatch_due_at": None, "entered_at": self.now, "deadline_at": deadline}
+        entered = {
+            "dispatch_due_at": None,
+            "entered_at": self.now,
+            "deadline_at": deadline,
+            "updated_at": self.now,
+        }
         if machine_id in self.updates:  # decided in this transaction: one UPDATE does both
             self.updates[machine_id].update(entered)
         else:

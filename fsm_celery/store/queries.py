@@ -151,8 +151,8 @@ def _update_rows_txn(conn: Connection, statement: Update, rows: list[dict[str, A
     if conn.dialect.name != "postgresql":
         conn.execute(statement, rows)
         return
-    columns = tuple(name for name in rows[0] if name != "_id")
-    conn.execute(_update_statement(columns), {"rows": _json_rows(rows, ("_id", *columns))})
+    columns, document = _machine_rows(rows)
+    conn.execute(_update_statement(columns), {"rows": document})
 
 
 def move_machines_txn(
@@ -164,11 +164,11 @@ def move_machines_txn(
         update_machines_txn(conn, updates)
         insert_transitions_txn(conn, history)
         return
-    columns = tuple(name for name in updates[0] if name != "_id")
+    columns, document = _machine_rows(updates)
     fields = tuple(history[0])
     conn.execute(
         _move_statement(columns, fields),
-        {"rows": _json_rows(updates, ("_id", *columns)), "history": _json_rows(history, fields)},
+        {"rows": document, "history": _json_rows(history, fields)},
     )
 
 
@@ -204,6 +204,12 @@ def _recordset(table: Table, param: str, columns: tuple[str, ...], alias: str, *
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     types = [f"{c} {table.c[c].type.compile(dialect=dialect)}" for c in columns]
     return f"jsonb_to_recordset(CAST(:{param} AS JSONB)) AS {alias}({', '.join([*extra, *types])})"
+
+
+def _machine_rows(rows: list[dict[str, Any]]) -> tuple[tuple[str, ...], str]:
+    """The columns the rows set (all but the key _id), and the rows as one JSON document."""
+    columns = tuple(name for name in rows[0] if name != "_id")
+    return columns, _json_rows(rows, ("_id", *columns))
 
 
 def _json_rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> str:
@@ -258,7 +264,7 @@ _DISPATCHED = (
 
 def mark_dispatched_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Record each dispatch: when it was entered and its deadline (rows keyed as _DISPATCHED)."""
-    _update_rows_txn(conn, _DISPATCHED, [{**row, "updated_at": row["entered_at"]} for row in rows])
+    _update_rows_txn(conn, _DISPATCHED, rows)
 
 
 def insert_transitions_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
