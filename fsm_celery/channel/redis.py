@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from fsm_celery.core.messages import task_channel, task_stream
 
 STREAM_MAXLEN = 10_000  # tasks kept per agent stream (approximate trimming)
 STREAM_TTL_SECONDS = 7 * 24 * 3600  # a stream nobody writes to for a week is dropped
+TTL_REFRESH_SECONDS = 60.0  # how often a dispatcher renews the TTL of a stream it writes to
 
 
 class RedisDispatcher:
@@ -22,6 +25,7 @@ class RedisDispatcher:
         self._client = client
         self._prefix = prefix
         self._streams = streams
+        self._renewed: dict[str, float] = {}  # stream -> when its TTL was last set
 
     def dispatch_many(self, messages: list[tuple[str, str]]) -> None:
         if not messages:
@@ -33,8 +37,12 @@ class RedisDispatcher:
                 stream = task_stream(agent, self._prefix)
                 pipe.xadd(stream, {"message": message}, maxlen=STREAM_MAXLEN, approximate=True)
         if self._streams:
+            now = time.monotonic()
             for agent in {agent for agent, _ in messages}:
-                pipe.expire(task_stream(agent, self._prefix), STREAM_TTL_SECONDS)
+                stream = task_stream(agent, self._prefix)
+                if now - self._renewed.get(stream, -TTL_REFRESH_SECONDS) >= TTL_REFRESH_SECONDS:
+                    pipe.expire(stream, STREAM_TTL_SECONDS)
+                    self._renewed[stream] = now
         pipe.execute()
 
 

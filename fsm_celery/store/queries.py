@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -11,15 +13,14 @@ from uuid import UUID
 
 from sqlalchemy import (
     Connection,
+    CursorResult,
     Row,
     Table,
-    TextClause,
     Update,
     bindparam,
     func,
     insert,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects import postgresql
@@ -102,7 +103,11 @@ def lock_machines_txn(conn: Connection, ids: Iterable[UUID]) -> dict[UUID, AnyRo
     ordered = sorted(set(ids))
     if not ordered:
         return {}
-    return {row.id: row for row in conn.execute(_LOCK, {"ids": ordered})}
+    if conn.dialect.name == "postgresql":
+        found = _execute_prepared(conn, _PG_LOCK, {"ids": _uuid_array(ordered)})
+    else:
+        found = conn.execute(_LOCK, {"ids": ordered})
+    return {row.id: row for row in found}
 
 
 _LOCK = (
@@ -110,6 +115,10 @@ _LOCK = (
     .where(machines.c.id.in_(bindparam("ids", expanding=True)))
     .order_by(machines.c.id)
     .with_for_update()
+)
+_PG_LOCK = (
+    f"SELECT {', '.join(c.name for c in machines.c)} FROM {machines.name} "
+    "WHERE id = ANY(CAST(:ids AS UUID[])) ORDER BY id FOR UPDATE"
 )
 
 
@@ -152,7 +161,7 @@ def _update_rows_txn(conn: Connection, statement: Update, rows: list[dict[str, A
         conn.execute(statement, rows)
         return
     columns, document = _machine_rows(rows)
-    conn.execute(_update_statement(columns), {"rows": document})
+    _execute_prepared(conn, _update_statement(columns), {"rows": document, "ids": _ids(rows)})
 
 
 def move_machines_txn(
@@ -166,29 +175,65 @@ def move_machines_txn(
         return
     columns, document = _machine_rows(updates)
     fields = tuple(history[0])
-    conn.execute(
+    _execute_prepared(
+        conn,
         _move_statement(columns, fields),
-        {"rows": document, "history": _json_rows(history, fields)},
+        {"rows": document, "ids": _ids(updates), "history": _json_rows(history, fields)},
     )
 
 
 @lru_cache(maxsize=16)
-def _update_statement(columns: tuple[str, ...]) -> TextClause:
-    return text(_recordset_update(columns))
+def _update_statement(columns: tuple[str, ...]) -> str:
+    return _recordset_update(columns)
 
 
 @lru_cache(maxsize=16)
-def _move_statement(columns: tuple[str, ...], fields: tuple[str, ...]) -> TextClause:
-    return text(f"WITH moved AS ({_recordset_update(columns)}) {_recordset_insert(fields)}")
+def _move_statement(columns: tuple[str, ...], fields: tuple[str, ...]) -> str:
+    return f"WITH moved AS ({_recordset_update(columns)}) {_recordset_insert(fields)}"
+
+
+def _execute_prepared(conn: Connection, sql: str, params: dict[str, str]) -> CursorResult[Any]:
+    """Run one of the hot path's statements as a PostgreSQL prepared statement: parsed and
+    planned once per connection instead of once per transaction (a quarter of the database's
+    work on a small batch). `sql` names its parameters `:name`; each value is passed as text
+    and typed by the statement's own CASTs."""
+    name, body, order = _prepare(sql)
+    prepared: set[str] = conn.connection.info.setdefault("fsm_prepared", set())
+    if name not in prepared:  # a new connection (or a reconnect): PREPARE is per session
+        conn.exec_driver_sql(f"PREPARE {name} AS {body}")
+        prepared.add(name)
+    slots = ", ".join(["%s"] * len(order))
+    return conn.exec_driver_sql(f"EXECUTE {name}({slots})", tuple(params[p] for p in order))
+
+
+@lru_cache(maxsize=32)
+def _prepare(sql: str) -> tuple[str, str, tuple[str, ...]]:
+    """The statement's name (from its text), its body with $n placeholders, and the order of
+    its parameters."""
+    order: list[str] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    body = re.sub(r"(?<!:):(\w+)", placeholder, sql)
+    return f"fsm_{hashlib.sha1(sql.encode()).hexdigest()[:16]}", body, tuple(order)
 
 
 def _recordset_update(columns: tuple[str, ...]) -> str:
     """UPDATE from a JSON array of rows (:rows): planned once per batch, where one statement
-    per row costs a parse and a plan each."""
+    per row costs a parse and a plan each.
+
+    The planner cannot tell how many rows a JSON array holds (it guesses 100), and on a table
+    of a few thousand machines it then reads the whole table to hash-join it; the array of the
+    same ids (:ids), whose length it does know, makes it fetch just those rows by primary key.
+    """
     sets = ", ".join(f"{c} = v.{c}" for c in columns)
     return (
         f"UPDATE {machines.name} AS m SET {sets} "
-        f"FROM {_recordset(machines, 'rows', columns, 'v', '_id UUID')} WHERE m.id = v._id"
+        f"FROM {_recordset(machines, 'rows', columns, 'v', '_id UUID')} "
+        "WHERE m.id = ANY(CAST(:ids AS UUID[])) AND m.id = v._id"
     )
 
 
@@ -210,6 +255,15 @@ def _machine_rows(rows: list[dict[str, Any]]) -> tuple[tuple[str, ...], str]:
     """The columns the rows set (all but the key _id), and the rows as one JSON document."""
     columns = tuple(name for name in rows[0] if name != "_id")
     return columns, _json_rows(rows, ("_id", *columns))
+
+
+def _ids(rows: list[dict[str, Any]]) -> str:
+    return _uuid_array(row["_id"] for row in rows)
+
+
+def _uuid_array(ids: Iterable[UUID]) -> str:
+    """Ids as a PostgreSQL array literal, cast by the statement."""
+    return "{" + ",".join(str(i) for i in ids) + "}"
 
 
 def _json_rows(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> str:
