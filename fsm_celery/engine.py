@@ -192,14 +192,17 @@ class MachineEngine:
         changes.dispatch(row.id, self._route(conn, row, changes.now), task.to_wire(), deadline)
 
     def _finish(self, conn: Connection, changes: Changes) -> None:
-        """Write the transaction's changes, then send its state_tasks, before the commit.
+        """Send the transaction's state_tasks, then write its changes; the caller commits.
 
-        A crash after sending and before commit rolls the decision back and the message that
-        caused it is delivered again, so a state_task may be sent twice (at least once); its
-        duplicate ack is then refused as stale, and the work is applied once.
+        The rows are locked and the decision is made, so the tasks go out at once: the write
+        and the commit (a few milliseconds under load) are not part of an agent's wait. A
+        failure or a crash before the commit rolls the decision back and the message that caused
+        it is delivered again, so a state_task may be sent twice (at least once); its duplicate
+        ack is then refused as stale, and the work is applied once. What the database is known
+        to refuse (a NUL character) is rejected before the batch, so it does not cause this.
         """
-        changes.write(conn)
         self.dispatcher.dispatch_many(changes.outbox)
+        changes.write(conn)
 
     def _route(self, conn: Connection, row: q.AnyRow, now: datetime) -> str:
         """Where the task goes: the machine's agent, else a live agent of its type, else the
@@ -262,7 +265,7 @@ class MachineEngine:
             changes.reject(RejectReason.OVERSIZED, f"payload over {limit} bytes", raw)
             return None
         try:
-            return parse_agent_message(raw)
+            message = parse_agent_message(raw)
         except ValidationError as exc:
             reason = (
                 RejectReason.MALFORMED_JSON
@@ -271,6 +274,13 @@ class MachineEngine:
             )
             changes.reject(reason, _describe(exc), raw)
             return None
+        if "\\u0000" in raw and _holds_nul(message.model_dump()):
+            # Refused here rather than by the database, after this message's batch-mates had
+            # been dispatched: the batch would be rolled back and their tasks sent twice.
+            where = {} if isinstance(message, AgentStatus) else _where(message)
+            changes.reject(RejectReason.UNPROCESSABLE, NUL_DETAIL, raw, **where)
+            return None
+        return message
 
     def _apply(
         self,
@@ -393,6 +403,19 @@ class MachineEngine:
 
 
 AgentMessage = StateAck | StateHeartbeat | AgentStatus
+
+
+NUL_DETAIL = "the message holds a NUL character (\\u0000), which PostgreSQL cannot store"
+
+
+def _holds_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def _where(message: MachineMessage) -> dict[str, Any]:
