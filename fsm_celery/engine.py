@@ -27,6 +27,7 @@ from fsm_celery.core.messages import (
     StateAck,
     StateHeartbeat,
     StateTask,
+    holds_nul,
     parse_agent_message,
     task_token,
     token_matches,
@@ -274,7 +275,7 @@ class MachineEngine:
             )
             changes.reject(reason, _describe(exc), raw)
             return None
-        if "\\u0000" in raw and _holds_nul(message.model_dump()):
+        if "\\u0000" in raw and holds_nul(message.model_dump()):
             # Refused here rather than by the database, after this message's batch-mates had
             # been dispatched: the batch would be rolled back and their tasks sent twice.
             where = {} if isinstance(message, AgentStatus) else _where(message)
@@ -406,16 +407,6 @@ AgentMessage = StateAck | StateHeartbeat | AgentStatus
 
 
 NUL_DETAIL = "the message holds a NUL character (\\u0000), which PostgreSQL cannot store"
-
-
-def _holds_nul(value: object) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_holds_nul(v) for v in value)
-    return False
 
 
 def _where(message: MachineMessage) -> dict[str, Any]:

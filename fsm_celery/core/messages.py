@@ -97,6 +97,18 @@ def parse_agent_message(raw: str | bytes) -> StateAck | StateHeartbeat | AgentSt
     return AGENT_MESSAGE.validate_json(raw)
 
 
+def holds_nul(value: object) -> bool:
+    """Whether a parsed message (or any part of it) holds a NUL character in a key or a string:
+    valid JSON (as \\u0000) that PostgreSQL's text and jsonb cannot store."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(holds_nul(k) or holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(holds_nul(v) for v in value)
+    return False
+
+
 def task_channel(agent: str, prefix: str = "") -> str:
     """The pub/sub channel an agent (uuid, or agent type when unassigned) listens on."""
     return prefix + TASK_CHANNEL.format(agent=agent)

@@ -17,6 +17,7 @@ from fsm_celery.core.messages import (
     StateAck,
     StateHeartbeat,
     StateTask,
+    holds_nul,
     message_schemas,
     parse_agent_message,
     schemas_json,
@@ -318,3 +319,22 @@ def test_the_published_schemas_are_current() -> None:
     assert published.read_text().strip() == schemas_json().strip(), (
         "docs/schemas.json is stale: run fsm-celery schema > docs/schemas.json"
     )
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ({"log": "build failed"}, False),
+        ({"log": "build\u0000failed"}, True),
+        ({"bad\u0000key": 1}, True),
+        ({"lines": ["ok", {"deep": "x\u0000"}]}, True),
+        ({"text": "a backslash and u0000: \\u0000"}, False),
+    ],
+    ids=["plain", "in-a-value", "in-a-key", "nested", "escaped-text"],
+)
+def test_a_nul_character_is_found_wherever_it_is(output: dict[str, Any], expected: bool) -> None:
+    raw = json.dumps(
+        {"type": "state_ack", "machineId": str(uuid.uuid4()), "state": "S", "success": True}
+        | {"output": output}
+    )
+    assert holds_nul(parse_agent_message(raw).model_dump()) is expected
