@@ -28,7 +28,7 @@ class AckApplier:
     """Applies raw agent messages in batches and schedules the retries they decided.
 
     A batch that fails for a reason other than a transient one is split and applied message by
-    message, so that one message the database refuses (say, text PostgreSQL cannot store) is
+    message, so that one message the database refuses (say, a number its column cannot hold) is
     recorded as rejected instead of holding back, or taking down, the acks around it.
     """
 

@@ -255,8 +255,7 @@ class MachineEngine:
         except ValidationError:
             changes.reject(reason, detail, raw)
         else:
-            where = {} if isinstance(message, AgentStatus) else _where(message)
-            changes.reject(reason, detail, raw, **where)
+            changes.reject(reason, detail, raw, **_where(message))
         with self.db.begin() as conn:
             changes.write(conn)
 
@@ -278,8 +277,7 @@ class MachineEngine:
         if "\\u0000" in raw and holds_nul(message.model_dump()):
             # Refused here rather than by the database, after this message's batch-mates had
             # been dispatched: the batch would be rolled back and their tasks sent twice.
-            where = {} if isinstance(message, AgentStatus) else _where(message)
-            changes.reject(RejectReason.UNPROCESSABLE, NUL_DETAIL, raw, **where)
+            changes.reject(RejectReason.UNPROCESSABLE, NUL_DETAIL, raw, **_where(message))
             return None
         return message
 
@@ -409,7 +407,10 @@ AgentMessage = StateAck | StateHeartbeat | AgentStatus
 NUL_DETAIL = "the message holds a NUL character (\\u0000), which PostgreSQL cannot store"
 
 
-def _where(message: MachineMessage) -> dict[str, Any]:
+def _where(message: AgentMessage) -> dict[str, Any]:
+    """Which machine, state and attempt a rejected message was about (none for a status)."""
+    if isinstance(message, AgentStatus):
+        return {}
     return {"machine_id": message.machine_id, "state": message.state, "attempt": message.attempt}
 
 
