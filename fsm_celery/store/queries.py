@@ -196,7 +196,8 @@ def _execute_prepared(conn: Connection, sql: str, params: dict[str, str]) -> Cur
     """Run one of the hot path's statements as a PostgreSQL prepared statement: parsed and
     planned once per connection instead of once per transaction (a quarter of the database's
     work on a small batch). `sql` names its parameters `:name`; each value is passed as text
-    and typed by the statement's own CASTs."""
+    and typed by the statement's own CASTs. A prepared statement lives in its server session,
+    so this needs a session per connection: not PgBouncer's transaction pooling."""
     name, body, order = _prepare(sql)
     prepared: set[str] = conn.connection.info.setdefault("fsm_prepared", set())
     if name not in prepared:  # a new connection (or a reconnect): PREPARE is per session
