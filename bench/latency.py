@@ -24,6 +24,7 @@ from typing import Any
 
 from bench.common import (
     CpuMeter,
+    FsmEnv,
     deployment,
     dispatched,
     spawn_fast_agent,
@@ -56,7 +57,8 @@ def pairs(log: Path, start_ms: int, end_ms: int) -> list[float]:
     ]
 
 
-def redis_ms(env: Any) -> int:
+def redis_ms(env: FsmEnv) -> int:
+    """Now, by Redis's clock (the one the stream entry ids use), in milliseconds."""
     seconds, micros = env.redis.time()
     return int(seconds) * 1000 + int(micros) // 1000
 

@@ -161,7 +161,7 @@ def _update_rows_txn(conn: Connection, statement: Update, rows: list[dict[str, A
         conn.execute(statement, rows)
         return
     columns, document = _machine_rows(rows)
-    _execute_prepared(conn, _update_statement(columns), {"rows": document, "ids": _ids(rows)})
+    _execute_prepared(conn, _recordset_update(columns), {"rows": document, "ids": _ids(rows)})
 
 
 def move_machines_txn(
@@ -180,11 +180,6 @@ def move_machines_txn(
         _move_statement(columns, fields),
         {"rows": document, "ids": _ids(updates), "history": _json_rows(history, fields)},
     )
-
-
-@lru_cache(maxsize=16)
-def _update_statement(columns: tuple[str, ...]) -> str:
-    return _recordset_update(columns)
 
 
 @lru_cache(maxsize=16)
@@ -222,6 +217,7 @@ def _prepare(sql: str) -> tuple[str, str, tuple[str, ...]]:
     return f"fsm_{hashlib.sha1(sql.encode()).hexdigest()[:16]}", body, tuple(order)
 
 
+@lru_cache(maxsize=16)
 def _recordset_update(columns: tuple[str, ...]) -> str:
     """UPDATE from a JSON array of rows (:rows): planned once per batch, where one statement
     per row costs a parse and a plan each.
