@@ -1,0 +1,205 @@
+"""docker-compose.yml: no published port without a password, no secret with a default."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"
+LOOPBACK = "127.0.0.1"
+ONE_SHOT = frozenset({"migrate"})  # runs to completion: there is nothing to keep healthy
+
+# Compose's interpolation: ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error},
+# ${NAME?error}, ${NAME:+other}, ${NAME+other}; $$ escapes a dollar.
+_REFERENCE = re.compile(r"(?<!\$)\$\{(?P<name>\w+)(?P<op>:?[-?+])?(?P<arg>[^}]*)\}")
+# [HOST:]PUBLISHED:TARGET[/PROTOCOL], where HOST and PUBLISHED may be references with a colon.
+_PORT = re.compile(
+    r"(?:(?P<host>.+):)?(?P<published>\$\{[^}]*\}|[\d-]+):(?P<target>[\d-]+)(?:/\w+)?"
+)
+_REDIS_URL = re.compile(r"rediss?://")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return document
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = compose["services"]
+    return found
+
+
+def test_every_published_port_binds_to_loopback_unless_the_operator_says_otherwise(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    published = [(name, port) for name, service in services.items() for port in ports(service)]
+    assert published, "expected Redis and Flower to publish their ports"
+    for name, port in published:
+        host = published_host(port)
+        assert host == LOOPBACK or re.fullmatch(rf"\$\{{\w+:-{re.escape(LOOPBACK)}\}}", host), (
+            f"{name}: port {port!r} binds to {host or 'every address'!r}, "
+            f"expected {LOOPBACK} or ${{VAR:-{LOOPBACK}}}"
+        )
+
+
+def test_flower_takes_basic_auth_from_the_environment_without_a_default(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    basic_auth = environment(services["flower"]).get("FLOWER_BASIC_AUTH", "")
+    assert_required(compose, sole_reference(basic_auth))
+
+
+def test_redis_requires_a_password_without_a_default(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    assert_required(compose, redis_password(services))
+
+
+def test_every_redis_url_carries_the_redis_password(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    password = redis_password(services)
+    carrying = re.compile(rf"rediss?://[^:@/]*:\$\{{{password}:\?[^}}]*\}}@.+")
+    urls = {
+        (name, key): value
+        for name, service in services.items()
+        for key, value in environment(service).items()
+        if _REDIS_URL.match(value)
+    }
+    assert {"worker", "beat", "ack-bridge", "flower"} <= {name for name, _ in urls}
+    for (name, key), url in urls.items():
+        assert carrying.fullmatch(url), f"{name}: {key}={url!r} does not carry ${{{password}}}"
+
+
+def test_redis_never_evicts_broker_messages(services: dict[str, dict[str, Any]]) -> None:
+    assert option(services["redis"], "--maxmemory-policy") == "noeviction"
+
+
+def test_postgres_password_has_no_default(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    password = environment(services["postgres"]).get("POSTGRES_PASSWORD", "")
+    assert_required(compose, sole_reference(password))
+
+
+def test_every_database_url_carries_the_postgres_password(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    password = sole_reference(environment(services["postgres"])["POSTGRES_PASSWORD"])
+    urls = {
+        name: env["FSM_DATABASE_URL"]
+        for name, service in services.items()
+        if "FSM_DATABASE_URL" in (env := environment(service))
+    }
+    assert {"migrate", "worker", "beat", "ack-bridge"} <= urls.keys()
+    for name, url in urls.items():
+        assert f":${{{password}:?" in url, f"{name}: {url!r} does not carry ${{{password}}}"
+
+
+def test_task_token_secret_has_no_default(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    secrets = {
+        name: env["FSM_TASK_TOKEN_SECRET"]
+        for name, service in services.items()
+        if "FSM_TASK_TOKEN_SECRET" in (env := environment(service))
+    }
+    assert {"worker", "ack-bridge"} <= secrets.keys()
+    for secret in secrets.values():
+        assert sole_reference(secret) == "FSM_TASK_TOKEN_SECRET"
+    assert_required(compose, "FSM_TASK_TOKEN_SECRET")
+
+
+def test_every_long_running_service_has_a_healthcheck(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, service in services.items():
+        if name in ONE_SHOT:
+            continue
+        check = service.get("healthcheck") or {}
+        assert not check.get("disable") and check.get("test") not in (None, "NONE", ["NONE"]), (
+            f"{name}: expected a healthcheck"
+        )
+
+
+def test_env_example_lists_every_required_variable(compose: dict[str, Any]) -> None:
+    listed = set(re.findall(r"^(\w+)=", ENV_EXAMPLE.read_text(), flags=re.MULTILINE))
+    required = {m["name"] for m in references(compose) if m["op"] == ":?"}
+    assert required, "expected the compose file to require its secrets"
+    assert required <= listed, f"missing from .env.example: {sorted(required - listed)}"
+
+
+def strings(node: Any) -> Iterator[str]:
+    """Every string value in a parsed YAML document."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from strings(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from strings(item)
+
+
+def references(compose: dict[str, Any]) -> list[re.Match[str]]:
+    """Every ${…} interpolation in the compose file's values."""
+    return [match for text in strings(compose) for match in _REFERENCE.finditer(text)]
+
+
+def assert_required(compose: dict[str, Any], name: str) -> None:
+    """Every use of the variable is ${NAME:?…}: compose stops when it is unset or empty."""
+    uses = [m.group(0) for m in references(compose) if m["name"] == name]
+    assert uses, f"expected ${{{name}:?…}} in the compose file"
+    for use in uses:
+        assert use.startswith(f"${{{name}:?"), f"{use}: expected no default, ${{{name}:?…}}"
+
+
+def sole_reference(value: str) -> str:
+    """The variable a value consists of, ${NAME…} and nothing else."""
+    match = _REFERENCE.fullmatch(value)
+    assert match, f"{value!r}: expected a ${{VAR:?…}} reference, not a literal"
+    return match["name"]
+
+
+def redis_password(services: dict[str, dict[str, Any]]) -> str:
+    """The variable Redis takes its password from."""
+    return sole_reference(option(services["redis"], "--requirepass"))
+
+
+def option(service: dict[str, Any], flag: str) -> str:
+    """The argument following the flag in a service's command."""
+    command = service.get("command", [])
+    words = command.split() if isinstance(command, str) else [str(word) for word in command]
+    assert flag in words[:-1], f"expected {flag} VALUE in the command {command!r}"
+    return words[words.index(flag) + 1]
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment, whether written as a mapping or as KEY=VALUE items."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) for item in env if "=" in item)
+    return {str(key): str(value) for key, value in env.items()}
+
+
+def ports(service: dict[str, Any]) -> list[str | int | dict[str, Any]]:
+    """A service's published ports, in short (HOST:PUBLISHED:TARGET) or long syntax."""
+    found: list[str | int | dict[str, Any]] = service.get("ports") or []
+    return found
+
+
+def published_host(port: str | int | dict[str, Any]) -> str:
+    """The host address a published port binds to ('' for every address)."""
+    if isinstance(port, dict):
+        return str(port.get("host_ip", ""))
+    match = _PORT.fullmatch(str(port))
+    return (match["host"] or "") if match else ""
