@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Literal
@@ -13,14 +13,13 @@ from typing import Any, Literal
 import jinja2
 import jmespath
 import jmespath.exceptions
-from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from fsm_celery.core.prompt import TEMPLATES
 from fsm_celery.core.usage import Budget
 from fsm_celery.exceptions import DefinitionError, Problem
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*$"
-TEMPLATES = SandboxedEnvironment(autoescape=False, undefined=jinja2.ChainableUndefined)
 
 
 class Terminal(StrEnum):
@@ -36,6 +35,10 @@ class FailureKind(StrEnum):
     FAILURE = "failure"  # the agent acked with success: false
     TIMEOUT = "timeout"  # no ack before the deadline
     INVALID_OUTPUT = "invalid_output"  # success, but required output keys are missing
+    DISPATCH = "dispatch"  # the state could not be sent (its prompt failed to render); not retried
+
+
+RETRYABLE = (FailureKind.FAILURE, FailureKind.TIMEOUT, FailureKind.INVALID_OUTPUT)
 
 
 class Jitter(StrEnum):
@@ -83,8 +86,9 @@ class StateDefinition(BaseModel):
     on_failure: Edge | None = None
     timeout: timedelta = timedelta(minutes=5)
     heartbeat_timeout: timedelta | None = None
+    max_duration: timedelta | None = None  # an attempt's limit however many heartbeats arrive
     max_retries: int = Field(default=0, ge=0)
-    retry_on: tuple[FailureKind, ...] = tuple(FailureKind)
+    retry_on: tuple[FailureKind, ...] = RETRYABLE
     backoff: Backoff = Backoff()
     terminal: Terminal | None = None
 
@@ -100,6 +104,13 @@ class StateDefinition(BaseModel):
     def _failure_edge(cls, value: Any) -> Any:
         return _edge(value)
 
+    @field_validator("retry_on")
+    @classmethod
+    def _retryable(cls, value: tuple[FailureKind, ...]) -> tuple[FailureKind, ...]:
+        if FailureKind.DISPATCH in value:
+            raise ValueError("a dispatch failure is not retried: it would fail the same way")
+        return value
+
     @property
     def edges(self) -> tuple[Edge, ...]:
         return self.on_success + ((self.on_failure,) if self.on_failure else ())
@@ -112,6 +123,14 @@ class StateDefinition(BaseModel):
     def heartbeat_window(self) -> timedelta:
         """How long an agent that sent a heartbeat may stay silent before it times out."""
         return self.heartbeat_timeout if self.heartbeat_timeout is not None else self.timeout
+
+    def heartbeat_deadline(
+        self, entered_at: datetime, now: datetime, default_max: timedelta
+    ) -> datetime:
+        """The deadline a heartbeat at `now` sets: a window from now, but never past the
+        attempt's longest duration (nor before its plain timeout)."""
+        longest = max(self.max_duration or default_max, self.timeout)
+        return min(now + self.heartbeat_window, entered_at + longest)
 
 
 class MachineDefinition(BaseModel):
@@ -228,6 +247,8 @@ def _timing_problems(state: StateDefinition, source: str) -> Iterator[Problem]:
         )
     if state.heartbeat_timeout is not None and state.heartbeat_timeout <= timedelta(0):
         yield Problem("heartbeat_timeout must be positive", source, name, "heartbeat_timeout")
+    if state.max_duration is not None and state.max_duration < state.timeout:
+        yield Problem("max_duration must be at least timeout", source, name, "max_duration")
     if state.backoff.delay < timedelta(0) or state.backoff.max_delay < state.backoff.delay:
         yield Problem("backoff needs 0 <= delay <= max_delay", source, name, "backoff")
 

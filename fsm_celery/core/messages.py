@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -16,6 +18,13 @@ TASK_CHANNEL = "channel:agent:{agent}"
 ACK_CHANNEL = "channel:state:ack"
 TASK_STREAM = "stream:agent:{agent}"
 ACK_STREAM = "stream:state:ack"
+AGENT_ACK_STREAM = "stream:state:ack:{agent}"
+
+# Numbers are bounded here, at parse time, to the columns that store them: a number that passed
+# the schema but not the database would fail the transaction after its batch was dispatched.
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+Attempt = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class _Message(BaseModel):
@@ -60,8 +69,8 @@ class StateAck(_Message):
     success: bool
     output: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
-    attempt: int | None = Field(default=None, ge=0)
-    task_token: str | None = None
+    attempt: Attempt | None = None
+    task_token: str | None = Field(default=None, max_length=128)
 
 
 class StateHeartbeat(_Message):
@@ -70,9 +79,21 @@ class StateHeartbeat(_Message):
     type: Literal["state_heartbeat"]
     machine_id: UUID
     state: str = Field(max_length=50)
-    attempt: int | None = Field(default=None, ge=0)
-    task_token: str | None = None
+    attempt: Attempt | None = None
+    task_token: str | None = Field(default=None, max_length=128)
     progress: str | None = Field(default=None, max_length=2000)
+
+
+class StateHandBack(_Message):
+    """Agent → engine: I cannot do this attempt (shutting down): send it again, to another
+    agent if one is live, without counting a retry."""
+
+    type: Literal["state_handback"]
+    machine_id: UUID
+    state: str = Field(max_length=50)
+    attempt: Attempt
+    task_token: str = Field(max_length=128)
+    reason: str | None = Field(default=None, max_length=2000)
 
 
 class AgentStatus(_Message):
@@ -82,31 +103,58 @@ class AgentStatus(_Message):
     agent_id: UUID
     agent_type: str = Field(min_length=1, max_length=10)
     status: Literal["active", "stopped"]
-    concurrency: int = Field(ge=1)
-    running: int = Field(default=0, ge=0)
+    concurrency: int = Field(ge=1, le=INT32_MAX)
+    running: int = Field(default=0, ge=0, le=INT32_MAX)
     hostname: str | None = Field(default=None, max_length=255)
 
 
-MachineMessage = StateAck | StateHeartbeat
-AgentMessage = Annotated[StateAck | StateHeartbeat | AgentStatus, Field(discriminator="type")]
-AGENT_MESSAGE: TypeAdapter[StateAck | StateHeartbeat | AgentStatus] = TypeAdapter(AgentMessage)
+MachineMessage = StateAck | StateHeartbeat | StateHandBack
+AnyAgentMessage = StateAck | StateHeartbeat | StateHandBack | AgentStatus
+AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
+AGENT_MESSAGE: TypeAdapter[AnyAgentMessage] = TypeAdapter(AgentMessage)
 
 
-def parse_agent_message(raw: str | bytes) -> StateAck | StateHeartbeat | AgentStatus:
-    """Parse an ack, heartbeat or agent status (pydantic's ValidationError says what is wrong)."""
+def parse_agent_message(raw: str | bytes) -> AnyAgentMessage:
+    """Parse an ack, heartbeat, hand-back or agent status (ValidationError says what is wrong)."""
     return AGENT_MESSAGE.validate_json(raw)
 
 
-def holds_nul(value: object) -> bool:
-    """Whether a parsed message (or any part of it) holds a NUL character in a key or a string:
-    valid JSON (as \\u0000) that PostgreSQL's text and jsonb cannot store."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(holds_nul(k) or holds_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(holds_nul(v) for v in value)
-    return False
+def unstorable(value: object, path: str = "message") -> str | None:
+    """Where the value holds what PostgreSQL cannot store, and what, or None.
+
+    JSON allows it all: a NUL character (\\u0000) in a string or key, which text and jsonb
+    refuse; NaN and Infinity (and 1e400, read as Infinity), which JSON types refuse; and whole
+    numbers past 64 bits, which a bigint column refuses.
+    """
+    for where, item in _walk(value, path):
+        problem = _unstorable_scalar(item)
+        if problem is not None:
+            return f"{where}: {problem}"
+    return None
+
+
+def _walk(value: object, path: str) -> Iterable[tuple[str, object]]:
+    stack = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                yield f"{where} key", key
+                stack.append((f"{where}.{key}", child))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
+        else:
+            yield where, item
+
+
+def _unstorable_scalar(item: object) -> str | None:
+    if isinstance(item, str):
+        return "holds a NUL character (\\u0000)" if "\x00" in item else None
+    if isinstance(item, float):
+        return None if math.isfinite(item) else f"{item} is not a finite number"
+    if isinstance(item, int) and not isinstance(item, bool):
+        return None if INT64_MIN <= item <= INT64_MAX else f"{item} does not fit in 64 bits"
+    return None
 
 
 def task_channel(agent: str, prefix: str = "") -> str:
@@ -125,8 +173,13 @@ def task_stream(agent: str, prefix: str = "") -> str:
 
 
 def ack_stream(prefix: str = "") -> str:
-    """The stream agents XADD acks and heartbeats to (the durable path)."""
+    """The shared stream agents XADD acks and heartbeats to (the durable path, no identity)."""
     return prefix + ACK_STREAM
+
+
+def agent_ack_stream(agent: str, prefix: str = "") -> str:
+    """The agent's own ack stream: only it may write there, so it names who sent each entry."""
+    return prefix + AGENT_ACK_STREAM.format(agent=agent)
 
 
 def task_token(secret: str, machine_id: UUID | str, state: str, attempt: int) -> str:
@@ -135,12 +188,14 @@ def task_token(secret: str, machine_id: UUID | str, state: str, attempt: int) ->
     return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def token_matches(secret: str, ack: StateAck | StateHeartbeat, attempt: int) -> bool:
-    """Whether the message carries the token issued for that attempt."""
-    if ack.task_token is None:
+def token_matches(secrets: Iterable[str], message: MachineMessage, attempt: int) -> bool:
+    """Whether the message carries the token issued for that attempt under one of the secrets
+    (the current one, or one being rotated out)."""
+    if message.task_token is None:
         return False
-    expected = task_token(secret, ack.machine_id, ack.state, attempt)
-    return hmac.compare_digest(expected, ack.task_token)
+    given = message.task_token.encode()
+    bound = (message.machine_id, message.state, attempt)
+    return any(hmac.compare_digest(task_token(s, *bound).encode(), given) for s in secrets)
 
 
 def message_schemas() -> dict[str, dict[str, Any]]:
@@ -149,6 +204,7 @@ def message_schemas() -> dict[str, dict[str, Any]]:
         "state_task": StateTask.model_json_schema(by_alias=True),
         "state_ack": StateAck.model_json_schema(by_alias=True),
         "state_heartbeat": StateHeartbeat.model_json_schema(by_alias=True),
+        "state_handback": StateHandBack.model_json_schema(by_alias=True),
         "agent_status": AgentStatus.model_json_schema(by_alias=True),
     }
 

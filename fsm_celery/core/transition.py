@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-import jmespath.exceptions
+from pydantic_core import to_json
 
 from fsm_celery.core.definition import (
     Edge,
@@ -47,7 +47,9 @@ class RejectReason(StrEnum):
     WRONG_STATE = "wrong_state"
     STALE_ATTEMPT = "stale_attempt"
     UNKNOWN_ATTEMPT = "unknown_attempt"
-    MISSING_OUTPUT = "missing_output"
+    INVALID_OUTPUT = "invalid_output"  # missing required keys, a guard that fails on it, too big
+    INVALID_VALUE = "invalid_value"  # a value PostgreSQL cannot store (NUL, NaN, 2**64)
+    WRONG_AGENT = "wrong_agent"  # sent by an agent the machine is not assigned to
     REFUSED_COMMAND = "refused_command"
     UNPROCESSABLE = "unprocessable"
 
@@ -64,6 +66,18 @@ class Machine:
     context: Mapping[str, Any]
     usage: Usage = NOTHING
     budget: Budget = NO_BUDGET
+    handbacks: int = 0  # attempts of this state visit handed back in a row
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds an operator sets on what agents can make a machine hold or do."""
+
+    max_context_bytes: int | None = None  # the context as JSON, after an ack's output merged
+    max_handbacks: int = 3  # hand-backs in a row re-dispatched free; the next counts as failure
+
+
+NO_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -85,7 +99,25 @@ class Timeout:
     attempt: int
 
 
-Event = Ack | Timeout
+@dataclass(frozen=True)
+class HandBack:
+    """The agent gives the attempt back undone (it is shutting down)."""
+
+    state: str
+    attempt: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class DispatchFailed:
+    """The attempt could not be sent: its prompt did not render, or routing it failed."""
+
+    state: str
+    attempt: int
+    error: str
+
+
+Event = Ack | Timeout | HandBack | DispatchFailed
 
 
 @dataclass(frozen=True)
@@ -113,6 +145,7 @@ class Transition:
     delay_seconds: float = 0.0  # wait before the next state is entered (retry backoff)
     usage: Usage = NOTHING  # what this attempt spent
     budget: Budget | None = None  # a new budget (set by an admin command)
+    handbacks: int = 0  # the machine's hand-backs in a row after this transition
 
     @property
     def enters_state(self) -> bool:
@@ -139,10 +172,12 @@ def initial_context(definition: MachineDefinition, context: Mapping[str, Any]) -
     return merged
 
 
-def decide(definition: MachineDefinition, machine: Machine, event: Event) -> Decision:
+def decide(
+    definition: MachineDefinition, machine: Machine, event: Event, limits: Limits = NO_LIMITS
+) -> Decision:
     """Decide what the event does to the machine. Pure: no I/O, no clock."""
-    decision = _decide(definition, machine, event)
-    if isinstance(decision, Rejected) or isinstance(event, Timeout):
+    decision = _decide(definition, machine, event, limits)
+    if isinstance(decision, Rejected) or not isinstance(event, Ack):
         return decision
     usage = usage_of(event.output)
     over = machine.budget.exceeded_by(machine.usage + usage)
@@ -155,13 +190,35 @@ def decide(definition: MachineDefinition, machine: Machine, event: Event) -> Dec
     return replace(decision, usage=usage)
 
 
-def _decide(definition: MachineDefinition, machine: Machine, event: Event) -> Decision:
+def _decide(
+    definition: MachineDefinition, machine: Machine, event: Event, limits: Limits
+) -> Decision:
     rejected = check_event(machine, event.state, event.attempt)
     if rejected is not None:
         return rejected
     state = definition.state(machine.current_state)
     if isinstance(event, Timeout):
         return _fail(definition, machine, state, FailureKind.TIMEOUT, "timed out", None)
+    if isinstance(event, HandBack):
+        return _hand_back(definition, machine, state, event, limits)
+    if isinstance(event, DispatchFailed):
+        # Retrying would fail the same way (same prompt, same context): take the failure edge.
+        assert state.on_failure is not None  # a running machine is never in a terminal state
+        error = f"the state could not be dispatched: {event.error}"
+        context = dict(machine.context)
+        return _take(
+            definition, machine, state.on_failure, context, None, error, FailureKind.DISPATCH
+        )
+    return _decide_ack(definition, machine, state, event, limits)
+
+
+def _decide_ack(
+    definition: MachineDefinition,
+    machine: Machine,
+    state: StateDefinition,
+    event: Ack,
+    limits: Limits,
+) -> Transition:
     output = dict(event.output)
     if not event.success:
         return _fail(
@@ -188,18 +245,54 @@ def _decide(definition: MachineDefinition, machine: Machine, event: Event) -> De
             context[counter] = machine.context[counter]
         else:
             context.pop(counter, None)
+    too_big = _context_too_big(context, limits)
+    if too_big is not None:
+        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, too_big, output)
     try:
         edge = _chosen_edge(state, output, context)
-    except jmespath.exceptions.JMESPathError as exc:
-        return _fail(
-            definition,
-            machine,
-            state,
-            FailureKind.INVALID_OUTPUT,
-            f"a guard could not be evaluated on the output: {exc}",
-            output,
-        )
+    except GuardFailed as exc:
+        error = f"guard {exc.guard!r} failed on the output: {exc.error}"
+        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, error, output)
     return _take(definition, machine, edge, context, output, None, None)
+
+
+def _context_too_big(context: dict[str, Any], limits: Limits) -> str | None:
+    if limits.max_context_bytes is None:
+        return None
+    size = len(to_json(context, inf_nan_mode="constants"))
+    if size <= limits.max_context_bytes:
+        return None
+    return (
+        f"the output would grow the context to {size} bytes, over the limit of "
+        f"{limits.max_context_bytes}"
+    )
+
+
+def _hand_back(
+    definition: MachineDefinition,
+    machine: Machine,
+    state: StateDefinition,
+    event: HandBack,
+    limits: Limits,
+) -> Transition:
+    """The same state again at once, as a new attempt, without counting a retry; past the
+    limit of hand-backs in a row, a failure like any other (a flapping agent cannot loop)."""
+    why = f"handed back: {event.reason}" if event.reason else "handed back"
+    if machine.handbacks >= limits.max_handbacks:
+        error = f"{why} ({machine.handbacks + 1} times in a row, counted as a failure)"
+        return _fail(definition, machine, state, FailureKind.FAILURE, error, None)
+    return Transition(
+        from_state=state.name,
+        to_state=state.name,
+        success=False,
+        status=MachineStatus.RUNNING,
+        context=dict(machine.context),
+        attempt=machine.attempt + 1,
+        state_retries=machine.state_retries,
+        output=None,
+        error=why,
+        handbacks=machine.handbacks + 1,
+    )
 
 
 def check_event(machine: Machine, state: str, attempt: int) -> Rejected | None:
@@ -212,7 +305,9 @@ def check_event(machine: Machine, state: str, attempt: int) -> Rejected | None:
     if attempt > machine.attempt:
         return Rejected(
             RejectReason.UNKNOWN_ATTEMPT,
-            f"attempt {attempt} was never dispatched; the machine is at attempt {machine.attempt}",
+            f"attempt {attempt} is ahead of the machine, which is at attempt {machine.attempt}: "
+            "its dispatch was rolled back (the transaction that sent it failed and was retried) "
+            "or it was never sent",
         )
     if machine.status is not MachineStatus.RUNNING:
         return Rejected(RejectReason.NOT_RUNNING, f"the machine is {machine.status.value}")
@@ -224,10 +319,25 @@ def check_event(machine: Machine, state: str, attempt: int) -> Rejected | None:
     return None
 
 
+class GuardFailed(Exception):
+    """A guard raised while it was evaluated on an output (a type mismatch, say)."""
+
+    def __init__(self, guard: str, error: Exception) -> None:
+        self.guard = guard
+        self.error = f"{type(error).__name__}: {error}"
+        super().__init__(f"{guard}: {self.error}")
+
+
 def _chosen_edge(state: StateDefinition, output: dict[str, Any], context: dict[str, Any]) -> Edge:
     data = {"output": output, "context": context}
     for edge in state.on_success:
-        if edge.when is None or _truthy(compile_guard(edge.when).search(data)):
+        if edge.when is None:
+            return edge
+        try:
+            taken = _truthy(compile_guard(edge.when).search(data))
+        except Exception as exc:  # whatever an agent's output makes a guard raise
+            raise GuardFailed(edge.when, exc) from exc
+        if taken:
             return edge
     return state.on_success[-1]  # the validator makes the last edge an unguarded default
 

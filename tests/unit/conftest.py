@@ -42,4 +42,12 @@ def machine_in(
 
 def after(machine: Machine, t: Transition) -> Machine:
     """The machine as the transition leaves it."""
-    return Machine(machine.id, t.to_state, t.status, t.attempt, t.state_retries, t.context)
+    return Machine(
+        machine.id,
+        t.to_state,
+        t.status,
+        t.attempt,
+        t.state_retries,
+        t.context,
+        handbacks=t.handbacks,
+    )

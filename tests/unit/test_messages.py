@@ -15,14 +15,15 @@ from pydantic import ValidationError
 from fsm_celery.core.messages import (
     AgentStatus,
     StateAck,
+    StateHandBack,
     StateHeartbeat,
     StateTask,
-    holds_nul,
     message_schemas,
     parse_agent_message,
     schemas_json,
     task_token,
     token_matches,
+    unstorable,
 )
 
 MACHINE = uuid.UUID("5b1f0c1e-3f7a-4c55-9f0e-7d9f1b6e2a10")
@@ -230,35 +231,35 @@ def test_task_token_changes_with_machine_state_attempt_and_secret(
 
 def test_token_matches_the_issued_token() -> None:
     ack = signed_ack(4, task_token(SECRET, MACHINE, "WRITE_CODE", 4))
-    assert token_matches(SECRET, ack, 4)
+    assert token_matches([SECRET], ack, 4)
 
 
 def test_token_matches_rejects_a_forged_token() -> None:
-    assert not token_matches(SECRET, signed_ack(4, "0" * 64), 4)
+    assert not token_matches([SECRET], signed_ack(4, "0" * 64), 4)
 
 
 def test_token_matches_rejects_a_missing_token() -> None:
-    assert not token_matches(SECRET, StateAck.model_validate_json(json.dumps(SEED_ACK)), 4)
+    assert not token_matches([SECRET], StateAck.model_validate_json(json.dumps(SEED_ACK)), 4)
 
 
 def test_token_matches_rejects_another_attempts_token() -> None:
     ack = signed_ack(4, task_token(SECRET, MACHINE, "WRITE_CODE", 3))
-    assert not token_matches(SECRET, ack, 4)
+    assert not token_matches([SECRET], ack, 4)
 
 
 def test_token_matches_rejects_the_token_checked_for_another_attempt() -> None:
     ack = signed_ack(4, task_token(SECRET, MACHINE, "WRITE_CODE", 4))
-    assert not token_matches(SECRET, ack, 5)
+    assert not token_matches([SECRET], ack, 5)
 
 
 def test_token_matches_rejects_a_token_issued_for_another_state() -> None:
     ack = signed_ack(4, task_token(SECRET, MACHINE, "RUN_TESTS", 4), state="WRITE_CODE")
-    assert not token_matches(SECRET, ack, 4)
+    assert not token_matches([SECRET], ack, 4)
 
 
 def test_token_matches_rejects_a_token_signed_with_another_secret() -> None:
     ack = signed_ack(4, task_token("other-secret", MACHINE, "WRITE_CODE", 4))
-    assert not token_matches(SECRET, ack, 4)
+    assert not token_matches([SECRET], ack, 4)
 
 
 def test_token_matches_checks_heartbeats_too() -> None:
@@ -270,18 +271,24 @@ def test_token_matches_checks_heartbeats_too() -> None:
         "taskToken": task_token(SECRET, MACHINE, "WRITE_CODE", 4),
     }
     beat = StateHeartbeat.model_validate_json(json.dumps(raw))
-    assert token_matches(SECRET, beat, 4)
-    assert not token_matches(SECRET, beat, 3)
+    assert token_matches([SECRET], beat, 4)
+    assert not token_matches([SECRET], beat, 3)
 
 
 # -- JSON Schemas -----------------------------------------------------------------------------
 
 
 def test_schemas_cover_every_message_type() -> None:
-    assert set(message_schemas()) == {"state_task", "state_ack", "state_heartbeat", "agent_status"}
+    assert set(message_schemas()) == {
+        "state_task",
+        "state_ack",
+        "state_heartbeat",
+        "state_handback",
+        "agent_status",
+    }
 
 
-@pytest.mark.parametrize("message", ["state_task", "state_ack"])
+@pytest.mark.parametrize("message", ["state_task", "state_ack", "state_handback"])
 def test_schema_property_names_are_camel_case(message: str) -> None:
     schema = message_schemas()[message]
     names = list(schema["properties"]) + list(schema["required"])
@@ -322,19 +329,85 @@ def test_the_published_schemas_are_current() -> None:
 
 
 @pytest.mark.parametrize(
-    ("output", "expected"),
+    ("raw_output", "expected"),
     [
-        ({"log": "build failed"}, False),
-        ({"log": "build\u0000failed"}, True),
-        ({"bad\u0000key": 1}, True),
-        ({"lines": ["ok", {"deep": "x\u0000"}]}, True),
-        ({"text": "a backslash and u0000: \\u0000"}, False),
+        ('{"log": "build failed", "n": 3, "x": 1.5}', None),
+        ('{"log": "build\\u0000failed"}', "message.output.log: holds a NUL character"),
+        ('{"bad\\u0000key": 1}', "message.output key: holds a NUL character"),
+        ('{"lines": ["ok", {"deep": "x\\u0000"}]}', "message.output.lines[1].deep: holds a NUL"),
+        ('{"text": "a backslash and u0000: \\\\u0000"}', None),
+        ('{"ratio": NaN}', "message.output.ratio: nan is not a finite number"),
+        ('{"cost": Infinity}', "message.output.cost: inf is not a finite number"),
+        ('{"cost": -Infinity}', "message.output.cost: -inf is not a finite number"),
+        ('{"huge": 1e400}', "message.output.huge: inf is not a finite number"),
+        ('{"tokensUsed": 9223372036854775808}', "message.output.tokensUsed: 92233720368547"),
+        ('{"tokensUsed": 9223372036854775807}', None),
+        ('{"flag": true}', None),
     ],
-    ids=["plain", "in-a-value", "in-a-key", "nested", "escaped-text"],
+    ids=[
+        "plain",
+        "nul-in-a-value",
+        "nul-in-a-key",
+        "nul-nested",
+        "escaped-text",
+        "nan",
+        "infinity",
+        "minus-infinity",
+        "1e400",
+        "past-bigint",
+        "bigint-max",
+        "bool",
+    ],
 )
-def test_a_nul_character_is_found_wherever_it_is(output: dict[str, Any], expected: bool) -> None:
-    raw = json.dumps(
-        {"type": "state_ack", "machineId": str(uuid.uuid4()), "state": "S", "success": True}
-        | {"output": output}
+def test_values_postgresql_refuses_are_found_wherever_they_are(
+    raw_output: str, expected: str | None
+) -> None:
+    raw = (
+        f'{{"type": "state_ack", "machineId": "{uuid.uuid4()}", "state": "S", "success": true, '
+        f'"output": {raw_output}}}'
     )
-    assert holds_nul(parse_agent_message(raw).model_dump()) is expected
+    found = unstorable(parse_agent_message(raw).model_dump(), "message")
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(expected)
+
+
+@pytest.mark.parametrize("attempt", [2**31, 2**40, 2**63, -1])
+def test_an_attempt_outside_its_column_breaks_the_schema(attempt: int) -> None:
+    with pytest.raises(ValidationError, match="attempt"):
+        parse_agent_message(json.dumps({**SEED_ACK, "attempt": attempt, "taskToken": "t"}))
+
+
+def test_an_agent_status_with_a_concurrency_past_its_column_breaks_the_schema() -> None:
+    status = {
+        "type": "agent_status",
+        "agentId": str(uuid.uuid4()),
+        "agentType": "cto",
+        "status": "active",
+        "concurrency": 2**40,
+    }
+    with pytest.raises(ValidationError, match="concurrency"):
+        parse_agent_message(json.dumps(status))
+
+
+def test_a_hand_back_parses_and_needs_its_attempt_and_token() -> None:
+    back = {
+        "type": "state_handback",
+        "machineId": str(MACHINE),
+        "state": "WRITE_CODE",
+        "attempt": 4,
+        "taskToken": "t",
+        "reason": "shutting down",
+    }
+    parsed = parse_agent_message(json.dumps(back))
+    assert isinstance(parsed, StateHandBack)
+    assert (parsed.attempt, parsed.reason) == (4, "shutting down")
+    with pytest.raises(ValidationError, match="taskToken"):
+        parse_agent_message(json.dumps({k: v for k, v in back.items() if k != "taskToken"}))
+
+
+def test_a_token_signed_with_a_secret_being_rotated_out_still_matches() -> None:
+    ack = signed_ack(4, task_token("old-secret", MACHINE, "WRITE_CODE", 4))
+    assert token_matches(["new-secret", "old-secret"], ack, 4)
+    assert not token_matches(["new-secret"], ack, 4)

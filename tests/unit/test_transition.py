@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,7 +12,10 @@ from fsm_celery.core.definition import FailureKind, MachineDefinition
 from fsm_celery.core.loader import load_file, load_text
 from fsm_celery.core.transition import (
     Ack,
+    DispatchFailed,
     Event,
+    HandBack,
+    Limits,
     Machine,
     MachineStatus,
     Rejected,
@@ -22,6 +26,7 @@ from fsm_celery.core.transition import (
     initial_context,
 )
 from fsm_celery.core.usage import Budget, Usage
+from fsm_celery.exceptions import DefinitionError
 from tests.unit.conftest import DEFINITIONS, after, machine_in
 
 ANALYSIS = {"needsSpec": True, "complexity": "high"}
@@ -152,6 +157,30 @@ states:
 """)
     decision = decide(d, machine_in(d, "A"), Ack("A", 1, True, {"items": 5}))
     assert isinstance(decision, Transition)
+    assert (decision.to_state, decision.failure) == ("LOST", FailureKind.INVALID_OUTPUT)
+    assert decision.error is not None
+    assert decision.error.startswith("guard 'length(output.items) > `1`' failed on the output: ")
+
+
+def test_a_guard_raising_a_python_error_fails_the_attempt_as_invalid_output() -> None:
+    # jmespath compares a string with a number by raising TypeError.
+    d = load_text("""
+type: compare
+agent_type: x
+initial_state: A
+states:
+  - name: A
+    on_success:
+      - {target: BIG, when: "output.n > `3`"}
+      - {target: SMALL}
+    on_failure: LOST
+  - {name: BIG, terminal: completed}
+  - {name: SMALL, terminal: completed}
+  - {name: LOST, terminal: failed}
+""")
+    t = transition(d, machine_in(d, "A"), Ack("A", 1, True, {"n": "many"}))
+    assert (t.to_state, t.success, t.failure) == ("LOST", False, FailureKind.INVALID_OUTPUT)
+    assert t.error is not None and "TypeError" in t.error and "output.n > `3`" in t.error
 
 
 def test_output_merges_into_the_context(build_project: MachineDefinition) -> None:
@@ -507,7 +536,8 @@ def test_unknown_future_attempt(build_project: MachineDefinition) -> None:
     m = machine_in(build_project, "WRITE_CODE", attempt=5)
     r = rejection(build_project, m, Ack("WRITE_CODE", 6, True, {"filesCreated": []}))
     assert r.reason is RejectReason.UNKNOWN_ATTEMPT
-    assert r.detail == "attempt 6 was never dispatched; the machine is at attempt 5"
+    assert r.detail.startswith("attempt 6 is ahead of the machine, which is at attempt 5: ")
+    assert "rolled back" in r.detail
 
 
 @pytest.mark.parametrize("event", [Ack("RUN_TESTS", 5, True, {"passed": True}), Timeout("X", 5)])
@@ -523,3 +553,101 @@ def test_the_same_ack_twice_is_applied_once(build_project: MachineDefinition) ->
     ack = Ack("COMMIT_PUSH", 1, True, {"commitHash": "abc"})
     moved = after(m, transition(build_project, m, ack))
     assert rejection(build_project, moved, ack).reason is RejectReason.STALE_ATTEMPT
+
+
+# -- hand-backs, dispatch failures, limits ---------------------------------------------------
+
+
+def test_a_hand_back_sends_the_same_state_again_without_counting_a_retry(
+    build_project: MachineDefinition,
+) -> None:
+    m = machine_in(build_project, "WRITE_CODE", attempt=4, retries=1)
+    t = transition(build_project, m, HandBack("WRITE_CODE", 4, "shutting down"))
+    assert (t.to_state, t.status, t.attempt, t.state_retries) == (
+        "WRITE_CODE",
+        MachineStatus.RUNNING,
+        5,
+        1,
+    )
+    assert (t.success, t.failure, t.delay_seconds, t.handbacks) == (False, None, 0.0, 1)
+    assert t.error == "handed back: shutting down"
+
+
+def test_hand_backs_past_the_limit_count_as_a_failure(build_project: MachineDefinition) -> None:
+    limits = Limits(max_handbacks=2)
+    m = machine_in(build_project, "WRITE_CODE", attempt=4)
+    for attempt in (4, 5):
+        decision = decide(build_project, m, HandBack("WRITE_CODE", attempt), limits)
+        assert isinstance(decision, Transition) and decision.failure is None
+        m = after(m, decision)
+    t = decide(build_project, m, HandBack("WRITE_CODE", 6), limits)
+    assert isinstance(t, Transition)
+    assert (t.failure, t.handbacks) == (FailureKind.FAILURE, 0)
+    assert t.error is not None and "3 times in a row" in t.error
+
+
+def test_any_other_outcome_starts_the_count_of_hand_backs_again(
+    build_project: MachineDefinition,
+) -> None:
+    m = machine_in(build_project, "WRITE_CODE", attempt=4)
+    m = after(m, transition(build_project, m, HandBack("WRITE_CODE", 4)))
+    t = transition(build_project, m, Ack("WRITE_CODE", 5, False, error="flaky"))
+    assert t.handbacks == 0
+
+
+def test_a_state_that_cannot_be_dispatched_takes_its_failure_edge_without_retrying(
+    build_project: MachineDefinition,
+) -> None:
+    m = machine_in(build_project, "WRITE_CODE", attempt=4)
+    t = transition(build_project, m, DispatchFailed("WRITE_CODE", 4, "ZeroDivisionError"))
+    state = build_project.state("WRITE_CODE")
+    assert state.max_retries > 0  # it would be retried if it were an agent's failure
+    assert t.to_state == state.on_failure.target if state.on_failure else None
+    assert (t.success, t.failure, t.attempt) == (False, FailureKind.DISPATCH, 5)
+    assert t.error == "the state could not be dispatched: ZeroDivisionError"
+
+
+def test_an_output_that_would_grow_the_context_past_its_limit_is_invalid(
+    build_project: MachineDefinition,
+) -> None:
+    m = machine_in(build_project, "ANALYZE_ISSUE", context={"notes": "n" * 500})
+    big = {**ANALYSIS, "blob": "b" * 600}
+    decision = decide(build_project, m, Ack("ANALYZE_ISSUE", 1, True, big), Limits(1_000))
+    assert isinstance(decision, Transition)
+    assert decision.failure is FailureKind.INVALID_OUTPUT
+    assert decision.error is not None and "over the limit of 1000" in decision.error
+    small = decide(build_project, m, Ack("ANALYZE_ISSUE", 1, True, ANALYSIS), Limits(1_000))
+    assert isinstance(small, Transition) and small.success
+
+
+def test_a_heartbeat_never_moves_a_deadline_past_the_attempts_longest_duration() -> None:
+    d = load_text("""
+type: long
+agent_type: x
+initial_state: A
+states:
+  - {name: A, timeout: 60, heartbeat_timeout: 30, max_duration: 100, on_success: B,
+     on_failure: B}
+  - {name: B, terminal: completed}
+""")
+    state = d.state("A")
+    entered = datetime(2026, 1, 1, tzinfo=UTC)
+    default = timedelta(hours=1)
+    assert state.heartbeat_deadline(entered, entered + timedelta(seconds=10), default) == (
+        entered + timedelta(seconds=40)
+    )
+    assert state.heartbeat_deadline(entered, entered + timedelta(seconds=90), default) == (
+        entered + timedelta(seconds=100)
+    )
+
+
+def test_a_dispatch_failure_cannot_be_retried_by_definition() -> None:
+    with pytest.raises(DefinitionError, match="not retried"):
+        load_text("""
+type: bad
+agent_type: x
+initial_state: A
+states:
+  - {name: A, retry_on: [dispatch], on_success: B, on_failure: B}
+  - {name: B, terminal: completed}
+""")
