@@ -51,4 +51,6 @@ beat_schedule = {
     # countdown task per state (which a worker would hold in memory), and repairs anything a
     # killed worker, a lost message or a flushed Redis left behind.
     "fsm-scan": {"task": "fsm.scan", "schedule": _settings.scan_interval_seconds},
+    # Rejected messages and silent agents past their retention, a few thousand rows at a time.
+    "fsm-prune": {"task": "fsm.prune", "schedule": 60.0},
 }

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 import redis
 
-from fsm_celery.core.messages import ack_stream, task_stream
+from fsm_celery.core.messages import agent_ack_stream, task_stream
 
 GROUP = "agents"
 
@@ -54,7 +54,7 @@ class Agent:
     def __init__(self, client: redis.Redis, agent_id: str, rate: float, log: TextIO) -> None:
         prefix = os.environ.get("FSM_CHANNEL_PREFIX", "")
         self.client, self.agent_id, self.rate, self.log = client, agent_id, rate, log
-        self.tasks, self.acks = task_stream(agent_id, prefix), ack_stream(prefix)
+        self.tasks, self.acks = task_stream(agent_id, prefix), agent_ack_stream(agent_id, prefix)
         self.waiting: deque[tuple[bytes, dict[str, Any]]] = deque()
         self.answered_ids: list[bytes] = []  # XACKed and XDELed with the next read
         self.started, self.answered = time.monotonic(), 0

@@ -9,7 +9,7 @@ import redis
 import sqlalchemy.exc
 
 from fsm_celery.core.transition import RejectReason
-from fsm_celery.engine import MachineEngine, Step
+from fsm_celery.engine import Inbound, MachineEngine, Step
 
 log = logging.getLogger(__name__)
 
@@ -28,28 +28,39 @@ class AckApplier:
     """Applies raw agent messages in batches and schedules the retries they decided.
 
     A batch that fails for a reason other than a transient one is split and applied message by
-    message, so that one message the database refuses (say, a number its column cannot hold) is
-    recorded as rejected instead of holding back, or taking down, the acks around it.
+    message, so that one message the database refuses is recorded as rejected instead of
+    holding back, or taking down, the messages around it. A message that cannot even be
+    recorded is handed back to the caller, which keeps it for another try and, past a few,
+    parks it (the bridge's dead-letter stream): nothing is dropped, and nothing stalls.
     """
 
     def __init__(self, engine: MachineEngine, enter: Enter) -> None:
         self.engine = engine
         self.enter = enter
 
-    def __call__(self, payloads: list[str]) -> None:
-        """Apply the batch; raises only transient errors (the caller keeps it and tries again)."""
+    def __call__(self, batch: list[Inbound]) -> list[Inbound]:
+        """Apply the batch; the messages neither applied nor recorded. Raises only transient
+        errors (the caller keeps the whole batch and tries again)."""
         try:
-            steps = self.engine.apply_messages(payloads)
+            steps = self.engine.apply_messages(batch)
         except TRANSIENT:
             raise
         except Exception as exc:
-            if len(payloads) > 1:
-                for payload in payloads:
-                    self([payload])
-                return
-            log.exception("a message could not be applied; it is recorded as rejected")
-            detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            self.engine.reject(payloads[0], RejectReason.UNPROCESSABLE, detail)
-            return
+            if len(batch) > 1:
+                return [failed for item in batch for failed in self([item])]
+            return self._reject(batch[0], exc)
         # Steps due now were entered in the transaction; the others wait out a retry delay.
         self.enter([step for step in steps if step.delay > 0])
+        return []
+
+    def _reject(self, item: Inbound, error: Exception) -> list[Inbound]:
+        log.error("a message could not be applied; it is recorded as rejected", exc_info=error)
+        detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        try:
+            self.engine.reject(item.raw, RejectReason.UNPROCESSABLE, detail)
+        except TRANSIENT:
+            raise
+        except Exception:
+            log.exception("the rejection of a message could not be recorded either")
+            return [item]
+        return []

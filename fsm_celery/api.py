@@ -25,9 +25,11 @@ def redis_engine(settings: Settings, pre_ping: bool = True) -> MachineEngine:
 
 def celery_client(settings: Settings) -> Client:
     """A client that enqueues state entries on the Celery broker."""
+    from fsm_celery.channel.bridge import DeadLetters
     from fsm_celery.worker.tasks import enter
 
-    return Client(redis_engine(settings), enter)
+    dead = DeadLetters(connect(settings.redis_url), settings.channel_prefix)
+    return Client(redis_engine(settings), enter, dead.latest)
 
 
 @lru_cache(maxsize=1)

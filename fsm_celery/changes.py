@@ -9,6 +9,7 @@ from uuid import UUID
 
 from sqlalchemy import Connection
 
+from fsm_celery.core.messages import INT32_MAX
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
 from fsm_celery.core.usage import Budget, Usage
 from fsm_celery.store import queries as q
@@ -42,6 +43,7 @@ def snapshot(row: q.AnyRow) -> Machine:
         context=row.context,
         usage=Usage(row.tokens_used, row.cost),
         budget=Budget(tokens=row.budget_tokens, cost=row.budget_cost),
+        handbacks=row.handbacks,
     )
 
 
@@ -86,6 +88,7 @@ class Changes:
             context=t.context,
             usage=spent,
             budget=machine.budget,
+            handbacks=t.handbacks,
         )
         self.delays[row.id] = t.delay_seconds
         self.updates[row.id] = {
@@ -95,6 +98,7 @@ class Changes:
             "context": t.context,
             "attempt": t.attempt,
             "state_retries": t.state_retries,
+            "handbacks": t.handbacks,
             "dispatch_due_at": due,
             "deadline_at": None,
             "heartbeat_at": None,
@@ -170,7 +174,8 @@ class Changes:
         state: str | None = None,
         attempt: int | None = None,
     ) -> None:
-        """Record a message that changed nothing, with the reason."""
+        """Record a message that changed nothing, with the reason (what its columns cannot hold
+        is cut or left out: recording a rejection must not be able to fail)."""
         self.rejections.append(
             {
                 "reason": reason.value,
@@ -178,8 +183,8 @@ class Changes:
                 "payload": payload,
                 "received_at": self.now,
                 "machine_id": machine_id,
-                "state": state,
-                "attempt": attempt,
+                "state": state[:50] if state is not None else None,
+                "attempt": attempt if attempt is not None and 0 <= attempt <= INT32_MAX else None,
             }
         )
 

@@ -19,7 +19,7 @@ import kombu.exceptions
 import redis
 import sqlalchemy.exc
 
-from fsm_celery.config import get_settings
+from fsm_celery.config import Settings, get_settings
 from fsm_celery.exceptions import FsmError
 from fsm_celery.ops import Client
 
@@ -243,15 +243,74 @@ def budget(machine_id: str, tokens: int | None, cost: float | None, actor: str) 
     )
 
 
-@main.command()
+@main.group(invoke_without_command=True)
+@click.pass_context
+def agents(ctx: click.Context) -> None:
+    """Agents: those that reported (the default), and their Redis credentials."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(agents_list)
+
+
+@agents.command("list")
 @_fail_cleanly
-def agents() -> None:
+def agents_list() -> None:
     """Agents that reported to the engine, and when they were last seen."""
     for a in _client().agents():
         click.echo(
             f"{a['id']}  {a['agent_type']:10} {a['status']:8} running "
             f"{a['running']}/{a['concurrency']}  last seen {a['last_seen_at']}"
         )
+
+
+@agents.command("credentials")
+@click.argument("agent_id", type=click.UUID)
+@click.option("--type", "agent_type", required=True, help="The agent type it serves (cto, ...).")
+@click.option(
+    "--apply",
+    is_flag=True,
+    help="Create the Redis user now, through FSM_REDIS_URL (which needs ACL rights).",
+)
+@_fail_cleanly
+def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool) -> None:
+    """Issue the agent its own Redis user: it may read only its tasks and write only its acks.
+
+    Prints the ACL rule (for redis-cli or an ACL file) and the URL the agent connects with, and
+    registers the agent's type, so that it cannot claim another. Run it again to change the
+    password. See docs/protocol.md, "Identity".
+    """
+    from fsm_celery.channel import acl
+
+    settings = get_settings()
+    prefix = settings.channel_prefix
+    password = acl.new_password()
+    try:
+        line = acl.acl_setuser_command(agent_id, agent_type, prefix, password)
+        file_line = acl.acl_file_line(agent_id, agent_type, prefix, password)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if apply:
+        from fsm_celery.channel.redis import connect
+
+        acl.create_agent_user(connect(settings.redis_url), agent_id, agent_type, prefix, password)
+    _client().register_agent(agent_id, agent_type)
+    user = acl.agent_username(agent_id)
+    click.echo(f"# Redis user {user} ({'created' if apply else 'not created yet: run this'}):")
+    click.echo(line)
+    click.echo("# or, in an ACL file:")
+    click.echo(file_line)
+    click.echo("# the agent connects with (keep it secret; shown once):")
+    click.echo(_agent_url(settings.redis_url, user, password))
+
+
+def _agent_url(redis_url: str, user: str, password: str) -> str:
+    """The deployment's Redis URL with the agent's credentials instead of the engine's."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(redis_url)
+    host = parts.hostname or "127.0.0.1"
+    where = f"{host}:{parts.port}" if parts.port else host
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{where}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
 
 
 @main.command()
@@ -342,10 +401,15 @@ def stats() -> None:
 
 @main.command()
 @click.option("--machine-id")
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--parked", is_flag=True, help="Messages parked in the dead-letter stream instead.")
 @_fail_cleanly
-def rejected(machine_id: str | None, limit: int) -> None:
-    """List rejected messages, newest first."""
+def rejected(machine_id: str | None, limit: int, parked: bool) -> None:
+    """List rejected messages, newest first (--parked: those the bridge could not even record)."""
+    if parked:
+        for p in _client().parked(limit):
+            click.echo(f"{p['parkedAt']}  {p['source']}  {p['reason']}  {p['message'][:200]}")
+        return
     for r in _client().rejected(machine_id, limit):
         click.echo(f"{r['received_at']}  {r['reason']:16} {r['machine_id'] or '-'}  {r['detail']}")
 
@@ -376,8 +440,10 @@ def demo(path: str | None) -> None:
     show_default=True,
     help="Processes sharing the ack stream (one per core); the first also reads pub/sub.",
 )
+@_fail_cleanly
 def ack_bridge(processes: int) -> None:
     """Apply acks and heartbeats from Redis (pub/sub and stream) in batches."""
+    get_settings().require_secret()
     stop = threading.Event()
     others = [_spawn_consumer(n) for n in range(1, processes)]
     threading.Thread(target=_keep_consumers, args=(others, stop), daemon=True).start()
@@ -410,36 +476,70 @@ def _keep_consumers(
 
 
 def serve_acks(pubsub: bool, stop: threading.Event | None = None) -> None:
-    """Serve the ack stream (and the pub/sub channel) until SIGINT or SIGTERM."""
+    """Serve the ack streams (and the pub/sub channel) until SIGINT or SIGTERM."""
     from fsm_celery.acks import AckApplier
     from fsm_celery.api import redis_engine
-    from fsm_celery.channel.bridge import AckBridge, PubSubSource, Source, StreamSource
+    from fsm_celery.channel.bridge import (
+        AckBridge,
+        DeadLetters,
+        PubSubSource,
+        Source,
+        StreamSource,
+    )
     from fsm_celery.channel.redis import connect
-    from fsm_celery.core.messages import ack_channel, ack_stream
+    from fsm_celery.core.messages import ack_channel
     from fsm_celery.worker.tasks import enter
 
     settings = get_settings()
+    settings.require_secret()
     logging.basicConfig(format="%(asctime)s %(processName)s %(levelname)s %(message)s")
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
+    _warn_about_trust(settings)
     apply = AckApplier(redis_engine(settings, pre_ping=False), enter)  # it retries instead
     limit, size, prefix = (
         settings.max_payload_bytes,
         settings.ack_batch_size,
         settings.channel_prefix,
     )
-    claim_ms = int(settings.stream_claim_idle_seconds * 1000)
+    dead = DeadLetters(connect(settings.redis_url), prefix)
     sources: list[Source] = [
-        StreamSource(connect(settings.redis_url), ack_stream(prefix), apply, size, limit, claim_ms)
-    ]
-    if pubsub:
-        sources.append(
-            PubSubSource(connect(settings.redis_url), ack_channel(prefix), apply, size, limit)
+        StreamSource(
+            connect(settings.redis_url),
+            prefix,
+            apply,
+            dead,
+            shared=settings.accept_shared_acks,
+            batch=size,
+            max_bytes=limit,
+            claim_idle_ms=int(settings.stream_claim_idle_seconds * 1000),
+            dead_letter_after=settings.dead_letter_after,
+            maxlen=settings.ack_stream_maxlen,
         )
+    ]
+    if pubsub and settings.accept_shared_acks:
+        channel = ack_channel(prefix)
+        sources.append(PubSubSource(connect(settings.redis_url), channel, apply, dead, size, limit))
     stopping = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     _quiet_gc()
     AckBridge(sources).run(stopping)
+
+
+def _warn_about_trust(settings: Settings) -> None:
+    """Say loudly at start what the settings let anyone with write access to Redis do."""
+    log = logging.getLogger("fsm_celery.trust")
+    if settings.accept_shared_acks:
+        log.warning(
+            "FSM_ACCEPT_SHARED_ACKS is on: acks on the shared channel and stream (the seed's "
+            "protocol) are accepted from anyone who can write to them, for any machine whose "
+            "task token they hold; set it to false once every agent writes to its own stream"
+        )
+    if settings.accept_unsigned_acks:
+        log.warning(
+            "FSM_ACCEPT_UNSIGNED_ACKS is on: acks without a taskToken are accepted, so anyone "
+            "who can write to an ack stream or channel can move any machine; never in production"
+        )
 
 
 def _quiet_gc() -> None:

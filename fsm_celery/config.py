@@ -7,6 +7,11 @@ from functools import lru_cache
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fsm_celery.exceptions import InsecureSecret
+
+DEFAULT_SECRET = "change-me-in-production"
+MIN_SECRET_BYTES = 32
+
 
 class Settings(BaseSettings):
     """Everything a process of fsm-celery needs to know about its surroundings."""
@@ -19,8 +24,12 @@ class Settings(BaseSettings):
     channel_prefix: str = ""
     queue: str = "fsm"
     definitions_path: str = "definitions"
-    task_token_secret: str = "change-me-in-production"
+    # Comma-separated: the first signs task tokens, all are accepted (rotate by prepending).
+    task_token_secret: str = DEFAULT_SECRET
     accept_unsigned_acks: bool = False
+    # The seed's shared ack channel and stream carry no identity: anyone who can write to
+    # Redis can answer for any machine there. Off, only per-agent ack streams are read.
+    accept_shared_acks: bool = True
     task_streams: bool = True
     stream_claim_idle_seconds: float = Field(default=30.0, gt=0)
     agent_liveness_seconds: float = Field(default=15.0, gt=0)
@@ -28,10 +37,38 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     ack_batch_size: int = Field(default=500, gt=0)
     scan_interval_seconds: float = Field(default=1.0, gt=0)
+    max_context_bytes: int = Field(default=524_288, gt=0)
+    max_prompt_bytes: int = Field(default=131_072, gt=0)
+    max_attempt_seconds: float = Field(default=86_400.0, gt=0)
+    max_handbacks: int = Field(default=3, ge=0)
+    dead_letter_after: int = Field(default=3, ge=1)
+    ack_stream_maxlen: int = Field(default=100_000, ge=100)
+    rejected_retention_days: float = Field(default=7.0, gt=0)
+    agent_retention_days: float = Field(default=7.0, gt=0)
 
     @property
     def celery_broker_url(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def token_secrets(self) -> tuple[str, ...]:
+        """The accepted task token secrets; the first signs."""
+        return tuple(s.strip() for s in self.task_token_secret.split(",") if s.strip()) or ("",)
+
+    def secret_problem(self) -> str | None:
+        """Why the task token secrets are unfit for a deployment, or None."""
+        for secret in self.token_secrets:
+            if secret == DEFAULT_SECRET:
+                return "FSM_TASK_TOKEN_SECRET is the default"
+            if len(secret.encode()) < MIN_SECRET_BYTES:
+                return f"FSM_TASK_TOKEN_SECRET is shorter than {MIN_SECRET_BYTES} bytes"
+        return None
+
+    def require_secret(self) -> None:
+        """Refuse to run a long-lived process with a guessable task token secret."""
+        problem = self.secret_problem()
+        if problem is not None:
+            raise InsecureSecret(problem)
 
 
 @lru_cache(maxsize=1)

@@ -16,7 +16,7 @@ from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import task_channel
-from fsm_celery.engine import MachineEngine
+from fsm_celery.engine import Inbound, MachineEngine
 from fsm_celery.ops import Client
 from fsm_celery.store.db import make_engine, upgrade
 
@@ -97,14 +97,14 @@ def _scan(engine: MachineEngine, stop: threading.Event) -> None:
 
 
 def _agent(
-    bus: MemoryBus, settings: Settings, mock: MockScript, send: Callable[[list[str]], object]
+    bus: MemoryBus, settings: Settings, mock: MockScript, send: Callable[[list[Inbound]], object]
 ) -> uuid.UUID:
     agent_id = uuid.uuid4()
 
     def handle(message: str) -> None:
         task = json.loads(message)
         time.sleep(mock.think_seconds(task["machineId"], task["attempt"]))
-        send([json.dumps(mock.answer(task))])
+        send([Inbound(json.dumps(mock.answer(task)), agent_id)])
 
     bus.subscribe(task_channel(str(agent_id), settings.channel_prefix), handle)
     return agent_id

@@ -8,34 +8,38 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
-import jinja2
-from pydantic import ValidationError
+import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
 from fsm_celery.changes import Changes, Step, aware, snapshot
 from fsm_celery.channel import Dispatcher
 from fsm_celery.config import Settings
+from fsm_celery.core import intake
 from fsm_celery.core.admin import Action, Command, decide_command
-from fsm_celery.core.definition import TEMPLATES, FailureKind, MachineDefinition
+from fsm_celery.core.definition import FailureKind, MachineDefinition, StateDefinition
+from fsm_celery.core.intake import Refused
 from fsm_celery.core.messages import (
+    INT32_MAX,
     AgentStatus,
+    AnyAgentMessage,
     MachineMessage,
-    StateAck,
+    StateHandBack,
     StateHeartbeat,
     StateTask,
-    holds_nul,
-    parse_agent_message,
     task_token,
-    token_matches,
+    unstorable,
 )
+from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import (
     LOOP_COUNT,
     LOOP_LIMIT,
     Ack,
+    DispatchFailed,
+    HandBack,
+    Limits,
     Machine,
     MachineStatus,
     Rejected,
@@ -57,7 +61,15 @@ from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MachineEngine", "Step"]
+__all__ = ["Inbound", "MachineEngine", "Step"]
+
+
+class Inbound(NamedTuple):
+    """A raw message from Redis, and the agent that sent it when where it came from says so
+    (its own ack stream, which only it may write under the Redis ACLs)."""
+
+    raw: str
+    agent: UUID | None = None
 
 
 EARLY = timedelta(milliseconds=50)  # how early a countdown may fire and still enter a state
@@ -81,6 +93,8 @@ class MachineEngine:
         self.dispatcher = dispatcher
         self.settings = settings
         self.clock = clock
+        self.limits = Limits(settings.max_context_bytes, settings.max_handbacks)
+        self._longest_attempt = timedelta(seconds=settings.max_attempt_seconds)
         self._definitions: dict[tuple[str, int], MachineDefinition] = {}
 
     # definitions ------------------------------------------------------------------------
@@ -110,7 +124,7 @@ class MachineEngine:
         github_issue: int | None = None,
     ) -> Step:
         """Create a running machine in its initial state; the step must then be entered."""
-        context = _checked_context(context)
+        context = _checked_context(context, self.settings.max_context_bytes)
         agent = _agent_uuid(agent_id)
         now = self.clock()
         machine_id = uuid.uuid4()
@@ -130,7 +144,7 @@ class MachineEngine:
                     "current_state": definition.initial_state,
                     "context": initial_context(definition, context),
                     "status": MachineStatus.RUNNING.value,
-                    "github_issue": issue if isinstance(issue, int) else None,
+                    "github_issue": issue if _fits_int32(issue) else None,
                     "created_at": now,
                     "updated_at": now,
                     "definition_version": version,
@@ -171,26 +185,47 @@ class MachineEngine:
         return True
 
     def _enter(self, conn: Connection, row: q.AnyRow, machine: Machine, changes: Changes) -> None:
-        """Build the attempt's state_task, route it, and record it as sent (in this txn)."""
+        """Build the attempt's state_task, route it, and record it as sent (in this txn).
+
+        A state that cannot be sent (its prompt does not render with this context) fails its
+        attempt, recorded, and takes its failure edge; the state that edge leads to is entered
+        in turn. The validator bounds every cycle, so this ends.
+        """
         definition = self._definition(conn, row.type, row.definition_version)
-        state = definition.state(machine.current_state)
-        deadline = changes.now + state.timeout
-        task = StateTask(
+        for _ in range(definition.step_bound() + 1):
+            state = definition.state(machine.current_state)
+            try:
+                task = self._task(row, state, machine, changes.now)
+            except PromptError as exc:
+                event = DispatchFailed(state.name, machine.attempt, f"the prompt: {exc}")
+                decision = decide(definition, machine, event, self.limits)
+                assert not isinstance(decision, Rejected)  # the machine is at that attempt
+                changes.transition(row, decision, "dispatch_error")
+                if not decision.enters_state:
+                    return
+                machine = changes.snapshots[row.id]
+                continue
+            agent = self._route(conn, row, changes.now)
+            changes.dispatch(row.id, agent, task.to_wire(), task.deadline)
+            return
+
+    def _task(
+        self, row: q.AnyRow, state: StateDefinition, machine: Machine, now: datetime
+    ) -> StateTask:
+        secret = self.settings.token_secrets[0]
+        return StateTask(
             machine_id=row.id,
             machine_type=row.type,
             state=state.name,
             attempt=machine.attempt,
             context=dict(machine.context),
-            prompt=_render(state.prompt, machine.context),
+            prompt=render(state.prompt, machine.context, self.settings.max_prompt_bytes),
             required_output=list(state.required_output),
             timeout=int(state.timeout_seconds * 1000),
-            deadline=deadline,
-            task_token=task_token(
-                self.settings.task_token_secret, row.id, state.name, machine.attempt
-            ),
+            deadline=now + state.timeout,
+            task_token=task_token(secret, row.id, state.name, machine.attempt),
             heartbeat_timeout=_ms(state.heartbeat_timeout),
         )
-        changes.dispatch(row.id, self._route(conn, row, changes.now), task.to_wire(), deadline)
 
     def _finish(self, conn: Connection, changes: Changes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.
@@ -221,63 +256,71 @@ class MachineEngine:
 
     # acks and heartbeats ----------------------------------------------------------------
 
-    def apply_messages(self, payloads: Iterable[str]) -> list[Step]:
+    def apply_messages(self, inbound: Iterable[Inbound]) -> list[Step]:
         """Apply a batch of raw agent messages in one transaction; the steps to enter."""
         changes = Changes(self.clock())
-        parsed: list[tuple[MachineMessage, str]] = []
-        statuses: dict[UUID, AgentStatus] = {}
-        for raw in payloads:
-            message = self._parse(raw, changes)
+        parsed: list[tuple[MachineMessage, Inbound]] = []
+        statuses: dict[UUID, tuple[AgentStatus, Inbound]] = {}
+        for item in inbound:
+            message = self._parse(item.raw, changes)
             if isinstance(message, AgentStatus):
-                statuses[message.agent_id] = message  # the latest of each agent's reports
+                statuses[message.agent_id] = (message, item)  # each agent's latest report
             elif message is not None:
-                parsed.append((message, raw))
+                parsed.append((message, item))
         with self.db.begin() as conn:
-            q.upsert_agents_txn(conn, [_agent_row(s, changes.now) for s in statuses.values()])
+            self._record_statuses(conn, statuses.values(), changes)
             rows = q.lock_machines_txn(conn, (m.machine_id for m, _ in parsed))
-            for message, raw in parsed:
+            senders = _Senders(conn)
+            for message, item in parsed:
                 row = rows.get(message.machine_id)
                 if row is None:
                     detail = f"no machine {message.machine_id}"
-                    changes.reject(RejectReason.UNKNOWN_MACHINE, detail, raw, **_where(message))
+                    where = intake.where(message)
+                    changes.reject(RejectReason.UNKNOWN_MACHINE, detail, item.raw, **where)
+                elif (wrong := senders.wrong_agent(row, item.agent)) is not None:
+                    changes.reject(
+                        RejectReason.WRONG_AGENT, wrong, item.raw, **intake.where(message)
+                    )
                 else:
-                    self._apply(conn, row, message, raw, changes)
+                    self._apply(conn, row, message, item.raw, changes)
             for mid in changes.due_now():
                 self._enter(conn, rows[mid], changes.snapshots[mid], changes)
             self._finish(conn, changes)
         return changes.steps()
 
+    def _record_statuses(
+        self,
+        conn: Connection,
+        statuses: Iterable[tuple[AgentStatus, Inbound]],
+        changes: Changes,
+    ) -> None:
+        """Record each agent's report, unless it came from another agent's stream or claims a
+        type other than the one the agent was registered with."""
+        statuses = list(statuses)
+        registered = q.registered_types_txn(conn, [s.agent_id for s, _ in statuses])
+        accepted = []
+        for status, item in statuses:
+            wrong = _wrong_reporter(status, item.agent, registered.get(status.agent_id))
+            if wrong is None:
+                accepted.append(_agent_row(status, changes.now))
+            else:
+                changes.reject(RejectReason.WRONG_AGENT, wrong, item.raw)
+        q.upsert_agents_txn(conn, accepted)
+
     def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
         """Record a message as rejected, in a transaction of its own."""
         changes = Changes(self.clock())
-        try:
-            message = parse_agent_message(raw)
-        except ValidationError:
-            changes.reject(reason, detail, raw)
-        else:
-            changes.reject(reason, detail, raw, **_where(message))
+        message = intake.parse(raw, self.settings.max_payload_bytes)
+        where = {} if isinstance(message, Refused) else intake.where(message)
+        changes.reject(reason, detail, raw, **where)
         with self.db.begin() as conn:
             changes.write(conn)
 
-    def _parse(self, raw: str, changes: Changes) -> AgentMessage | None:
-        limit = self.settings.max_payload_bytes
-        if len(raw.encode("utf-8", "replace")) > limit:
-            changes.reject(RejectReason.OVERSIZED, f"payload over {limit} bytes", raw)
-            return None
-        try:
-            message = parse_agent_message(raw)
-        except ValidationError as exc:
-            reason = (
-                RejectReason.MALFORMED_JSON
-                if any(e["type"] == "json_invalid" for e in exc.errors())
-                else RejectReason.SCHEMA_VIOLATION
-            )
-            changes.reject(reason, _describe(exc), raw)
-            return None
-        if "\\u0000" in raw and holds_nul(message.model_dump()):
-            # Refused here rather than by the database, after this message's batch-mates had
-            # been dispatched: the batch would be rolled back and their tasks sent twice.
-            changes.reject(RejectReason.UNPROCESSABLE, NUL_DETAIL, raw, **_where(message))
+    def _parse(self, raw: str, changes: Changes) -> AnyAgentMessage | None:
+        message = intake.parse(raw, self.settings.max_payload_bytes)
+        if isinstance(message, Refused):
+            where = intake.storable_where(message)
+            changes.reject(message.reason, message.detail, raw, **where)
             return None
         return message
 
@@ -290,8 +333,11 @@ class MachineEngine:
         changes: Changes,
     ) -> None:
         machine = changes.machine(row)
-        where = _where(message)
-        attempt = self._attempt_of(message, machine)
+        where = intake.where(message)
+        settings = self.settings
+        attempt = intake.authorised_attempt(
+            message, settings.token_secrets, settings.accept_unsigned_acks, machine.attempt
+        )
         if attempt is None:
             detail = "missing or invalid taskToken for this machine, state and attempt"
             changes.reject(RejectReason.BAD_TOKEN, detail, raw, **where)
@@ -299,30 +345,43 @@ class MachineEngine:
         where["attempt"] = attempt
         definition = self._definition(conn, row.type, row.definition_version)
         if isinstance(message, StateHeartbeat):
-            rejected = check_event(machine, message.state, attempt)
-            if rejected is not None:
-                changes.reject(rejected.reason, rejected.detail, raw, **where)
-                return
-            window = definition.state(machine.current_state).heartbeat_window
-            changes.heartbeat(row, changes.now + window, message.progress)
+            self._heartbeat(row, machine, definition, message, attempt, changes, raw)
             return
-        event = Ack(message.state, attempt, message.success, message.output, message.error)
-        decision = decide(definition, machine, event)
+        if isinstance(message, StateHandBack):
+            decision = decide(
+                definition, machine, HandBack(message.state, attempt, message.reason), self.limits
+            )
+            event = "handback"
+        else:
+            ack = Ack(message.state, attempt, message.success, message.output, message.error)
+            decision = decide(definition, machine, ack, self.limits)
+            event = "ack"
         if isinstance(decision, Rejected):
             changes.reject(decision.reason, decision.detail, raw, **where)
             return
         if decision.failure is FailureKind.INVALID_OUTPUT:
-            changes.reject(RejectReason.MISSING_OUTPUT, decision.error or "", raw, **where)
-        changes.transition(row, decision, "ack")
+            changes.reject(RejectReason.INVALID_OUTPUT, decision.error or "", raw, **where)
+        changes.transition(row, decision, event)
 
-    def _attempt_of(self, message: MachineMessage, machine: Machine) -> int | None:
-        """The attempt the message is for, once its token is checked (None: refuse it)."""
-        if message.task_token is None and self.settings.accept_unsigned_acks:
-            return machine.attempt if message.attempt is None else message.attempt
-        secret = self.settings.task_token_secret
-        if message.attempt is None or not token_matches(secret, message, message.attempt):
-            return None
-        return message.attempt
+    def _heartbeat(
+        self,
+        row: q.AnyRow,
+        machine: Machine,
+        definition: MachineDefinition,
+        message: StateHeartbeat,
+        attempt: int,
+        changes: Changes,
+        raw: str,
+    ) -> None:
+        rejected = check_event(machine, message.state, attempt)
+        if rejected is not None:
+            where = {**intake.where(message), "attempt": attempt}
+            changes.reject(rejected.reason, rejected.detail, raw, **where)
+            return
+        state = definition.state(machine.current_state)
+        entered = aware(row.entered_at) or changes.now
+        deadline = state.heartbeat_deadline(entered, changes.now, self._longest_attempt)
+        changes.heartbeat(row, deadline, message.progress)
 
     # timeouts, commands and the scan -----------------------------------------------------
 
@@ -338,20 +397,54 @@ class MachineEngine:
         with self.db.begin() as conn:
             overdue = q.lock_overdue_txn(conn, changes.now, limit)
             for row in overdue:
-                definition = self._definition(conn, row.type, row.definition_version)
-                decision = decide(
-                    definition, snapshot(row), Timeout(row.current_state, row.attempt)
-                )
-                assert not isinstance(decision, Rejected)  # the query chose dispatched attempts
-                changes.transition(row, decision, "timeout")
+                self._contained(row, self._time_out, conn, row, changes)
             due = q.lock_due_txn(conn, changes.now, limit)
             rows = {row.id: row for row in (*overdue, *due)}
             for mid in changes.due_now():
-                self._enter(conn, rows[mid], changes.snapshots[mid], changes)
+                self._contained(
+                    rows[mid], self._enter, conn, rows[mid], changes.snapshots[mid], changes
+                )
             for row in due:
-                self._enter(conn, row, snapshot(row), changes)
+                self._contained(row, self._enter, conn, row, snapshot(row), changes)
             self._finish(conn, changes)
         return len(overdue) + len(due), [s for s in changes.steps() if s.delay > 0]
+
+    def _time_out(self, conn: Connection, row: q.AnyRow, changes: Changes) -> None:
+        definition = self._definition(conn, row.type, row.definition_version)
+        decision = decide(definition, snapshot(row), Timeout(row.current_state, row.attempt))
+        assert not isinstance(decision, Rejected)  # the query chose dispatched attempts
+        changes.transition(row, decision, "timeout")
+
+    @staticmethod
+    def _contained(row: q.AnyRow, work: Callable[..., None], *args: Any) -> None:
+        """Do one machine's part of a scan; an error of that machine alone (not of the
+        database, which fails the whole transaction) is logged and the scan goes on: the
+        machine stays due and is tried again by the next scan."""
+        try:
+            work(*args)
+        except sqlalchemy.exc.SQLAlchemyError:
+            raise
+        except Exception:
+            log.exception("the scan could not handle machine %s; it goes on without it", row.id)
+
+    def prune(self, batch: int = 1000, most: int = 50) -> tuple[int, int]:
+        """Delete rejected messages and unregistered agents past their retention, in small
+        transactions (a flood of junk leaves a bounded table, and no long lock); how many of
+        each were deleted."""
+        now = self.clock()
+        rejections = timedelta(days=self.settings.rejected_retention_days)
+        silence = timedelta(days=self.settings.agent_retention_days)
+        pruned = [0, 0]
+        for i, (prune, age) in enumerate(
+            ((q.prune_rejections_txn, rejections), (q.prune_agents_txn, silence))
+        ):
+            for _ in range(most):
+                with self.db.begin() as conn:
+                    deleted = prune(conn, now - age, batch)
+                pruned[i] += deleted
+                if deleted < batch:
+                    break
+        return pruned[0], pruned[1]
 
     def command(self, machine_id: UUID, command: Command) -> list[Step]:
         """Apply an operator's command; raises CommandRefused when it does not apply."""
@@ -401,17 +494,40 @@ class MachineEngine:
         return changes.steps()
 
 
-AgentMessage = StateAck | StateHeartbeat | AgentStatus
+class _Senders:
+    """Checks that a message was sent by the machine's agent, when its sender is known."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._types: dict[UUID, str] = {}
+
+    def wrong_agent(self, row: q.AnyRow, sender: UUID | None) -> str | None:
+        """Why the sender may not move the machine, or None (also for a sender not known)."""
+        if sender is None or row.agent_id == sender:
+            return None
+        if row.agent_id is not None:
+            return f"machine {row.id} is assigned to agent {row.agent_id}, not {sender}"
+        # An unassigned machine's task went to its agent type's stream: any agent of the type.
+        if sender not in self._types:
+            self._types.update(q.agent_types_txn(self._conn, [sender]))
+        if self._types.get(sender) == row.agent_type:
+            return None
+        return (
+            f"machine {row.id} is for agents of type {row.agent_type!r}; agent {sender} is not one"
+        )
 
 
-NUL_DETAIL = "the message holds a NUL character (\\u0000), which PostgreSQL cannot store"
-
-
-def _where(message: AgentMessage) -> dict[str, Any]:
-    """Which machine, state and attempt a rejected message was about (none for a status)."""
-    if isinstance(message, AgentStatus):
-        return {}
-    return {"machine_id": message.machine_id, "state": message.state, "attempt": message.attempt}
+def _wrong_reporter(status: AgentStatus, sender: UUID | None, registered: str | None) -> str | None:
+    """Why an agent_status must be refused: sent from another agent's stream, or claiming a
+    type other than the one the agent was registered with."""
+    if sender is not None and status.agent_id != sender:
+        return f"agent {sender} reported a status for agent {status.agent_id}"
+    if registered is not None and status.agent_type != registered:
+        return (
+            f"agent {status.agent_id} is registered as type {registered!r}, "
+            f"not {status.agent_type!r}"
+        )
+    return None
 
 
 def _agent_row(status: AgentStatus, now: datetime) -> dict[str, Any]:
@@ -436,15 +552,23 @@ def _awaits_dispatch(row: q.AnyRow | None, attempt: int) -> bool:
     )
 
 
-def _checked_context(context: Mapping[str, Any] | None) -> dict[str, Any]:
+def _checked_context(context: Mapping[str, Any] | None, max_bytes: int) -> dict[str, Any]:
     if context is None:
         return {}
     if not isinstance(context, Mapping):
         raise InvalidContext(f"context must be a JSON object, got {type(context).__name__}")
     try:
-        checked = dict(json.loads(json.dumps(dict(context))))
-    except (TypeError, ValueError) as exc:
-        raise InvalidContext(f"context is not JSON-serialisable: {exc}") from exc
+        text = json.dumps(dict(context), allow_nan=False)
+        checked = dict(json.loads(text))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidContext(f"context is not storable JSON: {exc}") from exc
+    if len(text.encode()) > max_bytes:
+        raise InvalidContext(
+            f"context is {len(text.encode())} bytes, over the limit of {max_bytes}"
+        )
+    problem = unstorable(checked, "context")
+    if problem is not None:
+        raise InvalidContext(problem)
     for counter in (LOOP_COUNT, LOOP_LIMIT):
         value = checked.get(counter, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -465,22 +589,5 @@ def _ms(value: timedelta | None) -> int | None:
     return None if value is None else int(value.total_seconds() * 1000)
 
 
-@lru_cache(maxsize=4096)
-def _template(source: str) -> jinja2.Template:
-    return TEMPLATES.from_string(source)  # compiling costs far more than rendering
-
-
-def _render(template: str, context: Mapping[str, Any]) -> str:
-    if "{" not in template and not template.endswith("\n"):
-        return template  # Jinja would give it back as it is (it drops one trailing newline)
-    try:
-        return _template(template).render(**context)
-    except jinja2.TemplateError as exc:
-        log.warning("prompt template failed to render (%s); sending it unrendered", exc)
-        return template
-
-
-def _describe(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()
-    )
+def _fits_int32(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT32_MAX

@@ -1,6 +1,7 @@
 """The fsm-celery error tree.
 
 FsmError                      root of everything this package raises
+├── InsecureSecret            the task token secret is the default, empty or too short
 ├── DefinitionError           a machine definition is invalid (carries every problem)
 └── MachineError              an operation on a machine instance was refused
     ├── UnknownMachineType    no definition is loaded for that type
@@ -17,6 +18,18 @@ from dataclasses import dataclass
 
 class FsmError(Exception):
     """Root of all fsm-celery errors."""
+
+
+class InsecureSecret(FsmError):
+    """A long-running process was asked to start with a guessable task token secret."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            f"{problem}: anyone could forge acks. Set it to at least 32 random bytes, e.g. "
+            "export FSM_TASK_TOKEN_SECRET="
+            "$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+        )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.usage import Budget
 from fsm_celery.engine import MachineEngine, Step
-from fsm_celery.exceptions import MachineNotFound
+from fsm_celery.exceptions import InvalidAgentId, MachineNotFound
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,15 @@ class TransitionRecord:
 class Client:
     """Starts and inspects machines. Entering states is handed to `enqueue` (Celery, normally)."""
 
-    def __init__(self, engine: MachineEngine, enqueue: Enqueue) -> None:
+    def __init__(
+        self,
+        engine: MachineEngine,
+        enqueue: Enqueue,
+        parked: Callable[[int], list[dict[str, str]]] | None = None,
+    ) -> None:
         self.engine = engine
         self.enqueue = enqueue
+        self._parked = parked
 
     def load_definitions(self, path: str | None = None) -> list[tuple[str, int, bool]]:
         """Load the YAML definitions at path (file or folder): (type, version, created)."""
@@ -219,6 +225,23 @@ class Client:
         with self.engine.db.connect() as conn:
             rows = q.rejections_txn(conn, mid, limit)
         return [_jsonable(dict(r._mapping)) for r in rows]
+
+    def parked(self, limit: int = 100) -> list[dict[str, str]]:
+        """Messages the bridge could neither apply nor record, newest first (dead letters)."""
+        return self._parked(limit) if self._parked is not None else []
+
+    def register_agent(self, agent_id: UUID | str, agent_type: str) -> None:
+        """Record that the agent was given credentials for the agent type: a status it sends
+        claiming another type is refused."""
+        with self.engine.db.begin() as conn:
+            q.register_agent_txn(conn, _agent_uuid(agent_id), agent_type, self.engine.clock())
+
+
+def _agent_uuid(value: UUID | str) -> UUID:
+    try:
+        return value if isinstance(value, UUID) else UUID(value)
+    except ValueError:
+        raise InvalidAgentId(value) from None
 
 
 def _uuid(value: UUID | str) -> UUID:

@@ -10,4 +10,5 @@ TEST_REDIS_URL = os.environ.get("FSM_TEST_REDIS_URL", "redis://127.0.0.1:6379/14
 TEST_PG_URL = os.environ.get("FSM_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432")
 os.environ["FSM_REDIS_URL"] = TEST_REDIS_URL
 os.environ.pop("FSM_BROKER_URL", None)
-os.environ["FSM_TASK_TOKEN_SECRET"] = "test-secret"
+TEST_SECRET = "test-secret-of-the-suite-0123456789abcdef"  # 32+ bytes, as every process demands
+os.environ["FSM_TASK_TOKEN_SECRET"] = TEST_SECRET

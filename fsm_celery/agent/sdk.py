@@ -10,9 +10,12 @@
     agent.run()                             # until SIGTERM / SIGINT / agent.stop()
 
 Tasks are read from the agent's own stream and its agent type's stream through a consumer
-group, at most `concurrency` at a time; acks, heartbeats and the agent's status go to the ack
-stream. A task whose entry was read but never answered (the agent died) is read again when an
-agent with the same id starts, unless its deadline has passed.
+group, at most `concurrency` at a time; acks, heartbeats and the agent's status go to the agent's
+own ack stream (`stream:state:ack:<agent id>`), which under the deployment's Redis ACLs only this
+agent may write: that is how the engine knows who sent them. A task whose entry was read but
+never answered (the agent died) is read again when an agent with the same id starts, unless its
+deadline has passed. Stopping, the agent says so first, then hands back what it could not
+finish (`state_handback`), so that it goes at once to another agent, without counting a retry.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from fsm_celery.core.messages import StateTask, ack_stream, task_stream
+from fsm_celery.core.messages import StateTask, agent_ack_stream, task_stream
 
 log = logging.getLogger(__name__)
 
 GROUP = "agents"
 ANY = "*"
+ACK_MAXLEN = 10_000  # entries kept on the agent's ack stream while no bridge reads it
 
 
 class NoAck(Exception):
@@ -99,7 +103,8 @@ class Agent:
         shutdown_grace: float = 30.0,
     ) -> None:
         self.agent_type = agent_type
-        self.id = str(agent_id or uuid.uuid4())
+        # The canonical form: the Redis ACL names its keys with it.
+        self.id = str(uuid.UUID(str(agent_id)) if agent_id else uuid.uuid4())
         self.redis_url = redis_url
         self.concurrency = concurrency
         self.prefix = prefix
@@ -285,14 +290,18 @@ class Agent:
         )
 
     def _send(self, message: dict[str, Any]) -> None:
-        self._redis().xadd(ack_stream(self.prefix), {"message": json.dumps(message)})
+        self._xadd(self._redis(), message)
+
+    def _xadd(self, client: Any, message: dict[str, Any]) -> None:
+        stream = agent_ack_stream(self.id, self.prefix)
+        client.xadd(stream, {"message": json.dumps(message)}, maxlen=ACK_MAXLEN, approximate=True)
 
     def _done(self, stream: str, entry_id: str, reply: dict[str, Any] | None = None) -> None:
         """Send the reply (if any) and acknowledge the entry, in one round trip."""
         try:
             pipe = self._redis().pipeline(transaction=False)
             if reply is not None:
-                pipe.xadd(ack_stream(self.prefix), {"message": json.dumps(reply)})
+                self._xadd(pipe, reply)
             pipe.xack(stream, GROUP, entry_id)
             pipe.xdel(stream, entry_id)
             pipe.execute()
@@ -332,17 +341,11 @@ class Agent:
         with self._lock:
             left = dict(self._running)
             self._handed_back.update(left)
-        for message in left.values():
-            self._send(
-                _reply(
-                    message,
-                    "state_ack",
-                    success=False,
-                    output={},
-                    error="handed back: the agent is shutting down",
-                )
-            )
+        # Stopped first: a hand-back is then routed to another live agent, not back to this one.
         self._status("stopped")
+        for message in left.values():
+            reason = "the agent is shutting down"
+            self._send(_reply(message, "state_handback", reason=reason))
         pool.shutdown(wait=False, cancel_futures=True)
 
 

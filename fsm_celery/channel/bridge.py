@@ -1,14 +1,26 @@
 """The ack bridge: reads acks and heartbeats from Redis and applies them, batch by batch.
 
-Two sources feed it. The seed's pub/sub channel delivers only while the bridge listens. The
-stream is durable: entries are read through a consumer group and acknowledged (XACK) only once
-the transaction that applied them has committed, so a bridge that dies leaves them pending; it
-reads its own pending entries first when it serves again, and other bridges claim what a dead
-one left (XAUTOCLAIM). Entries written while no bridge runs are read when one starts.
+Where a message comes from says who sent it. Each agent writes to its own ack stream,
+`stream:state:ack:<agent id>`, which under the Redis ACLs (`fsm-celery agents credentials`) only
+it may write: the engine takes the sender from the stream's name, never from the payload. The
+seed's shared channel and the shared stream carry no identity; they are read only while
+FSM_ACCEPT_SHARED_ACKS allows them (on by default, for agents written against the seed).
+
+Streams are durable: entries are read through a consumer group and acknowledged (XACK) only
+once the transaction that applied them has committed, so a bridge that dies leaves them pending;
+it reads its own pending entries first when it serves again, and other bridges claim what a dead
+one left (XAUTOCLAIM). Nothing one message does can stall the others:
+- a read is bounded in entries and bytes, and each message is cut to the payload limit inside
+  Redis (read_acks.lua), so an entry of any size never reaches the bridge whole;
+- streams are read round robin, so an agent that floods its own stream gets a share of each
+  batch, and a stream longer than FSM_ACK_STREAM_MAXLEN is trimmed;
+- a message that can be neither applied nor recorded as rejected is kept pending and tried
+  again; after FSM_DEAD_LETTER_AFTER tries it is parked in the dead-letter stream
+  (`fsm-celery rejected --parked` shows it) and acknowledged, so the stream moves on.
 
 A batch is whatever arrived while the previous one was being applied, without waiting for more:
 small when the load is light, so an ack is applied at once, and larger as the load grows, so
-each ack costs less. Several bridges (or `--processes`) share the stream's consumer group.
+each ack costs less. Several bridges (or `--processes`) share each stream's consumer group.
 """
 
 from __future__ import annotations
@@ -18,16 +30,43 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
-from typing import Any
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import redis
 
+from fsm_celery.core.messages import AGENT_ACK_STREAM
+from fsm_celery.engine import Inbound
+
 log = logging.getLogger(__name__)
 
-Apply = Callable[[list[str]], None]
-Entries = list[tuple[bytes, dict[bytes, bytes]]]
+Apply = Callable[[list[Inbound]], list[Inbound]]  # returns what could not be applied
 GROUP = "fsm-bridge"
+DEAD_STREAM = "stream:state:dead"
+DEAD_MAXLEN = 10_000
+READ_BUDGET = 64 * 1024 * 1024  # bytes of messages one read may bring
+CRASH_DELIVERIES = 10  # reads of an entry never answered: it brought the bridge down each time
+MAINTAIN_SECONDS = 2.0  # how often new agent streams are looked for and long ones trimmed
+_READ = (Path(__file__).parent / "read_acks.lua").read_text()
+
+
+class Backoff:
+    """A reconnect delay that doubles up to a cap, and starts again once things work."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first, self.cap, self.delay = first, cap, first
+
+    def next(self) -> float:
+        """The delay to wait now; the one after it is twice as long."""
+        delay = self.delay
+        self.delay = min(self.delay * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.first
 
 
 class Source:
@@ -35,7 +74,7 @@ class Source:
 
     name = "source"
 
-    def serve(self, stop: threading.Event) -> None:
+    def serve(self, stop: threading.Event, backoff: Backoff) -> None:
         raise NotImplementedError
 
 
@@ -58,20 +97,61 @@ class AckBridge:
 
 
 def _keep_serving(source: Source, stop: threading.Event) -> None:
-    delay = 0.1
+    backoff = Backoff()  # the source resets it after each read that works
     while not stop.is_set():
         try:
-            source.serve(stop)
+            source.serve(stop, backoff)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            delay = backoff.next()
             log.warning("%s lost Redis (%s); reconnecting in %.1fs", source.name, exc, delay)
             stop.wait(delay)
-            delay = min(delay * 2, 5.0)
         except Exception:
+            delay = backoff.next()
             log.exception("%s failed; restarting it in %.1fs", source.name, delay)
             stop.wait(delay)
-            delay = min(delay * 2, 5.0)
-        else:
-            delay = 0.1
+
+
+def apply_until_done(apply: Apply, batch: list[Inbound], stop: threading.Event) -> list[Inbound]:
+    """Apply the batch, trying again with backoff while the database or Redis is away (the
+    batch stays in hand: nothing is read again, nothing counts as a failed try)."""
+    from fsm_celery.acks import TRANSIENT
+
+    backoff = Backoff()
+    while True:
+        try:
+            return apply(batch)
+        except TRANSIENT as exc:
+            if stop.is_set():
+                raise
+            delay = backoff.next()
+            log.warning("could not apply a batch (%s); trying again in %.1fs", exc, delay)
+            stop.wait(delay)
+
+
+class DeadLetters:
+    """The stream where messages that could not be applied are parked, with the reason."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.stream = prefix + DEAD_STREAM
+
+    def park(self, pipe: Any, raw: str, source: str, reason: str) -> None:
+        """Add the message to the dead-letter stream (in the caller's pipeline)."""
+        fields = {
+            "message": raw,
+            "source": source,
+            "reason": reason,
+            "parkedAt": datetime.now(UTC).isoformat(),
+        }
+        pipe.xadd(self.stream, fields, maxlen=DEAD_MAXLEN, approximate=True)
+
+    def latest(self, limit: int) -> list[dict[str, str]]:
+        """The most recently parked messages, newest first."""
+        found: Any = self.client.xrevrange(self.stream, count=limit)
+        return [
+            {"id": _text(entry_id), **{_text(k): _text(v) for k, v in fields.items()}}
+            for entry_id, fields in found
+        ]
 
 
 class PubSubSource(Source):
@@ -80,125 +160,291 @@ class PubSubSource(Source):
     name = "pubsub"
 
     def __init__(
-        self, client: redis.Redis, channel: str, apply: Apply, batch: int, max_bytes: int
+        self,
+        client: redis.Redis,
+        channel: str,
+        apply: Apply,
+        dead: DeadLetters,
+        batch: int,
+        max_bytes: int,
     ) -> None:
-        self.client, self.channel, self.apply = client, channel, apply
+        self.client, self.channel, self.apply, self.dead = client, channel, apply, dead
         self.batch, self.max_bytes = batch, max_bytes
 
-    def serve(self, stop: threading.Event) -> None:
+    def serve(self, stop: threading.Event, backoff: Backoff) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             pubsub.subscribe(self.channel)
             log.info("ack bridge subscribed to %s", self.channel)
             while not stop.is_set():
                 batch = self._collect(pubsub)
+                backoff.reset()
                 if batch:
-                    self.apply(batch)
+                    self._park(apply_until_done(self.apply, batch, stop))
         finally:
             pubsub.close()
 
-    def _collect(self, pubsub: redis.client.PubSub) -> list[str]:
+    def _collect(self, pubsub: redis.client.PubSub) -> list[Inbound]:
         """The next message, waiting for it, and those already received behind it."""
         message = pubsub.get_message(timeout=0.5)
-        batch: list[str] = []
+        batch: list[Inbound] = []
         while message is not None:
-            batch.append(clip(message["data"], self.max_bytes))
+            batch.append(Inbound(clip(message["data"], self.max_bytes)))
             if len(batch) >= self.batch:
                 break
             message = pubsub.get_message(timeout=0.0)
         return batch
 
+    def _park(self, failed: list[Inbound]) -> None:
+        """A pub/sub message cannot be read again: one that failed is parked at once."""
+        if failed:
+            pipe = self.client.pipeline(transaction=False)
+            for item in failed:
+                self.dead.park(pipe, item.raw, self.channel, "could not be applied nor recorded")
+            pipe.execute()
+
+
+class Entry(NamedTuple):
+    """One stream entry read for the bridge."""
+
+    stream: str
+    entry_id: bytes
+    item: Inbound | None  # None: deleted, or no message field
+    deliveries: int
+
 
 class StreamSource(Source):
-    """The durable path: XREADGROUP, apply, then XACK and XDEL; XAUTOCLAIM what others left."""
+    """The durable path: the agents' own ack streams (and the shared one, if accepted) read
+    through one consumer group; XACK and XDEL once applied; XAUTOCLAIM what others left."""
 
     name = "stream"
 
     def __init__(
         self,
         client: redis.Redis,
-        stream: str,
+        prefix: str,
         apply: Apply,
+        dead: DeadLetters,
+        *,
+        shared: bool,
         batch: int,
         max_bytes: int,
         claim_idle_ms: int = 30_000,
+        dead_letter_after: int = 3,
+        maxlen: int = 100_000,
     ) -> None:
-        self.client, self.stream, self.apply = client, stream, apply
+        self.client, self.prefix, self.apply, self.dead = client, prefix, apply, dead
+        self.shared = prefix + "stream:state:ack" if shared else None
         self.batch, self.max_bytes, self.claim_idle_ms = batch, max_bytes, claim_idle_ms
+        self.dead_letter_after, self.maxlen = dead_letter_after, maxlen
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
+        self.streams: list[str] = []
+        self._agents: dict[str, uuid.UUID | None] = {}  # stream -> the agent that writes it
+        self._read = client.register_script(_READ)
+        self._waits: dict[str, bytes] = {}  # stream -> entries past this id are new
+        self._turn = 0
         self._next_claim = 0.0
-        self._done: list[bytes] = []  # applied and committed; XACKed with the next read
+        self._next_upkeep = 0.0
+        self._done: list[tuple[str, bytes]] = []  # applied and committed; XACKed on next read
+        self._failures: dict[tuple[str, bytes], int] = {}
+        self._pending = True  # read this consumer's pending entries (at start, after a failure)
 
-    def serve(self, stop: threading.Event) -> None:
-        self._ensure_group()
-        log.info("ack bridge reading stream %s as %s", self.stream, self.consumer)
-        own = True  # first what this consumer read before and did not finish (a lost connection)
+    def serve(self, stop: threading.Event, backoff: Backoff) -> None:
+        self._next_upkeep = 0.0
+        self._pending = True
+        log.info("ack bridge reading the ack streams as %s", self.consumer)
         while not stop.is_set():
+            self._upkeep()
+            if not self.streams:
+                stop.wait(MAINTAIN_SECONDS)
+                continue
             try:
-                entries = self._read("0") if own else self._claim() or self._gather()
+                entries = self._next_entries()
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
-                self._ensure_group()  # the stream or its group vanished (FLUSHALL): start again
+                self._regroup()  # a stream or its group vanished (FLUSHALL): set them up again
                 continue
-            own = own and bool(entries)
+            backoff.reset()
             if entries:
-                self._apply(entries)
+                self._apply(entries, stop)
         self._acknowledge(self.client.pipeline(transaction=False)).execute()
         self._done = []
 
-    def _apply(self, entries: Entries) -> None:
-        """Apply the entries that still hold a message; once committed, they are XACKed and
-        XDELed in the same round trip as the next read."""
-        payloads = [clip(fields[b"message"], self.max_bytes) for _, fields in entries if fields]
-        if payloads:
-            self.apply(payloads)
-        self._done.extend(entry_id for entry_id, _ in entries)
+    def _next_entries(self) -> list[Entry]:
+        if self._pending:
+            entries = self._fetch("0")
+            self._pending = bool(entries)
+            return entries
+        if self._claim():
+            self._pending = True
+            return []
+        return self._fetch(">") or self._wait()
 
-    def _ensure_group(self) -> None:
-        try:
-            self.client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+    def _apply(self, entries: list[Entry], stop: threading.Event) -> None:
+        """Apply the entries that hold a message; once committed, they are XACKed and XDELed
+        in the same round trip as the next read. What could not be applied stays pending."""
+        crashed = [e for e in entries if e.item is not None and e.deliveries > CRASH_DELIVERIES]
+        if crashed:
+            self._park(crashed, f"read {CRASH_DELIVERIES} times and never answered")
+        todo = [e for e in entries if e.item is not None and e not in crashed]
+        failed = apply_until_done(self.apply, [e.item for e in todo if e.item], stop)
+        kept = {id(item) for item in failed}
+        for entry in entries:
+            if entry.item is None or id(entry.item) not in kept:
+                self._done.append((entry.stream, entry.entry_id))
+                self._failures.pop((entry.stream, entry.entry_id), None)
+        self._retry_or_park([e for e in todo if e.item is not None and id(e.item) in kept])
 
-    def _claim(self) -> Entries:
+    def _retry_or_park(self, failed: list[Entry]) -> None:
+        parked = []
+        for entry in failed:
+            key = (entry.stream, entry.entry_id)
+            self._failures[key] = self._failures.get(key, 0) + 1
+            if self._failures[key] >= self.dead_letter_after:
+                parked.append(entry)
+                del self._failures[key]
+        if parked:
+            self._park(parked, f"could not be applied nor recorded {self.dead_letter_after} times")
+        if len(parked) < len(failed):
+            self._pending = True  # read them again (from this consumer's pending entries)
+
+    def _park(self, entries: list[Entry], reason: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for entry in entries:
+            assert entry.item is not None
+            self.dead.park(pipe, entry.item.raw, entry.stream, reason)
+            pipe.xack(entry.stream, GROUP, entry.entry_id)
+            pipe.xdel(entry.stream, entry.entry_id)
+        pipe.execute()
+        log.error("parked %d message(s) in %s: %s", len(entries), self.dead.stream, reason)
+
+    # reading ----------------------------------------------------------------------------
+
+    def _fetch(self, mode: str) -> list[Entry]:
+        """New entries (">") or this consumer's pending ones ("0"), after acknowledging those
+        applied since the last read; at most a batch, at most READ_BUDGET bytes."""
+        pipe = self._acknowledge(self.client.pipeline(transaction=False))
+        self._turn = self._turn % len(self.streams) + 1
+        args = (GROUP, self.consumer, mode, self.batch, READ_BUDGET, self._turn, self.max_bytes)
+        self._read(keys=self.streams, args=args, client=pipe)
+        found, last = pipe.execute()[-1]
+        self._done = []
+        for stream, last_id in zip(self.streams, last, strict=True):
+            if last_id is not None:
+                self._waits[stream] = last_id
+        return [self._entry(*found[i : i + 4]) for i in range(0, len(found), 4)]
+
+    def _entry(self, index: int, entry_id: bytes, raw: bytes | None, deliveries: int) -> Entry:
+        stream = self.streams[index - 1]
+        item = None if raw is None else Inbound(clip(raw, self.max_bytes), self._agents[stream])
+        return Entry(stream, entry_id, item, deliveries)
+
+    def _wait(self) -> list[Entry]:
+        """Wait (up to half a second) for an entry no bridge has read yet; the next read
+        takes it. XREAD returns at most one entry whole, and only while the bridge is idle."""
+        streams = {s: self._waits.get(s, b"0-0") for s in self.streams}
+        found: Any = self.client.xread(streams, count=1, block=500)  # type: ignore[arg-type]
+        for stream, stream_entries in found or []:
+            self._waits[_text(stream)] = stream_entries[-1][0]
+        return []
+
+    def _claim(self) -> bool:
+        """Take over entries another consumer left pending (it died); whether any were."""
         now = time.monotonic()
         if now < self._next_claim:
-            return []
+            return False
         self._next_claim = now + self.claim_idle_ms / 2000
-        found: Any = self.client.xautoclaim(
-            self.stream, GROUP, self.consumer, self.claim_idle_ms, "0-0", count=self.batch
-        )
-        return [(entry_id, fields) for entry_id, fields in found[1] if fields]
+        pipe = self.client.pipeline(transaction=False)
+        for stream in self.streams:
+            pipe.xautoclaim(
+                stream, GROUP, self.consumer, self.claim_idle_ms, "0-0", self.batch, justid=True
+            )
+        return any(claimed[1] for claimed in pipe.execute(raise_on_error=False) if _ok(claimed))
 
-    def _gather(self) -> Entries:
-        """New entries, waiting for them. A read woken by an entry returns it alone, though the
-        same burst (an agent's pipeline, several agents at once) is often still arriving: one
-        more read, without waiting, picks it up, so that it shares this transaction instead of
-        paying for one of its own after it."""
-        entries = self._read(">", 500)
-        if len(entries) == 1:
-            entries += self._read(">")
-        return entries
-
-    def _read(self, start: str, block_ms: int | None = None) -> Entries:
-        """New entries (">", waiting up to block_ms) or this consumer's pending ones ("0"),
-        after acknowledging those applied since the last read."""
-        pipe = self._acknowledge(self.client.pipeline(transaction=False))
-        pipe.xreadgroup(
-            GROUP, self.consumer, {self.stream: start}, count=self.batch, block=block_ms
-        )
-        found: Any = pipe.execute()[-1]
-        self._done = []
-        return [(i, f or {}) for i, f in found[0][1]] if found else []
-
-    def _acknowledge(self, pipe: redis.client.Pipeline) -> redis.client.Pipeline:
+    def _acknowledge(self, pipe: Any) -> Any:
         """Add the XACK and XDEL of the entries applied since the last read to the pipeline."""
-        if self._done:
-            pipe.xack(self.stream, GROUP, *self._done)
-            pipe.xdel(self.stream, *self._done)
+        by_stream: dict[str, list[bytes]] = {}
+        for stream, entry_id in self._done:
+            by_stream.setdefault(stream, []).append(entry_id)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, GROUP, *ids)
+            pipe.xdel(stream, *ids)
         return pipe
+
+    # the streams ------------------------------------------------------------------------
+
+    def _upkeep(self) -> None:
+        """Every few seconds: find the agents' ack streams (an agent's first message creates
+        its stream), give each the bridge's consumer group, and trim those that grew too long."""
+        now = time.monotonic()
+        if now < self._next_upkeep:
+            return
+        self._next_upkeep = now + MAINTAIN_SECONDS
+        found = self._discover()
+        pipe = self.client.pipeline(transaction=False)
+        for stream in found:
+            if stream not in self._agents:
+                pipe.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        for stream in found:
+            pipe.xlen(stream)
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[: len(replies) - len(found)]:
+            if not _ok(reply) and "BUSYGROUP" not in str(reply):
+                raise reply
+        self._agents = {s: self._agents.get(s, _agent_of(s, self.prefix)) for s in found}
+        self.streams = sorted(found)
+        self._trim(dict(zip(found, replies[len(replies) - len(found) :], strict=True)))
+
+    def _regroup(self) -> None:
+        self._agents = {}
+        self._next_upkeep = 0.0
+        self._upkeep()
+
+    def _discover(self) -> list[str]:
+        pattern = _glob_escape(self.prefix + AGENT_ACK_STREAM.format(agent="")) + "*"
+        found = {
+            _text(key)
+            for key in self.client.scan_iter(match=pattern, count=1000, _type="stream")
+            if _agent_of(_text(key), self.prefix) is not None
+        }
+        if self.shared is not None:
+            found.add(self.shared)
+        return sorted(found)
+
+    def _trim(self, lengths: dict[str, Any]) -> None:
+        for stream, length in lengths.items():
+            if isinstance(length, int) and length > self.maxlen:
+                self.client.xtrim(stream, maxlen=self.maxlen, approximate=True)
+                log.warning(
+                    "%s held %d entries, over FSM_ACK_STREAM_MAXLEN=%d: the oldest were dropped",
+                    stream,
+                    length,
+                    self.maxlen,
+                )
+
+
+def _agent_of(stream: str, prefix: str) -> uuid.UUID | None:
+    """The agent whose own ack stream this is (None for the shared one, or a foreign key)."""
+    head = prefix + AGENT_ACK_STREAM.format(agent="")
+    if not stream.startswith(head):
+        return None
+    try:
+        return uuid.UUID(stream[len(head) :])
+    except ValueError:
+        return None
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _ok(reply: Any) -> bool:
+    return not isinstance(reply, Exception)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def clip(data: bytes | str, max_bytes: int) -> str:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Table,
     Update,
     bindparam,
+    delete,
     func,
     insert,
     select,
@@ -135,6 +136,7 @@ _UPDATE = (
         context=bindparam("context"),
         attempt=bindparam("attempt"),
         state_retries=bindparam("state_retries"),
+        handbacks=bindparam("handbacks"),
         dispatch_due_at=bindparam("dispatch_due_at"),
         deadline_at=bindparam("deadline_at"),
         heartbeat_at=bindparam("heartbeat_at"),
@@ -416,6 +418,77 @@ def upsert_agents_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
         set_={name: statement.excluded[name] for name in changed},
     )
     conn.execute(statement, rows)
+
+
+def prune_rejections_txn(conn: Connection, before: datetime, limit: int) -> int:
+    """Delete up to limit rejected messages received before `before`; how many were."""
+    oldest = (
+        select(rejected_messages.c.id)
+        .where(rejected_messages.c.received_at < before)
+        .order_by(rejected_messages.c.received_at)
+        .limit(limit)
+    )
+    doomed = [row.id for row in conn.execute(oldest)]
+    if doomed:
+        conn.execute(delete(rejected_messages).where(rejected_messages.c.id.in_(doomed)))
+    return len(doomed)
+
+
+def prune_agents_txn(conn: Connection, before: datetime, limit: int) -> int:
+    """Delete up to limit agents not seen since `before` and not registered; how many were."""
+    dead = (
+        select(agents.c.id)
+        .where(agents.c.last_seen_at < before, agents.c.registered_type.is_(None))
+        .limit(limit)
+    )
+    doomed = [row.id for row in conn.execute(dead)]
+    if doomed:
+        conn.execute(delete(agents).where(agents.c.id.in_(doomed)))
+    return len(doomed)
+
+
+def agent_types_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, str]:
+    """The type each agent serves: the one it was registered with, else the one it reported."""
+    rows = conn.execute(
+        select(agents.c.id, func.coalesce(agents.c.registered_type, agents.c.agent_type)).where(
+            agents.c.id.in_(ids)
+        )
+    ).all()
+    return {row[0]: row[1] for row in rows}
+
+
+def registered_types_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, str]:
+    """The type each of the agents was registered with (agents never registered are left out)."""
+    if not ids:
+        return {}
+    rows = conn.execute(
+        select(agents.c.id, agents.c.registered_type).where(
+            agents.c.id.in_(ids), agents.c.registered_type.is_not(None)
+        )
+    ).all()
+    return {row[0]: row[1] for row in rows}
+
+
+def register_agent_txn(conn: Connection, agent_id: UUID, agent_type: str, now: datetime) -> None:
+    """Record that the agent holds credentials to serve the type (it is not live until it
+    reports)."""
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    statement = dialect_insert(agents).values(
+        id=agent_id,
+        agent_type=agent_type,
+        registered_type=agent_type,
+        status="stopped",
+        concurrency=1,
+        running=0,
+        started_at=now,
+        last_seen_at=now,
+    )
+    conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=[agents.c.id],
+            set_={"registered_type": agent_type, "agent_type": agent_type},
+        )
+    )
 
 
 def agent_alive_txn(conn: Connection, agent_id: UUID, since: datetime) -> bool:

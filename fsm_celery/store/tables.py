@@ -79,6 +79,7 @@ machines = Table(
     Column("cost", Float, nullable=False, server_default="0"),
     Column("budget_tokens", BigInteger),
     Column("budget_cost", Float),
+    Column("handbacks", Integer, nullable=False, server_default="0"),
     Index("idx_machines_agent", "agent_type", "status"),
     Index("idx_machines_issue", "github_issue"),
     Index("idx_machines_type_status", "type", "status"),
@@ -146,5 +147,7 @@ agents = Table(
     Column("started_at", DateTime(timezone=True), nullable=False),
     Column("last_seen_at", DateTime(timezone=True), nullable=False),
     Column("assigned_at", DateTime(timezone=True)),
+    # set by `fsm-celery agents credentials`: the type its Redis ACL user may serve
+    Column("registered_type", String(10)),
     Index("idx_agents_type_seen", "agent_type", "status", "last_seen_at"),
 )

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 from uuid import UUID
 
-from celery.signals import worker_process_init
+from celery.signals import beat_init, celeryd_init, worker_process_init
 
 from fsm_celery.acks import TRANSIENT
 from fsm_celery.config import get_settings
@@ -40,6 +40,17 @@ def install_engine(machine_engine: MachineEngine) -> None:
     """Use this engine in this process (the embedded demo runs SQLite and in-memory agents)."""
     global _engine
     _engine = machine_engine
+
+
+@celeryd_init.connect
+@beat_init.connect
+def _refuse_a_guessable_secret(**_: Any) -> None:
+    """A worker or beat signs task tokens: it does not start with a secret anyone could know."""
+    problem = get_settings().secret_problem()
+    if problem is not None:
+        from fsm_celery.exceptions import InsecureSecret
+
+        raise SystemExit(f"fsm-celery: {InsecureSecret(problem)}")
 
 
 @worker_process_init.connect
@@ -77,3 +88,11 @@ def scan() -> None:
         enter(delayed)
         if handled < SCAN_BATCH:  # else a backlog: drain it now, batch after batch
             return
+
+
+@app.task(name="fsm.prune", **RETRY)
+def prune() -> None:
+    """Delete rejected messages and silent agents past their retention (beat, every minute)."""
+    rejections, agents = engine().prune()
+    if rejections or agents:
+        log.info("pruned %d rejected messages and %d agents", rejections, agents)

@@ -35,7 +35,8 @@ def env_factory(template_db: str) -> Iterator[Callable[..., FsmEnv]]:
     made: list[FsmEnv] = []
 
     def factory(name: str, **overrides: object) -> FsmEnv:
-        env = make_env(name, TEST_PG_URL, template_db, TEST_REDIS_URL, **overrides)
+        redis_url = str(overrides.pop("redis_url", TEST_REDIS_URL))
+        env = make_env(name, TEST_PG_URL, template_db, redis_url, **overrides)
         made.append(env)
         return env
 

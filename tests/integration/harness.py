@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,11 +30,19 @@ from sqlalchemy.exc import OperationalError
 
 from fsm_celery.agent.mock import OUTPUTS as MOCK_OUTPUTS
 from fsm_celery.api import redis_engine
+from fsm_celery.channel.bridge import DeadLetters
 from fsm_celery.config import Settings
-from fsm_celery.core.messages import ack_channel, ack_stream, task_channel
+from fsm_celery.core.messages import (
+    ack_channel,
+    ack_stream,
+    agent_ack_stream,
+    task_channel,
+    task_stream,
+)
 from fsm_celery.engine import Step
 from fsm_celery.ops import Client, MachineInfo
 from fsm_celery.store.db import make_engine, upgrade
+from tests.conftest import TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_DEFINITIONS = ROOT / "tests" / "fixtures" / "definitions"
@@ -234,11 +244,15 @@ class FsmEnv:
             self.start_bridge()
 
     def start_bridge(self, processes: int = 1) -> Proc:
-        """A real `fsm-celery ack-bridge`, returned once it is subscribed."""
+        """A real `fsm-celery ack-bridge`, returned once it serves (subscribed to the shared
+        channel, where it accepts shared acks)."""
         channel = ack_channel(self.settings.channel_prefix)
         before = _subscribers(self.redis, channel)
         argv = [sys.executable, "-m", "fsm_celery", "ack-bridge", "--processes", str(processes)]
         proc = self._spawn("bridge", argv)
+        if not self.settings.accept_shared_acks:
+            proc.wait_for_log("ack bridge reading the ack streams")
+            return proc
         deadline = time.monotonic() + 30
         while _subscribers(self.redis, channel) <= before:
             if time.monotonic() > deadline or proc.popen.poll() is not None:
@@ -306,15 +320,16 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
         redis_url=redis_url,
         queue=f"fsm-{tag}",
         channel_prefix=f"{tag}:",
-        task_token_secret="test-secret",
+        task_token_secret=TEST_SECRET,
         definitions_path=str(ROOT / "definitions"),
         **overrides,
     )
     engine = redis_engine(settings)
-    client = Client(engine, _enqueue_on(settings.queue))
+    dead = DeadLetters(redis.Redis.from_url(settings.redis_url), settings.channel_prefix)
+    client = Client(engine, _enqueue_on(settings.queue), dead.latest)
     client.load_definitions(str(ROOT / "definitions"))
     client.load_definitions(str(FIXTURE_DEFINITIONS))
-    return FsmEnv(name, settings, redis.Redis.from_url(redis_url), client)
+    return FsmEnv(name, settings, redis.Redis.from_url(settings.redis_url), client)
 
 
 def _enqueue_on(queue: str) -> Callable[[list[Step]], None]:
@@ -331,6 +346,66 @@ def _enqueue_on(queue: str) -> Callable[[list[Step]], None]:
 
 def database_name(env: FsmEnv) -> str:
     return str(make_url(env.settings.database_url).database)
+
+
+# ---- a Redis server of the test's own ------------------------------------------------------
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def start_redis(
+    directory: Path, *extra: str, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server on a free port, persisting nothing, logging into directory."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not on PATH: the ACL tests need a server of their own")
+    port = port or free_port()
+    process = subprocess.Popen(
+        [
+            binary,
+            *("--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"),
+            *("--dir", str(directory), "--logfile", str(directory / "redis.log")),
+            *extra,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_redis(process, port, directory)
+    return process, port
+
+
+def wait_for_redis(process: subprocess.Popen[bytes], port: int, directory: Path) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log = (directory / "redis.log").read_text(errors="replace")
+            raise RuntimeError(f"redis-server exited with {process.returncode}:\n{log}")
+        try:
+            with redis.Redis(host=HOST, port=port, socket_timeout=1) as client:
+                client.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    stop_redis(process)
+    raise RuntimeError(f"redis-server did not answer on port {port} within 10 s")
+
+
+def stop_redis(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 # ---- agents -----------------------------------------------------------------------------
@@ -381,6 +456,7 @@ class ScriptedAgent:
         copies: int = 1,
         gate: threading.Event | None = None,
         via_stream: bool = False,
+        own_stream: bool = False,
     ) -> None:
         self.id = str(uuid.uuid4())
         self.env = env
@@ -388,6 +464,7 @@ class ScriptedAgent:
         self.copies = copies
         self.gate = gate
         self.via_stream = via_stream
+        self.own_stream = own_stream  # its own ack stream: the engine knows who sent it
         self.tasks: list[dict[str, Any]] = []
         self._pending: list[str] = []
         self._redis = redis.Redis.from_url(env.settings.redis_url)
@@ -443,7 +520,9 @@ class ScriptedAgent:
         """Send a raw message the way this agent does (PUBLISH, or XADD to the ack stream)."""
         text = message if isinstance(message, str) else json.dumps(message)
         prefix = self.env.settings.channel_prefix
-        if self.via_stream:
+        if self.own_stream:
+            self._redis.xadd(agent_ack_stream(self.id, prefix), {"message": text})
+        elif self.via_stream:
             self._redis.xadd(ack_stream(prefix), {"message": text})
         else:
             self._redis.publish(ack_channel(prefix), text)
@@ -487,3 +566,14 @@ def ack_for(task: dict[str, Any], reply: Reply = Reply()) -> dict[str, Any]:
     if reply.error is not None:
         ack["error"] = reply.error
     return ack
+
+
+def dispatches(env: FsmEnv, agent_id: str) -> dict[tuple[str, int], int]:
+    """How many state_tasks the agent's stream holds for each (machine, attempt)."""
+    stream = task_stream(agent_id, env.settings.channel_prefix)
+    counts: dict[tuple[str, int], int] = {}
+    for _, fields in env.redis.xrange(stream):
+        task = json.loads(fields[b"message"])
+        key = (task["machineId"], task["attempt"])
+        counts[key] = counts.get(key, 0) + 1
+    return counts

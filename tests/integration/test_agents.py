@@ -19,6 +19,7 @@ from fsm_celery.core.messages import task_stream, task_token
 from fsm_celery.pipeline import AgentOrchestrator, TaskState
 from fsm_celery.pipeline.durable import durable_result, serve_pipeline
 from fsm_celery.pipeline.orchestrator import pipeline_context
+from tests.conftest import TEST_SECRET
 from tests.integration.harness import FsmEnv
 
 SHIPPED = {
@@ -175,7 +176,7 @@ def _last_task(env: FsmEnv, mid: uuid.UUID) -> dict[str, Any]:
         "requiredOutput": [],
         "timeout": 300_000,
         "deadline": "2999-01-01T00:00:00Z",
-        "taskToken": task_token("test-secret", mid, info.current_state, info.attempt),
+        "taskToken": task_token(TEST_SECRET, mid, info.current_state, info.attempt),
     }
 
 
@@ -297,7 +298,7 @@ def test_an_agent_works_on_at_most_its_concurrency(agents_env: FsmEnv) -> None:
     assert most == 2
 
 
-def test_shutdown_hands_back_unfinished_work_to_be_retried(agents_env: FsmEnv) -> None:
+def test_shutdown_hands_back_unfinished_work_without_spending_a_retry(agents_env: FsmEnv) -> None:
     release = threading.Event()
 
     def stubborn(agent: Agent) -> None:
@@ -326,10 +327,12 @@ def test_shutdown_hands_back_unfinished_work_to_be_retried(agents_env: FsmEnv) -
         assert time.monotonic() < deadline, "nothing was handed back"
         time.sleep(0.05)
     handed = agents_env.client.history(mid)[1]
-    assert (handed.success, handed.error_message) == (
+    assert (handed.event, handed.success, handed.error_message) == (
+        "handback",
         False,
-        "handed back: the agent is shutting down (retry 1 of 3)",
+        "handed back: the agent is shutting down",
     )
+    assert agents_env.client.get_machine(mid).attempt == 2  # sent again at once, retries intact
     second = _ThreadAgent(agents_env, "handoff", willing)
     second.agent.id = shared_id
     with second:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from fsm_celery.core.messages import task_token
+from tests.conftest import TEST_SECRET
 from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for, heartbeat_for
 
 Task = dict[str, Any]
@@ -26,25 +27,25 @@ def _tokenless(task: Task) -> Task:
 
 
 def _wrong_state(task: Task) -> Task:
-    token = task_token("test-secret", task["machineId"], "FIRST", task["attempt"])
+    token = task_token(TEST_SECRET, task["machineId"], "FIRST", task["attempt"])
     return {**ack_for(task), "state": "FIRST", "taskToken": token}
 
 
 def _stale(task: Task) -> Task:
     attempt = task["attempt"] - 1
-    token = task_token("test-secret", task["machineId"], task["state"], attempt)
+    token = task_token(TEST_SECRET, task["machineId"], task["state"], attempt)
     return {**ack_for(task), "attempt": attempt, "taskToken": token}
 
 
 def _future(task: Task) -> Task:
     attempt = task["attempt"] + 5
-    token = task_token("test-secret", task["machineId"], task["state"], attempt)
+    token = task_token(TEST_SECRET, task["machineId"], task["state"], attempt)
     return {**ack_for(task), "attempt": attempt, "taskToken": token}
 
 
 def _unknown_machine(task: Task) -> Task:
     ghost = str(uuid.uuid4())
-    token = task_token("test-secret", ghost, task["state"], task["attempt"])
+    token = task_token(TEST_SECRET, ghost, task["state"], task["attempt"])
     return {**ack_for(task), "machineId": ghost, "taskToken": token}
 
 
@@ -135,7 +136,7 @@ def test_missing_required_output_fails_the_attempt_naming_the_keys(fsm: FsmEnv) 
     assert (first_attempt.from_state, first_attempt.to_state) == ("FIRST", "FIRST")
     assert not first_attempt.success
     assert "missing required output: first" in (first_attempt.error_message or "")
-    assert rejected["reason"] == "missing_output"
+    assert rejected["reason"] == "invalid_output"
     assert "first" in rejected["detail"]
     assert [t["state"] for t in agent.tasks] == ["FIRST", "FIRST", "SECOND"]
 

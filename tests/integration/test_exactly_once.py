@@ -9,6 +9,8 @@ import uuid
 from typing import Any
 
 from fsm_celery.core.messages import ack_channel, task_token
+from fsm_celery.engine import Inbound
+from tests.conftest import TEST_SECRET
 from tests.integration.harness import (
     FIX_BUG_STATES,
     SILENT,
@@ -79,7 +81,7 @@ def test_concurrent_batches_for_one_attempt_lock_the_row(fsm: FsmEnv) -> None:
 
     def apply(payload: str) -> None:
         go.wait()
-        results.append(fsm.client.engine.apply_messages([payload]))
+        results.append(fsm.client.engine.apply_messages([Inbound(payload)]))
 
     threads = [threading.Thread(target=apply, args=(p,)) for p in (good, bad)]
     for t in threads:
@@ -102,7 +104,7 @@ def test_ack_for_an_unknown_machine_is_recorded_and_changes_nothing(fsm: FsmEnv)
         "success": True,
         "output": {},
         "attempt": 1,
-        "taskToken": task_token("test-secret", ghost, "ANALYZE_BUG", 1),
+        "taskToken": task_token(TEST_SECRET, ghost, "ANALYZE_BUG", 1),
     }
     fsm.redis.publish(ack_channel(fsm.settings.channel_prefix), json.dumps(ack))
     rejected = fsm.wait_for_rejections(ghost, 1)

@@ -121,7 +121,7 @@ def test_a_message_the_database_refuses_is_rejected_and_its_batch_applied(
         _wait_all_in(durable, [ids[0], ids[2]], "SECOND")
         rejected = durable.wait_for_rejections(ids[1], 1)
     assert tasks
-    assert [r["reason"] for r in rejected] == ["unprocessable"]
+    assert [r["reason"] for r in rejected] == ["invalid_value"]
     assert "Unicode" in rejected[0]["detail"] or "\\u0000" in rejected[0]["detail"]
     assert "\\u0000" in rejected[0]["payload"]
     poisoned_machine = durable.client.get_machine(ids[1])

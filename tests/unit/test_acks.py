@@ -1,5 +1,6 @@
 """The ack applier's policy: a batch that fails is split until the message that breaks it is
-found and recorded; transient failures go back to the caller, which keeps the batch."""
+found and recorded; transient failures go back to the caller, which keeps the batch; a message
+that cannot even be recorded is handed back to the caller."""
 
 from __future__ import annotations
 
@@ -11,27 +12,42 @@ import redis
 
 from fsm_celery.acks import AckApplier
 from fsm_celery.core.transition import RejectReason
-from fsm_celery.engine import MachineEngine, Step
+from fsm_celery.engine import Inbound, MachineEngine, Step
 
 
 class Engine:
-    """Applies any batch that holds no poisoned message; records what it is told to reject."""
+    """Applies any batch that holds no poisoned message; records what it is told to reject,
+    unless the message is one it cannot even record."""
 
-    def __init__(self, poisoned: set[str], delay: float = 0.0, error: Exception | None = None):
+    def __init__(
+        self,
+        poisoned: set[str],
+        delay: float = 0.0,
+        error: Exception | None = None,
+        unrecordable: frozenset[str] = frozenset(),
+    ):
         self.poisoned, self.delay, self.error = poisoned, delay, error
+        self.unrecordable = unrecordable
         self.applied: list[list[str]] = []
         self.rejected: list[tuple[str, RejectReason, str]] = []
 
-    def apply_messages(self, payloads: list[str]) -> list[Step]:
+    def apply_messages(self, batch: list[Inbound]) -> list[Step]:
         if self.error is not None:
             raise self.error
+        payloads = [item.raw for item in batch]
         if self.poisoned & set(payloads):
             raise ValueError("unsupported Unicode escape sequence\nDETAIL: more")
         self.applied.append(payloads)
         return [Step(uuid.uuid4(), 2, self.delay) for _ in payloads]
 
     def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
+        if raw in self.unrecordable:
+            raise ValueError("integer out of range")
         self.rejected.append((raw, reason, detail))
+
+
+def _batch(*payloads: str) -> list[Inbound]:
+    return [Inbound(p) for p in payloads]
 
 
 def _applier(engine: Engine, entered: list[Step]) -> AckApplier:
@@ -40,14 +56,14 @@ def _applier(engine: Engine, entered: list[Step]) -> AckApplier:
 
 def test_a_healthy_batch_is_applied_in_one_go() -> None:
     engine, entered = Engine(set()), list[Step]()
-    _applier(engine, entered)(["a", "b", "c"])
+    assert _applier(engine, entered)(_batch("a", "b", "c")) == []
     assert engine.applied == [["a", "b", "c"]]
     assert engine.rejected == []
 
 
 def test_a_message_that_breaks_its_batch_is_rejected_and_the_others_applied() -> None:
     engine, entered = Engine({"b"}), list[Step]()
-    _applier(engine, entered)(["a", "b", "c"])
+    assert _applier(engine, entered)(_batch("a", "b", "c")) == []
     assert engine.applied == [["a"], ["c"]]
     assert engine.rejected == [
         ("b", RejectReason.UNPROCESSABLE, "ValueError: unsupported Unicode escape sequence")
@@ -60,13 +76,21 @@ def test_a_message_that_breaks_its_batch_is_rejected_and_the_others_applied() ->
 def test_a_transient_error_is_raised_and_nothing_is_rejected(error: Exception) -> None:
     engine, entered = Engine(set(), error=error), list[Step]()
     with pytest.raises(type(error)):
-        _applier(engine, entered)(["a", "b"])
+        _applier(engine, entered)(_batch("a", "b"))
     assert engine.rejected == []
 
 
 def test_only_steps_waiting_out_a_delay_are_handed_on() -> None:
     entered: list[Step] = []
-    _applier(Engine(set(), delay=0.0), entered)(["a"])
+    _applier(Engine(set(), delay=0.0), entered)(_batch("a"))
     assert entered == []  # entered in the transaction that decided them
-    _applier(Engine(set(), delay=2.5), entered)(["a", "b"])
+    _applier(Engine(set(), delay=2.5), entered)(_batch("a", "b"))
     assert [step.delay for step in entered] == [2.5, 2.5]
+
+
+def test_a_message_that_cannot_even_be_recorded_is_handed_back_and_the_others_applied() -> None:
+    engine, entered = Engine({"b"}, unrecordable=frozenset({"b"})), list[Step]()
+    batch = _batch("a", "b", "c")
+    assert _applier(engine, entered)(batch) == [batch[1]]
+    assert engine.applied == [["a"], ["c"]]
+    assert engine.rejected == []

@@ -1,0 +1,99 @@
+"""Acceptance: the ack bridge's reconnect delay starts again after each outage. A delay grown in
+one Redis outage must not carry into the next: after the second restart the bridge is back as
+soon as after the first."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from fsm_celery.core.messages import agent_ack_stream
+from tests.integration.harness import FsmEnv, start_redis, stop_redis
+
+LONG, SHORT = 2.5, 0.3  # the first grows the delay to seconds (0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+
+
+class Restartable:
+    """A persistent redis-server of the test's own, stopped and started on the same port."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.process, self.port = start_redis(directory, "--appendonly", "yes")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def restart(self, down: float) -> float:
+        """Stop it, wait, start it again; when it answered (monotonic)."""
+        self.process.kill()
+        self.process.wait(10)
+        time.sleep(down)
+        self.process, _ = start_redis(self.directory, "--appendonly", "yes", port=self.port)
+        return time.monotonic()
+
+    def stop(self) -> None:
+        stop_redis(self.process)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restartable]:
+    server = Restartable(tmp_path_factory.mktemp("redis-restarts"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def bridged(env_factory: Callable[..., FsmEnv], redis_server: Restartable) -> Iterator[FsmEnv]:
+    env = env_factory("recovery", redis_url=redis_server.url)
+    env.start_bridge()
+    yield env
+    env.stop_all()
+
+
+AGENT = str(uuid.uuid4())  # one agent, so its stream is known to the bridge before the outages
+
+
+def _seen_after(env: FsmEnv, since: float, mark: int) -> float:
+    """Report the agent (its `running` count set to mark) through its ack stream; the seconds
+    from `since` until the bridge recorded it."""
+    status = {
+        "type": "agent_status",
+        "agentId": AGENT,
+        "agentType": "tester",
+        "status": "active",
+        "concurrency": 100,
+        "running": mark,
+    }
+    stream = agent_ack_stream(AGENT, env.settings.channel_prefix)
+    deadline = time.monotonic() + 30
+    sent = False
+    while time.monotonic() < deadline:
+        if not sent:
+            try:
+                env.redis.xadd(stream, {"message": json.dumps(status)})
+                sent = True
+            except redis.ConnectionError:  # the test's own client reconnecting
+                time.sleep(0.05)
+                continue
+        if any(a["id"] == AGENT and a["running"] == mark for a in env.client.agents()):
+            return time.monotonic() - since
+        time.sleep(0.05)
+    raise AssertionError("the bridge never came back")
+
+
+def test_the_reconnect_delay_starts_again_after_each_outage(
+    bridged: FsmEnv, redis_server: Restartable
+) -> None:
+    _seen_after(bridged, time.monotonic(), 0)  # the bridge serves, and knows the stream
+    first = _seen_after(bridged, redis_server.restart(LONG), 1)
+    second = _seen_after(bridged, redis_server.restart(SHORT), 2)
+    # Carried over, the short outage would be waited out with the long one's grown delay (3.2 s
+    # or more); started again, the bridge retries after 0.1 s, then 0.2 s.
+    assert second < 1.5, f"back {first:.1f}s after the long outage, {second:.1f}s after the short"

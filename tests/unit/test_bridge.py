@@ -1,0 +1,36 @@
+"""The bridge's pure parts: its reconnect delay, and what an ack stream's name says."""
+
+from __future__ import annotations
+
+import uuid
+
+from fsm_celery.channel.bridge import Backoff, _agent_of, clip
+
+
+def test_the_reconnect_delay_doubles_up_to_its_cap() -> None:
+    backoff = Backoff(first=0.1, cap=1.0)
+    assert [backoff.next() for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+
+
+def test_the_reconnect_delay_starts_again_once_reset() -> None:
+    backoff = Backoff(first=0.1, cap=5.0)
+    for _ in range(5):
+        backoff.next()
+    backoff.reset()
+    assert backoff.next() == 0.1
+
+
+def test_an_agents_own_ack_stream_names_the_agent() -> None:
+    agent = uuid.uuid4()
+    assert _agent_of(f"p:stream:state:ack:{agent}", "p:") == agent
+
+
+def test_the_shared_stream_and_foreign_keys_name_no_agent() -> None:
+    assert _agent_of("p:stream:state:ack", "p:") is None
+    assert _agent_of("p:stream:state:ack:not-a-uuid", "p:") is None
+    assert _agent_of(f"q:stream:state:ack:{uuid.uuid4()}", "p:") is None
+
+
+def test_a_payload_is_cut_just_past_the_limit() -> None:
+    assert clip(b"x" * 50, 10) == "x" * 11
+    assert clip("short", 10) == "short"
