@@ -117,10 +117,10 @@ def acl_setuser_command(
     optional_commands: Iterable[str] = (),
 ) -> str:
     """The `ACL SETUSER …` line an operator pastes into redis-cli."""
-    rules = agent_acl_rules(
+    line = acl_file_line(
         agent_id, agent_type, prefix, password, optional_commands=optional_commands
     )
-    return " ".join(["ACL", "SETUSER", agent_username(agent_id), *rules])
+    return "ACL SETUSER " + line.removeprefix("user ")
 
 
 def acl_file_line(

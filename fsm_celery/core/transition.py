@@ -281,6 +281,18 @@ def _hand_back(
     if machine.handbacks >= limits.max_handbacks:
         error = f"{why} ({machine.handbacks + 1} times in a row, counted as a failure)"
         return _fail(definition, machine, state, FailureKind.FAILURE, error, None)
+    return _again(machine, state, machine.state_retries, None, why, handbacks=machine.handbacks + 1)
+
+
+def _again(
+    machine: Machine,
+    state: StateDefinition,
+    state_retries: int,
+    output: dict[str, Any] | None,
+    error: str,
+    **more: Any,
+) -> Transition:
+    """The same state entered again, as a new attempt: a retry, or a hand-back."""
     return Transition(
         from_state=state.name,
         to_state=state.name,
@@ -288,10 +300,10 @@ def _hand_back(
         status=MachineStatus.RUNNING,
         context=dict(machine.context),
         attempt=machine.attempt + 1,
-        state_retries=machine.state_retries,
-        output=None,
-        error=why,
-        handbacks=machine.handbacks + 1,
+        state_retries=state_retries,
+        output=output,
+        error=error,
+        **more,
     )
 
 
@@ -365,19 +377,8 @@ def _fail(
     if kind in state.retry_on and machine.state_retries < state.max_retries:
         retry = machine.state_retries + 1
         delay = retry_delay(state.backoff, retry, jitter_unit(machine.id, machine.attempt))
-        return Transition(
-            from_state=state.name,
-            to_state=state.name,
-            success=False,
-            status=MachineStatus.RUNNING,
-            context=dict(machine.context),
-            attempt=machine.attempt + 1,
-            state_retries=retry,
-            output=output,
-            error=f"{error} (retry {retry} of {state.max_retries})",
-            failure=kind,
-            delay_seconds=delay,
-        )
+        error = f"{error} (retry {retry} of {state.max_retries})"
+        return _again(machine, state, retry, output, error, failure=kind, delay_seconds=delay)
     assert state.on_failure is not None  # the validator requires it on non-terminal states
     return _take(definition, machine, state.on_failure, dict(machine.context), output, error, kind)
 
