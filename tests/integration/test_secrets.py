@@ -1,0 +1,53 @@
+"""Acceptance: no long-running process starts with a task token secret anyone could know, and
+each says in one line how to set one; a rotated-out secret is still accepted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsm_celery.config import DEFAULT_SECRET, Settings
+from tests.integration.harness import ROOT
+
+PROCESSES = {
+    "worker": [sys.executable, "-m", "celery", "-A", "fsm_celery", "worker", "--pool", "solo"],
+    "beat": [sys.executable, "-m", "celery", "-A", "fsm_celery", "beat"],
+    "ack-bridge": [sys.executable, "-m", "fsm_celery", "ack-bridge"],
+}
+UNFIT = {
+    "the default": DEFAULT_SECRET,
+    "empty": "",
+    "31 bytes": "x" * 31,
+    "a short one among the rotated": "y" * 40 + ",short",
+}
+
+
+@pytest.mark.parametrize(
+    ("process", "secret"),
+    [
+        ("worker", "the default"),
+        ("beat", "empty"),
+        ("ack-bridge", "31 bytes"),
+        ("ack-bridge", "a short one among the rotated"),
+    ],
+)
+def test_a_long_running_process_refuses_a_guessable_secret(
+    process: str, secret: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "FSM_TASK_TOKEN_SECRET": UNFIT[secret]}
+    argv = PROCESSES[process] + (["-s", str(tmp_path / "beat")] if process == "beat" else [])
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert "FSM_TASK_TOKEN_SECRET" in done.stderr
+    assert "token_hex(32)" in done.stderr  # how to set one
+
+
+def test_the_first_secret_signs_and_every_one_is_accepted() -> None:
+    settings = Settings(task_token_secret=f"{'n' * 32}, {'o' * 32}")
+    assert settings.token_secrets == ("n" * 32, "o" * 32)
+    assert settings.secret_problem() is None
