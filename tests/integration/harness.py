@@ -361,7 +361,7 @@ def free_port() -> int:
 
 
 def start_redis(
-    directory: Path, *extra: str, port: int | None = None
+    directory: Path, *extra: str, port: int | None = None, tls_ca: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     """A redis-server on a free port, persisting nothing, logging into directory."""
     binary = shutil.which("redis-server")
@@ -379,18 +379,21 @@ def start_redis(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_for_redis(process, port, directory)
+    wait_for_redis(process, port, directory, tls_ca)
     return process, port
 
 
-def wait_for_redis(process: subprocess.Popen[bytes], port: int, directory: Path) -> None:
+def wait_for_redis(
+    process: subprocess.Popen[bytes], port: int, directory: Path, tls_ca: Path | None = None
+) -> None:
+    tls: dict[str, Any] = {} if tls_ca is None else {"ssl": True, "ssl_ca_certs": str(tls_ca)}
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if process.poll() is not None:
             log = (directory / "redis.log").read_text(errors="replace")
             raise RuntimeError(f"redis-server exited with {process.returncode}:\n{log}")
         try:
-            with redis.Redis(host=HOST, port=port, socket_timeout=1) as client:
+            with redis.Redis(host=HOST, port=port, socket_timeout=1, **tls) as client:
                 client.ping()
             return
         except redis.ConnectionError:
