@@ -261,11 +261,16 @@ class MachineEngine:
         changes = Changes(self.clock())
         parsed: list[tuple[MachineMessage, Inbound]] = []
         statuses: dict[UUID, tuple[AgentStatus, Inbound]] = {}
+        settings = self.settings
         for item in inbound:
             message = self._parse(item.raw, changes)
             if isinstance(message, AgentStatus):
                 statuses[message.agent_id] = (message, item)  # each agent's latest report
-            elif message is not None:
+            elif message is None:
+                continue
+            elif intake.forged(message, settings.token_secrets, settings.accept_unsigned_acks):
+                changes.reject(RejectReason.BAD_TOKEN, BAD_TOKEN, item.raw, **intake.where(message))
+            else:
                 parsed.append((message, item))
         with self.db.begin() as conn:
             self._record_statuses(conn, statuses.values(), changes)
@@ -339,8 +344,7 @@ class MachineEngine:
             message, settings.token_secrets, settings.accept_unsigned_acks, machine.attempt
         )
         if attempt is None:
-            detail = "missing or invalid taskToken for this machine, state and attempt"
-            changes.reject(RejectReason.BAD_TOKEN, detail, raw, **where)
+            changes.reject(RejectReason.BAD_TOKEN, BAD_TOKEN, raw, **where)
             return
         where["attempt"] = attempt
         definition = self._definition(conn, row.type, row.definition_version)
@@ -492,6 +496,9 @@ class MachineEngine:
             self._enter(conn, row, changes.snapshots[row.id], changes)
             self._finish(conn, changes)
         return changes.steps()
+
+
+BAD_TOKEN = "missing or invalid taskToken for this machine, state and attempt"
 
 
 class _Senders:

@@ -28,8 +28,9 @@ from fsm_celery.core.messages import (
 )
 from fsm_celery.core.transition import RejectReason
 
-# What may hide a value PostgreSQL refuses; only a payload with one of these is walked.
-_SUSPECT = re.compile(r"\\u0000|NaN|Infinity|\d[eE][+-]?\d|\d{19}")
+# What may hide a value PostgreSQL refuses; only a payload with one of these is walked. A JSON
+# number follows ":", "," or "["; hex in a token or an id ("3e5") is inside quotes and does not.
+_SUSPECT = re.compile(r"\\u0000|NaN|Infinity|[:,\[]\s*-?(?:\d+(?:\.\d*)?[eE]|\d{19})")
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,14 @@ def parse(raw: str, max_bytes: int) -> AnyAgentMessage | Refused:
         if problem is not None:
             return Refused(RejectReason.INVALID_VALUE, problem, **where(message))
     return message
+
+
+def forged(message: MachineMessage, secrets: Sequence[str], accept_unsigned: bool) -> bool:
+    """Whether the message's token is wrong for the machine, state and attempt it names: known
+    before its machine's row is locked, so a flood of forgeries holds no lock."""
+    if message.task_token is None:
+        return not accept_unsigned
+    return message.attempt is None or not token_matches(secrets, message, message.attempt)
 
 
 def authorised_attempt(
