@@ -33,11 +33,13 @@ FsmEnv = harness.FsmEnv
 TEMPLATE = f"fsm_bench_template_{os.getpid()}"
 
 
-def deployment(name: str, **settings: Any) -> FsmEnv:
-    """A fresh deployment with the bench definitions loaded."""
+def deployment(name: str, *, flush_redis: bool = True, **settings: Any) -> FsmEnv:
+    """A fresh deployment with the bench definitions loaded (on an emptied Redis database,
+    unless flush_redis is false: its channel prefix and queue are its own anyway)."""
     import redis
 
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    if flush_redis:
+        redis.Redis.from_url(REDIS_URL).flushdb()
     harness.create_template(PG_URL, TEMPLATE)
     env = harness.make_env(name, PG_URL, TEMPLATE, REDIS_URL, **settings)
     env.client.load_definitions(str(ROOT / "bench" / "definitions"))
