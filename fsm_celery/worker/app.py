@@ -6,5 +6,10 @@ import os
 
 from celery import Celery
 
+from fsm_celery.worker import kombu_patch
+
+# Before any broker connection exists: without it a Redis restart can stop the worker.
+kombu_patch.apply()
+
 app = Celery("fsm_celery", include=["fsm_celery.worker.tasks"])
 app.config_from_object(os.environ.get("FSM_CELERY_CONFIG", "celeryconfig"))
