@@ -324,8 +324,14 @@ class MachineEngine:
     def _parse(self, raw: str, changes: Changes) -> AnyAgentMessage | None:
         message = intake.parse(raw, self.settings.max_payload_bytes)
         if isinstance(message, Refused):
-            where = intake.storable_where(message)
-            changes.reject(message.reason, message.detail, raw, **where)
+            changes.reject(
+                message.reason,
+                message.detail,
+                raw,
+                machine_id=message.machine_id,
+                state=message.state,
+                attempt=message.attempt,
+            )
             return None
         return message
 
@@ -338,15 +344,8 @@ class MachineEngine:
         changes: Changes,
     ) -> None:
         machine = changes.machine(row)
-        where = intake.where(message)
-        settings = self.settings
-        attempt = intake.authorised_attempt(
-            message, settings.token_secrets, settings.accept_unsigned_acks, machine.attempt
-        )
-        if attempt is None:
-            changes.reject(RejectReason.BAD_TOKEN, BAD_TOKEN, raw, **where)
-            return
-        where["attempt"] = attempt
+        attempt = intake.attempt_of(message, machine.attempt)  # its token was checked unlocked
+        where = {**intake.where(message), "attempt": attempt}
         definition = self._definition(conn, row.type, row.definition_version)
         if isinstance(message, StateHeartbeat):
             self._heartbeat(row, machine, definition, message, attempt, changes, raw)

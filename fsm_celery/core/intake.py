@@ -76,16 +76,10 @@ def forged(message: MachineMessage, secrets: Sequence[str], accept_unsigned: boo
     return message.attempt is None or not token_matches(secrets, message, message.attempt)
 
 
-def authorised_attempt(
-    message: MachineMessage, secrets: Sequence[str], accept_unsigned: bool, current: int
-) -> int | None:
-    """The attempt the message is for once its token is checked against the secrets (the first
-    signs, the others are being rotated out), or None: refuse it."""
-    if message.task_token is None and accept_unsigned:
-        return current if message.attempt is None else message.attempt
-    if message.attempt is None or not token_matches(secrets, message, message.attempt):
-        return None
-    return message.attempt
+def attempt_of(message: MachineMessage, current: int) -> int:
+    """The attempt a message that passed `forged` is for: the one it names, or, unsigned and
+    naming none, the machine's current one."""
+    return current if message.attempt is None else message.attempt
 
 
 def _salvage(raw: str) -> dict[str, Any]:
@@ -101,17 +95,6 @@ def _salvage(raw: str) -> dict[str, Any]:
         "machine_id": machine_id,
         "state": state[:50] if isinstance(state, str) else None,
         "attempt": attempt if isinstance(attempt, int) and 0 <= attempt <= INT32_MAX else None,
-    }
-
-
-def storable_where(refused: Refused) -> dict[str, Any]:
-    """The refusal's machine, state and attempt cut to what their columns hold: recording a
-    refusal must never fail."""
-    attempt = refused.attempt
-    return {
-        "machine_id": refused.machine_id,
-        "state": refused.state[:50] if refused.state is not None else None,
-        "attempt": attempt if attempt is not None and 0 <= attempt <= INT32_MAX else None,
     }
 
 

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from fsm_celery.agent.mock import OUTPUTS as MOCK_OUTPUTS
+from fsm_celery.agent.sdk import Agent
 from fsm_celery.api import redis_engine
 from fsm_celery.channel.bridge import DeadLetters
 from fsm_celery.config import Settings
@@ -409,6 +411,18 @@ def stop_redis(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+@contextmanager
+def serving(agent: Agent) -> Iterator[Agent]:
+    """The SDK agent running on a thread of the test process until the block ends."""
+    thread = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        thread.join(10)
 
 
 # ---- agents -----------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +23,7 @@ from tests.integration.harness import (
     FsmEnv,
     ScriptedAgent,
     ack_for,
+    serving,
     start_redis,
     stop_redis,
 )
@@ -138,15 +138,10 @@ def test_an_agent_with_its_own_credentials_runs_machines_to_the_end(locked: FsmE
     def answer(task: Task) -> dict[str, Any]:
         return {"first": 1, "second": 2}
 
-    thread = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
-    thread.start()
-    try:
+    with serving(agent):
         ids = [locked.client.start_machine("test_pair", {}, agent_id=agent_id) for _ in range(3)]
         for mid in ids:
             assert locked.wait_until_done(mid).status == "completed"
-    finally:
-        agent.stop()
-        thread.join(10)
 
 
 def test_an_agent_cannot_write_another_agents_acks_under_its_credentials(locked: FsmEnv) -> None:

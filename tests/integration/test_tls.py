@@ -4,7 +4,6 @@ bridge and an SDK agent, against a redis-server that speaks only TLS."""
 from __future__ import annotations
 
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 
 from fsm_celery.agent.sdk import Agent, Task
-from tests.integration.harness import FsmEnv, free_port, start_redis, stop_redis
+from tests.integration.harness import FsmEnv, free_port, serving, start_redis, stop_redis
 
 
 def _certificates(directory: Path) -> dict[str, Path]:
@@ -106,11 +105,6 @@ def test_a_machine_runs_to_the_end_over_tls(tls: FsmEnv) -> None:
     def answer(task: Task) -> dict[str, Any]:
         return {"first": 1, "second": 2}
 
-    thread = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
-    thread.start()
-    try:
+    with serving(agent):
         mid = tls.client.start_machine("test_pair", {}, agent_id=agent.id)
         assert tls.wait_until_done(mid).status == "completed"
-    finally:
-        agent.stop()
-        thread.join(10)
