@@ -360,7 +360,7 @@ class StreamSource(Source):
             pipe.xautoclaim(
                 stream, GROUP, self.consumer, self.claim_idle_ms, "0-0", self.batch, justid=True
             )
-        return any(claimed[1] for claimed in pipe.execute(raise_on_error=False) if _ok(claimed))
+        return any(claimed_ids(reply) for reply in pipe.execute(raise_on_error=False))
 
     def _acknowledge(self, pipe: Any) -> Any:
         """Add the XACK and XDEL of the entries applied since the last read to the pipeline."""
@@ -441,6 +441,16 @@ def _glob_escape(text: str) -> str:
 
 def _ok(reply: Any) -> bool:
     return not isinstance(reply, Exception)
+
+
+def claimed_ids(reply: Any) -> list[bytes]:
+    """The entry ids an XAUTOCLAIM ... JUSTID took over. redis-py 8 returns the ids alone;
+    earlier versions, in a pipeline, the whole reply: [next cursor, ids, deleted ids]."""
+    if not _ok(reply) or not reply:
+        return []
+    if len(reply) >= 2 and isinstance(reply[1], list | tuple):
+        return list(reply[1])
+    return list(reply)
 
 
 def _text(value: bytes | str) -> str:

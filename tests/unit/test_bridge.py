@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from fsm_celery.channel.bridge import Backoff, _agent_of, clip
+from fsm_celery.channel.bridge import Backoff, _agent_of, claimed_ids, clip
 
 
 def test_the_reconnect_delay_doubles_up_to_its_cap() -> None:
@@ -34,3 +34,13 @@ def test_the_shared_stream_and_foreign_keys_name_no_agent() -> None:
 def test_a_payload_is_cut_just_past_the_limit() -> None:
     assert clip(b"x" * 50, 10) == "x" * 11
     assert clip("short", 10) == "short"
+
+
+def test_claimed_ids_read_from_either_shape_of_reply() -> None:
+    # redis-py 8 parses XAUTOCLAIM ... JUSTID down to the ids; earlier versions did not
+    assert claimed_ids([b"1-0"]) == [b"1-0"]
+    assert claimed_ids([b"1-0", b"2-0"]) == [b"1-0", b"2-0"]
+    assert claimed_ids([b"0-0", [b"1-0"], []]) == [b"1-0"]
+    assert claimed_ids([b"0-0", [], []]) == []
+    assert claimed_ids([]) == []
+    assert claimed_ids(ConnectionError("gone")) == []
