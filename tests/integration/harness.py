@@ -44,7 +44,7 @@ from fsm_celery.core.messages import (
 from fsm_celery.engine import Step
 from fsm_celery.ops import Client, MachineInfo
 from fsm_celery.store.db import make_engine, upgrade
-from tests.conftest import TEST_SECRET
+from tests.secret import TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_DEFINITIONS = ROOT / "tests" / "fixtures" / "definitions"

@@ -19,8 +19,8 @@ from fsm_celery.core.messages import task_stream, task_token
 from fsm_celery.pipeline import AgentOrchestrator, TaskState
 from fsm_celery.pipeline.durable import durable_result, serve_pipeline
 from fsm_celery.pipeline.orchestrator import pipeline_context
-from tests.conftest import TEST_SECRET
 from tests.integration.harness import FsmEnv
+from tests.secret import TEST_SECRET
 
 SHIPPED = {
     "cto_build_project": {"projectName": "sla-api", "githubIssue": 726},

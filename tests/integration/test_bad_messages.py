@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from fsm_celery.core.messages import task_token
-from tests.conftest import TEST_SECRET
 from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for, heartbeat_for
+from tests.secret import TEST_SECRET
 
 Task = dict[str, Any]
 

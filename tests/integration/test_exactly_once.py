@@ -10,7 +10,6 @@ from typing import Any
 
 from fsm_celery.core.messages import ack_channel, task_token
 from fsm_celery.engine import Inbound
-from tests.conftest import TEST_SECRET
 from tests.integration.harness import (
     FIX_BUG_STATES,
     SILENT,
@@ -19,6 +18,7 @@ from tests.integration.harness import (
     ScriptedAgent,
     ack_for,
 )
+from tests.secret import TEST_SECRET
 
 CONTEXT = {"projectName": "sla-api", "githubIssue": 7}
 

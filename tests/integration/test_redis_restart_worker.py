@@ -30,7 +30,7 @@ from kombu.exceptions import OperationalError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.conftest import TEST_PG_URL, TEST_SECRET
+from tests.conftest import TEST_PG_URL
 from tests.integration.harness import (
     HOST,
     ROOT,
@@ -39,6 +39,7 @@ from tests.integration.harness import (
     free_port,
     start_redis,
 )
+from tests.secret import TEST_SECRET
 
 RESTARTS = 7
 DOWNTIME = 0.5  # seconds Redis stays down
