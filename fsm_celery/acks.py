@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import kombu.exceptions
 import redis
 import sqlalchemy.exc
 
@@ -19,6 +20,7 @@ TRANSIENT = (
     sqlalchemy.exc.InterfaceError,
     redis.ConnectionError,
     redis.TimeoutError,
+    kombu.exceptions.OperationalError,  # the broker, when a task could not be published
 )
 
 Enter = Callable[[list[Step]], None]
@@ -27,30 +29,32 @@ Enter = Callable[[list[Step]], None]
 class AckApplier:
     """Applies raw agent messages in batches and schedules the retries they decided.
 
-    A batch that fails for a reason other than a transient one is split and applied message by
+    Inline, the states due now are entered in the batch's transaction; otherwise every state
+    entered is handed to `enter` (an fsm.enter_state task each). A batch that fails for a
+    reason other than a transient one is split and applied message by
     message, so that one message the database refuses is recorded as rejected instead of
     holding back, or taking down, the messages around it. A message that cannot even be
     recorded is handed back to the caller, which keeps it for another try and, past a few,
     parks it (the bridge's dead-letter stream): nothing is dropped, and nothing stalls.
     """
 
-    def __init__(self, engine: MachineEngine, enter: Enter) -> None:
+    def __init__(self, engine: MachineEngine, enter: Enter, *, inline: bool = True) -> None:
         self.engine = engine
         self.enter = enter
+        self.inline = inline
 
     def __call__(self, batch: list[Inbound]) -> list[Inbound]:
         """Apply the batch; the messages neither applied nor recorded. Raises only transient
         errors (the caller keeps the whole batch and tries again)."""
         try:
-            steps = self.engine.apply_messages(batch)
+            steps = self.engine.apply_messages(batch, enter=self.inline)
         except TRANSIENT:
             raise
         except Exception as exc:
             if len(batch) > 1:
                 return [failed for item in batch for failed in self([item])]
             return self._reject(batch[0], exc)
-        # Steps due now were entered in the transaction; the others wait out a retry delay.
-        self.enter([step for step in steps if step.delay > 0])
+        self.enter(steps)
         return []
 
     def _reject(self, item: Inbound, error: Exception) -> list[Inbound]:

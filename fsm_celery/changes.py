@@ -18,11 +18,14 @@ KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or 
 
 
 class Step(NamedTuple):
-    """A machine, the attempt whose state must be entered next, and how long to wait first."""
+    """A machine, the attempt whose state must be entered next, and how long to wait first
+    (its type and the state name travel along for people: Flower shows them)."""
 
     machine_id: UUID
     attempt: int
     delay: float = 0.0
+    state: str = ""
+    machine_type: str = ""
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -58,6 +61,7 @@ class Changes:
     rejections: list[dict[str, Any]] = field(default_factory=list)
     snapshots: dict[UUID, Machine] = field(default_factory=dict)
     delays: dict[UUID, float] = field(default_factory=dict)
+    types: dict[UUID, str] = field(default_factory=dict)
     dispatched: dict[UUID, dict[str, Any]] = field(default_factory=dict)
     outbox: list[tuple[str, str]] = field(default_factory=list)
 
@@ -91,6 +95,7 @@ class Changes:
             handbacks=t.handbacks,
         )
         self.delays[row.id] = t.delay_seconds
+        self.types[row.id] = row.type
         self.updates[row.id] = {
             "_id": row.id,
             "current_state": t.to_state,
@@ -191,7 +196,7 @@ class Changes:
     def steps(self) -> list[Step]:
         """The machines this transaction moved on to a state, and the delay before it."""
         return [
-            Step(mid, u["attempt"], self.delays.get(mid, 0.0))
+            Step(mid, u["attempt"], self.delays.get(mid, 0.0), u["current_state"], self.types[mid])
             for mid, u in self.updates.items()
             if u["status"] == MachineStatus.RUNNING.value
         ]

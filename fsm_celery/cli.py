@@ -440,30 +440,38 @@ def demo(path: str | None) -> None:
     show_default=True,
     help="Processes sharing the ack stream (one per core); the first also reads pub/sub.",
 )
+@click.option(
+    "--inline",
+    is_flag=True,
+    help="Apply the acks here and send the next state_tasks directly (FSM_TRANSITION_MODE="
+    "inline): fewer hops, lower latency; by default each batch goes to an fsm.apply_acks "
+    "Celery task.",
+)
 @_fail_cleanly
-def ack_bridge(processes: int) -> None:
-    """Apply acks and heartbeats from Redis (pub/sub and stream) in batches."""
+def ack_bridge(processes: int, inline: bool) -> None:
+    """Read acks and heartbeats from Redis (streams and pub/sub) and have them applied."""
     get_settings().require_secret()
+    inline = inline or get_settings().transition_mode == "inline"
     stop = threading.Event()
-    others = [_spawn_consumer(n) for n in range(1, processes)]
-    threading.Thread(target=_keep_consumers, args=(others, stop), daemon=True).start()
-    serve_acks(True, stop)
+    others = [_spawn_consumer(n, inline) for n in range(1, processes)]
+    threading.Thread(target=_keep_consumers, args=(others, inline, stop), daemon=True).start()
+    serve_acks(True, inline, stop)
     for process in others:
         process.join(15)
     click.echo("ack bridge stopped")
 
 
-def _spawn_consumer(number: int) -> multiprocessing.process.BaseProcess:
+def _spawn_consumer(number: int, inline: bool) -> multiprocessing.process.BaseProcess:
     context = multiprocessing.get_context("spawn")
     process = context.Process(
-        target=serve_acks, args=(False,), name=f"bridge-{number}", daemon=True
+        target=serve_acks, args=(False, inline), name=f"bridge-{number}", daemon=True
     )
     process.start()
     return process
 
 
 def _keep_consumers(
-    processes: list[multiprocessing.process.BaseProcess], stop: threading.Event
+    processes: list[multiprocessing.process.BaseProcess], inline: bool, stop: threading.Event
 ) -> None:
     """Start again, while the bridge runs, any consumer process that died."""
     while not stop.wait(1.0):
@@ -472,15 +480,17 @@ def _keep_consumers(
                 logging.getLogger(__name__).warning(
                     "%s exited (%s); starting it again", process.name, process.exitcode
                 )
-                processes[n] = _spawn_consumer(n + 1)
+                processes[n] = _spawn_consumer(n + 1, inline)
 
 
-def serve_acks(pubsub: bool, stop: threading.Event | None = None) -> None:
-    """Serve the ack streams (and the pub/sub channel) until SIGINT or SIGTERM."""
+def serve_acks(pubsub: bool, inline: bool, stop: threading.Event | None = None) -> None:
+    """Serve the ack streams (and the pub/sub channel) until SIGINT or SIGTERM: apply each
+    batch here (inline), or hand it to an fsm.apply_acks task."""
     from fsm_celery.acks import AckApplier
     from fsm_celery.api import redis_engine
     from fsm_celery.channel.bridge import (
         AckBridge,
+        Apply,
         DeadLetters,
         PubSubSource,
         Source,
@@ -488,14 +498,21 @@ def serve_acks(pubsub: bool, stop: threading.Event | None = None) -> None:
     )
     from fsm_celery.channel.redis import connect
     from fsm_celery.core.messages import ack_channel
-    from fsm_celery.worker.tasks import enter
+    from fsm_celery.worker.tasks import Relay, enter
 
     settings = get_settings()
     settings.require_secret()
     logging.basicConfig(format="%(asctime)s %(processName)s %(levelname)s %(message)s")
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
     _warn_about_trust(settings)
-    apply = AckApplier(redis_engine(settings, pre_ping=False), enter)  # it retries instead
+    apply: Apply
+    if inline:
+        apply = AckApplier(redis_engine(settings, pre_ping=False), enter)  # it retries instead
+    else:
+        apply = Relay(settings.max_relay_bytes)
+    logging.getLogger("fsm_celery.channel.bridge").info(
+        "transition mode: %s", "inline" if inline else "celery (fsm.apply_acks tasks)"
+    )
     limit, size, prefix = (
         settings.max_payload_bytes,
         settings.ack_batch_size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,6 +32,15 @@ class Settings(BaseSettings):
     # Redis can answer for any machine there. Off, only per-agent ack streams are read.
     accept_shared_acks: bool = True
     task_streams: bool = True
+    # celery: the bridge hands each batch of acks to an fsm.apply_acks task, which enqueues an
+    # fsm.enter_state task per state entered (Flower shows every step). inline: the bridge
+    # applies the batch and sends the next state_tasks itself (fewer hops, lower latency).
+    transition_mode: Literal["celery", "inline"] = "celery"
+    # How long a state entry handed to an fsm.enter_state task is left to it before the scan
+    # enters the state itself (a task lost with its worker is repaired after this).
+    dispatch_grace_seconds: float = Field(default=5.0, ge=0)
+    # The most bytes of agent messages one fsm.apply_acks task carries (a batch is split).
+    max_relay_bytes: int = Field(default=4_194_304, gt=0)
     stream_claim_idle_seconds: float = Field(default=30.0, gt=0)
     agent_liveness_seconds: float = Field(default=15.0, gt=0)
     visibility_timeout_seconds: int = Field(default=60, ge=5)

@@ -167,7 +167,7 @@ class MachineEngine:
                 "created_at": now,
             }
             q.insert_transitions_txn(conn, [start_row])
-        return Step(machine_id, 1)
+        return Step(machine_id, 1, 0.0, definition.initial_state, machine_type)
 
     # enter a state ----------------------------------------------------------------------
 
@@ -256,8 +256,14 @@ class MachineEngine:
 
     # acks and heartbeats ----------------------------------------------------------------
 
-    def apply_messages(self, inbound: Iterable[Inbound]) -> list[Step]:
-        """Apply a batch of raw agent messages in one transaction; the steps to enter."""
+    def apply_messages(self, inbound: Iterable[Inbound], *, enter: bool = True) -> list[Step]:
+        """Apply a batch of raw agent messages in one transaction; the steps to enter.
+
+        With enter, the states due now are entered in the same transaction (their state_tasks
+        go out before it commits) and the steps returned still to enter are those after a
+        retry delay. Without, nothing is sent: every step is returned, for the caller to hand
+        to an enter_state task each (the scan enters them if that never happens).
+        """
         changes = Changes(self.clock())
         parsed: list[tuple[MachineMessage, Inbound]] = []
         statuses: dict[UUID, tuple[AgentStatus, Inbound]] = {}
@@ -288,10 +294,12 @@ class MachineEngine:
                     )
                 else:
                     self._apply(conn, row, message, item.raw, changes)
-            for mid in changes.due_now():
-                self._enter(conn, rows[mid], changes.snapshots[mid], changes)
+            if enter:
+                for mid in changes.due_now():
+                    self._enter(conn, rows[mid], changes.snapshots[mid], changes)
             self._finish(conn, changes)
-        return changes.steps()
+        steps = changes.steps()
+        return [s for s in steps if s.delay > 0] if enter else steps
 
     def _record_statuses(
         self,
@@ -389,7 +397,8 @@ class MachineEngine:
     # timeouts, commands and the scan -----------------------------------------------------
 
     def scan(self, limit: int = 500) -> tuple[int, list[Step]]:
-        """Time out attempts past their deadline and enter the states whose dispatch is due.
+        """Time out attempts past their deadline and enter the states whose dispatch is due
+        (since FSM_DISPATCH_GRACE_SECONDS: until then, an enter_state task is on its way).
 
         The database is the truth: this also repairs a dispatch lost with a killed worker, a
         dropped message or a flushed Redis. Rows another transaction holds are skipped. Returns
@@ -401,7 +410,8 @@ class MachineEngine:
             overdue = q.lock_overdue_txn(conn, changes.now, limit)
             for row in overdue:
                 self._contained(row, self._time_out, conn, row, changes)
-            due = q.lock_due_txn(conn, changes.now, limit)
+            grace = timedelta(seconds=self.settings.dispatch_grace_seconds)
+            due = q.lock_due_txn(conn, changes.now - grace, limit)
             rows = {row.id: row for row in (*overdue, *due)}
             for mid in changes.due_now():
                 self._contained(

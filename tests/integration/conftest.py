@@ -47,10 +47,17 @@ def env_factory(template_db: str) -> Iterator[Callable[..., FsmEnv]]:
         drop_database(TEST_PG_URL, database_name(env))
 
 
+@pytest.fixture(scope="session", params=["celery", "inline"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """The transition mode (FSM_TRANSITION_MODE): every test on a deployment that takes it
+    runs once with the acks applied by fsm.apply_acks tasks, and once by the bridge inline."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
-def fsm(env_factory: Callable[..., FsmEnv]) -> FsmEnv:
-    """The shared deployment: one worker and one ack bridge for the session."""
-    env = env_factory("shared")
+def fsm(env_factory: Callable[..., FsmEnv], mode: str) -> FsmEnv:
+    """The shared deployment of the mode: one worker and one ack bridge."""
+    env = env_factory(f"shared_{mode}", transition_mode=mode)
     env.start_worker()
     env.start_bridge()
     return env

@@ -19,9 +19,9 @@ LINEAR = ["ONE", "TWO", "THREE", "DONE"]
 
 
 @pytest.fixture(scope="module")
-def faulty(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
+def faulty(env_factory: Callable[..., FsmEnv], mode: str) -> Iterator[FsmEnv]:
     """A deployment of its own: workers with beat running the sweeper every second."""
-    env = env_factory("faulty", stream_claim_idle_seconds=1.0)
+    env = env_factory(f"faulty_{mode}", transition_mode=mode, stream_claim_idle_seconds=1.0)
     env.start_bridge(processes=2)
     yield env
     env.stop_all()

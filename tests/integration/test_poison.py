@@ -30,8 +30,10 @@ CONTEXT_LIMIT = 20_000
 
 
 @pytest.fixture(scope="module")
-def poison(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
-    env = env_factory("poison", max_context_bytes=CONTEXT_LIMIT, max_handbacks=2)
+def poison(env_factory: Callable[..., FsmEnv], mode: str) -> Iterator[FsmEnv]:
+    env = env_factory(
+        f"poison_{mode}", transition_mode=mode, max_context_bytes=CONTEXT_LIMIT, max_handbacks=2
+    )
     env.start_worker()
     env.start_bridge()
     yield env

@@ -15,9 +15,9 @@ from tests.integration.harness import FsmEnv, ScriptedAgent
 
 
 @pytest.fixture(scope="module")
-def crashy(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
+def crashy(env_factory: Callable[..., FsmEnv], mode: str) -> Iterator[FsmEnv]:
     """A deployment of its own, whose workers run beat (the sweeper every second)."""
-    env = env_factory("crashy")
+    env = env_factory(f"crashy_{mode}", transition_mode=mode)
     env.start_bridge()
     yield env
     env.stop_all()

@@ -18,8 +18,8 @@ from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_
 
 
 @pytest.fixture(scope="module")
-def durable(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
-    env = env_factory("durable", stream_claim_idle_seconds=1.0)
+def durable(env_factory: Callable[..., FsmEnv], mode: str) -> Iterator[FsmEnv]:
+    env = env_factory(f"durable_{mode}", transition_mode=mode, stream_claim_idle_seconds=1.0)
     env.start_worker()
     yield env
     env.stop_all()

@@ -31,14 +31,16 @@ class Engine:
         self.applied: list[list[str]] = []
         self.rejected: list[tuple[str, RejectReason, str]] = []
 
-    def apply_messages(self, batch: list[Inbound]) -> list[Step]:
+    def apply_messages(self, batch: list[Inbound], *, enter: bool = True) -> list[Step]:
         if self.error is not None:
             raise self.error
         payloads = [item.raw for item in batch]
         if self.poisoned & set(payloads):
             raise ValueError("unsupported Unicode escape sequence\nDETAIL: more")
         self.applied.append(payloads)
-        return [Step(uuid.uuid4(), 2, self.delay) for _ in payloads]
+        self.entered_inline = enter
+        steps = [Step(uuid.uuid4(), 2, self.delay) for _ in payloads]
+        return [step for step in steps if step.delay > 0] if enter else steps
 
     def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
         if raw in self.unrecordable:
@@ -50,8 +52,8 @@ def _batch(*payloads: str) -> list[Inbound]:
     return [Inbound(p) for p in payloads]
 
 
-def _applier(engine: Engine, entered: list[Step]) -> AckApplier:
-    return AckApplier(cast(MachineEngine, engine), entered.extend)
+def _applier(engine: Engine, entered: list[Step], inline: bool = True) -> AckApplier:
+    return AckApplier(cast(MachineEngine, engine), entered.extend, inline=inline)
 
 
 def test_a_healthy_batch_is_applied_in_one_go() -> None:
@@ -86,6 +88,14 @@ def test_only_steps_waiting_out_a_delay_are_handed_on() -> None:
     assert entered == []  # entered in the transaction that decided them
     _applier(Engine(set(), delay=2.5), entered)(_batch("a", "b"))
     assert [step.delay for step in entered] == [2.5, 2.5]
+
+
+def test_in_the_celery_mode_every_step_is_handed_on() -> None:
+    entered: list[Step] = []
+    engine = Engine(set(), delay=0.0)
+    _applier(engine, entered, inline=False)(_batch("a", "b"))
+    assert engine.entered_inline is False
+    assert len(entered) == 2  # an enter_state task each
 
 
 def test_a_message_that_cannot_even_be_recorded_is_handed_back_and_the_others_applied() -> None:
