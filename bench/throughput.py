@@ -46,10 +46,11 @@ def run_engine(
     prefill: Callable[[FsmEnv], object] | None = None,
     bridges: int = 2,
     seconds: float = 10.0,
+    mode: str = "celery",
 ) -> dict[str, Any]:
     """Our figure: machines looping through two states for as long as it measures; transitions
     per second over `seconds` of steady state, after two seconds of warm-up."""
-    env = deployment(f"tp{machines}")
+    env = deployment(f"tp{machines}_{mode}", transition_mode=mode)
     try:
         if prefill is not None:
             prefill(env)
@@ -73,6 +74,7 @@ def run_engine(
         agent.terminate()
         done = n1 - n0
         return {
+            "mode": mode,
             "machines": machines,
             "seconds": round(t1 - t0, 2),
             "transitions": done,
@@ -162,28 +164,36 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
     parser.add_argument("--bridges", type=int, default=2, help="ack bridge processes")
     parser.add_argument("--seconds", type=float, default=10.0, help="steady state measured")
+    parser.add_argument(
+        "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
+    )
     args = parser.parse_args()
     runs = [
-        run_engine(n, args.concurrency, bridges=args.bridges, seconds=args.seconds)
+        run_engine(n, args.concurrency, bridges=args.bridges, seconds=args.seconds, mode=mode)
+        for mode in args.modes
         for n in args.machines
     ]
     chain = run_chain_baseline(concurrency=args.concurrency)
     txn = run_transaction_baseline()
-    print(f"\n{'machines':>9} {'transitions':>12} {'sustained/s':>12}  CPU ms per transition")
+    header = f"{'mode':>7} {'machines':>9} {'transitions':>12} {'sustained/s':>12}"
+    print(f"\n{header}  CPU ms per transition")
     for r in runs:
         cpu = "  ".join(f"{k} {v}" for k, v in sorted(r["cpu_ms_per_transition"].items()))
-        print(f"{r['machines']:>9} {r['transitions']:>12} {r['sustained_per_s']:>12}  {cpu}")
-    best = max(runs, key=lambda r: r["sustained_per_s"])
+        figures = f"{r['machines']:>9} {r['transitions']:>12} {r['sustained_per_s']:>12}"
+        print(f"{r['mode']:>7} {figures}  {cpu}")
     print(
         f"\nplain Celery chain ({chain['chains']}x{chain['steps']}): {chain['steps_per_s']} steps/s"
     )
     print(f"bare transition transaction (1 connection): {txn['per_s']} tx/s")
-    ref = next((r for r in runs if r["machines"] == 1000), best)
-    print(
-        f"fsm-celery at {ref['machines']} machines: {ref['sustained_per_s']} transitions/s = "
-        f"{ref['sustained_per_s'] / chain['steps_per_s']:.2f}x the Celery chain, "
-        f"{ref['sustained_per_s'] / txn['per_s']:.2f}x the bare transaction"
-    )
+    for mode in args.modes:
+        of_mode = [r for r in runs if r["mode"] == mode]
+        best = max(of_mode, key=lambda r: r["sustained_per_s"])
+        ref = next((r for r in of_mode if r["machines"] == 1000), best)
+        print(
+            f"{mode} mode at {ref['machines']} machines: {ref['sustained_per_s']} transitions/s"
+            f" = {ref['sustained_per_s'] / chain['steps_per_s']:.2f}x the Celery chain, "
+            f"{ref['sustained_per_s'] / txn['per_s']:.2f}x the bare transaction"
+        )
     path = write_result(
         "throughput",
         {"runs": runs, "celery_chain": chain, "bare_transaction": txn, "pg_url": PG_URL},
