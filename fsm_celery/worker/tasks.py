@@ -111,9 +111,8 @@ def apply_acks(task: Task, messages: list[tuple[str, str | None]]) -> int:
     if not failed:
         return len(batch)
     settings = get_settings()
-    kept = [(item.raw, str(item.agent) if item.agent else None) for item in failed]
     if task.request.retries + 1 < settings.dead_letter_after:
-        raise task.retry(args=(kept,), countdown=1, argsrepr=acks_repr(failed))
+        raise task.retry(args=(_wire(failed),), countdown=1, argsrepr=acks_repr(failed))
     dead = DeadLetters(connect(settings.redis_url), settings.channel_prefix)
     pipe = dead.client.pipeline(transaction=False)
     reason = f"could not be applied nor recorded {settings.dead_letter_after} times"
@@ -142,9 +141,13 @@ class Relay:
 
     def __call__(self, batch: list[Inbound]) -> list[Inbound]:
         for chunk in _chunks(batch, self.max_bytes):
-            messages = [(item.raw, str(item.agent) if item.agent else None) for item in chunk]
-            apply_acks.apply_async((messages,), argsrepr=acks_repr(chunk))
+            apply_acks.apply_async((_wire(chunk),), argsrepr=acks_repr(chunk))
         return []
+
+
+def _wire(batch: list[Inbound]) -> list[tuple[str, str | None]]:
+    """The messages as fsm.apply_acks takes them (JSON: the sender's id as text)."""
+    return [(item.raw, str(item.agent) if item.agent else None) for item in batch]
 
 
 def _chunks(batch: list[Inbound], max_bytes: int) -> list[list[Inbound]]:
