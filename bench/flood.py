@@ -273,7 +273,7 @@ def run(machines: int, count: int, seconds: float, bridges: int) -> list[dict[st
     rss = RssSampler(env)
     agent = None
     try:
-        env.start_worker(beat=True, concurrency=2)
+        env.start_worker(beat=True)
         env.start_bridge(processes=bridges)
         agent_id = str(uuid.uuid4())
         store_machines(env, "bench_loop", "S0", machines, agent_id)

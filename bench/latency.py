@@ -2,14 +2,16 @@
 of the maximum throughput (measured first, in the same run).
 
     .venv/bin/python -m bench.latency [--machines 1000] [--seconds 20] [--bridges 2]
+        [--modes celery inline]
 
 The agent paces its acks to the target rate and logs when Redis stored each ack in the ack stream
 and each task in the agent's stream (both from the entry ids, Redis's clock, in milliseconds);
 the latency of a transition is the storing of attempt n+1 minus the storing of the ack of attempt
 n. It covers the bridge's read, the transaction up to the dispatch (locks, decision, writes; the
-commit follows the dispatch) and the dispatch, to a millisecond. Acks sent in the first and last
-half second of the window are left out: there the benchmark itself counts history rows and reads
-every process's CPU time.
+commit follows the dispatch) and the dispatch, to a millisecond; in the celery mode also the
+relay's linger, the fsm.apply_acks task and the fsm.enter_state task it enqueues. Acks sent in
+the first and last half second of the window are left out: there the benchmark itself counts
+history rows and reads every process's CPU time.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from bench.common import (
     wait,
     write_result,
 )
-from bench.throughput import run_engine
+from bench.throughput import run_engine, start_workers
 
 # The samples are the acks of the window less its first and last half second: the benchmark's
 # own bookkeeping at either end (counting history rows, reading every process's CPU time) is
@@ -63,10 +65,12 @@ def redis_ms(env: FsmEnv) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def measure(machines: int, rate: float, seconds: float, bridges: int = 2) -> dict[str, Any]:
-    env = deployment(f"lat{int(rate)}")
+def measure(
+    machines: int, rate: float, seconds: float, bridges: int = 2, mode: str = "celery"
+) -> dict[str, Any]:
+    env = deployment(f"lat{int(rate)}_{mode}", transition_mode=mode)
     try:
-        env.start_worker(beat=True)
+        start_workers(env)
         env.start_bridge(processes=bridges)
         agent_id = str(uuid.uuid4())
         log = Path(tempfile.mkstemp(suffix=".log")[1])
@@ -109,29 +113,31 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--bridges", type=int, default=2, help="ack bridge processes")
     parser.add_argument("--levels", type=float, nargs="+", default=[0.25, 0.5, 0.9])
-    args = parser.parse_args()
-    top = run_engine(args.machines, 2, bridges=args.bridges)["sustained_per_s"]
-    levels = [
-        (share, measure(args.machines, top * share, args.seconds, args.bridges))
-        for share in args.levels
-    ]
-    print(f"\nmaximum throughput at {args.machines} machines: {top}/s")
-    print(
-        f"{'load':>5} {'target/s':>9} {'achieved/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
-        f"{'p99 ms':>8} {'samples':>8}"
+    parser.add_argument(
+        "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
     )
-    for share, r in levels:
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    for mode in args.modes:
+        top = run_engine(args.machines, bridges=args.bridges, mode=mode)["sustained_per_s"]
+        levels = [
+            (share, measure(args.machines, top * share, args.seconds, args.bridges, mode))
+            for share in args.levels
+        ]
+        results[mode] = {"max_per_s": top, "levels": {f"{int(s * 100)}%": r for s, r in levels}}
+        print(f"\n{mode} mode: maximum throughput at {args.machines} machines: {top}/s")
         print(
-            f"{share:>5.0%} {r['target_per_s']:>9} {r['achieved_per_s']:>11} {r['p50_ms']:>8} "
-            f"{r['p95_ms']:>8} {r['p99_ms']:>8} {r['samples']:>8}"
+            f"{'load':>5} {'target/s':>9} {'achieved/s':>11} {'p50 ms':>8} {'p95 ms':>8} "
+            f"{'p99 ms':>8} {'samples':>8}"
         )
+        for share, r in levels:
+            print(
+                f"{share:>5.0%} {r['target_per_s']:>9} {r['achieved_per_s']:>11} "
+                f"{r['p50_ms']:>8} {r['p95_ms']:>8} {r['p99_ms']:>8} {r['samples']:>8}"
+            )
     path = write_result(
         "latency",
-        {
-            "max_per_s": top,
-            "machines": args.machines,
-            "levels": {f"{int(s * 100)}%": r for s, r in levels},
-        },
+        {"machines": args.machines, "modes": results},
     )
     print(f"written {path}")
 

@@ -86,8 +86,8 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--machines", type=int, default=1000)
     args = parser.parse_args()
-    empty = run_engine(args.machines, 2)
-    full = run_engine(args.machines, 2, fill(args.finished, args.history))
+    empty = run_engine(args.machines)
+    full = run_engine(args.machines, prefill=fill(args.finished, args.history))
     times = queries(args.finished, args.history)
     ratio = full["sustained_per_s"] / empty["sustained_per_s"]
     print(f"\n{'database':>28} {'sustained/s':>12}")

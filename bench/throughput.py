@@ -42,11 +42,13 @@ from bench.common import (
 
 def run_engine(
     machines: int,
-    concurrency: int,
+    concurrency: int = 4,
     prefill: Callable[[FsmEnv], object] | None = None,
     bridges: int = 2,
     seconds: float = 10.0,
     mode: str = "celery",
+    pool: str = "threads",
+    workers: int = 2,
 ) -> dict[str, Any]:
     """Our figure: machines looping through two states for as long as it measures; transitions
     per second over `seconds` of steady state, after two seconds of warm-up."""
@@ -55,7 +57,7 @@ def run_engine(
         if prefill is not None:
             prefill(env)
         after = last_history_id(env)
-        env.start_worker(beat=True, concurrency=concurrency)
+        start_workers(env, workers, pool, concurrency)
         env.start_bridge(processes=bridges)
         agent_id = str(uuid.uuid4())
         # Every machine is stored and its first task dispatched before the agent runs, so that
@@ -85,7 +87,21 @@ def run_engine(
         tear_down(env)
 
 
-def run_chain_baseline(chains: int = 200, steps: int = 20, concurrency: int = 2) -> dict[str, Any]:
+def start_workers(
+    env: FsmEnv, workers: int = 2, pool: str = "threads", concurrency: int = 4
+) -> None:
+    """As README.md says to run them: one worker per core (beat beside the first)."""
+    for n in range(workers):
+        env.start_worker(beat=n == 0, concurrency=concurrency, pool=pool)
+
+
+def run_chain_baseline(
+    chains: int = 200,
+    steps: int = 20,
+    concurrency: int = 4,
+    pool: str = "threads",
+    workers: int = 2,
+) -> dict[str, Any]:
     """Plain Celery: no-op tasks, each enqueuing the next, on the same broker and settings."""
     env = deployment("chain")
     try:
@@ -101,13 +117,14 @@ def run_chain_baseline(chains: int = 200, steps: int = 20, concurrency: int = 2)
             "-c",
             str(concurrency),
             "-P",
-            "prefork",
+            pool,
             "-l",
             "warning",
             "--without-mingle",
             "--without-gossip",
         ]
-        env._spawn("chain-worker", argv)
+        for n in range(workers):
+            env._spawn("chain-worker", [*argv, "-n", f"chain{n}@%h"])
         from bench.chain_app import _done, step
 
         counter = f"bench:chain:{uuid.uuid4().hex}"
@@ -118,6 +135,7 @@ def run_chain_baseline(chains: int = 200, steps: int = 20, concurrency: int = 2)
         wait(lambda: int(_done.get(counter) or 0) >= chains, 600, "the chains")
         elapsed = time.monotonic() - t0
         return {
+            "pool": f"{workers} x {pool} -c {concurrency}",
             "chains": chains,
             "steps": steps,
             "steps_per_s": round(chains * steps / elapsed, 1),
@@ -161,42 +179,54 @@ def run_transaction_baseline(count: int = 5000, rows: int = 1000) -> dict[str, A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--machines", type=int, nargs="+", default=[1, 100, 1000, 10000])
-    parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--pool", default="threads", choices=["threads", "solo", "prefork"])
+    parser.add_argument("--concurrency", type=int, default=4, help="each worker's pool size")
     parser.add_argument("--bridges", type=int, default=2, help="ack bridge processes")
     parser.add_argument("--seconds", type=float, default=10.0, help="steady state measured")
     parser.add_argument(
         "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
     )
     args = parser.parse_args()
+    workers = {"concurrency": args.concurrency, "pool": args.pool, "workers": args.workers}
     runs = [
-        run_engine(n, args.concurrency, bridges=args.bridges, seconds=args.seconds, mode=mode)
+        run_engine(n, bridges=args.bridges, seconds=args.seconds, mode=mode, **workers)
         for mode in args.modes
         for n in args.machines
     ]
-    chain = run_chain_baseline(concurrency=args.concurrency)
+    # The chain on the same workers, and on Celery's defaults (one prefork worker, 2 processes
+    # here: one per core), which is what a plain Celery deployment runs.
+    chains = [
+        run_chain_baseline(**workers),
+        run_chain_baseline(concurrency=2, pool="prefork", workers=1),
+    ]
     txn = run_transaction_baseline()
     header = f"{'mode':>7} {'machines':>9} {'transitions':>12} {'sustained/s':>12}"
-    print(f"\n{header}  CPU ms per transition")
+    print(f"\nworkers: {args.workers} x {args.pool} -c {args.concurrency}")
+    print(f"{header}  CPU ms per transition")
     for r in runs:
         cpu = "  ".join(f"{k} {v}" for k, v in sorted(r["cpu_ms_per_transition"].items()))
         figures = f"{r['machines']:>9} {r['transitions']:>12} {r['sustained_per_s']:>12}"
         print(f"{r['mode']:>7} {figures}  {cpu}")
-    print(
-        f"\nplain Celery chain ({chain['chains']}x{chain['steps']}): {chain['steps_per_s']} steps/s"
-    )
+    for chain in chains:
+        shape = f"{chain['chains']}x{chain['steps']}"
+        print(f"plain Celery chain ({shape}, {chain['pool']}): {chain['steps_per_s']} steps/s")
     print(f"bare transition transaction (1 connection): {txn['per_s']} tx/s")
     for mode in args.modes:
         of_mode = [r for r in runs if r["mode"] == mode]
         best = max(of_mode, key=lambda r: r["sustained_per_s"])
         ref = next((r for r in of_mode if r["machines"] == 1000), best)
+        ratios = ", ".join(
+            f"{ref['sustained_per_s'] / c['steps_per_s']:.2f}x the chain on {c['pool']}"
+            for c in chains
+        )
         print(
             f"{mode} mode at {ref['machines']} machines: {ref['sustained_per_s']} transitions/s"
-            f" = {ref['sustained_per_s'] / chain['steps_per_s']:.2f}x the Celery chain, "
-            f"{ref['sustained_per_s'] / txn['per_s']:.2f}x the bare transaction"
+            f" = {ratios}, {ref['sustained_per_s'] / txn['per_s']:.2f}x the bare transaction"
         )
     path = write_result(
         "throughput",
-        {"runs": runs, "celery_chain": chain, "bare_transaction": txn, "pg_url": PG_URL},
+        {"runs": runs, "celery_chains": chains, "bare_transaction": txn, "pg_url": PG_URL},
     )
     print(f"written {path}")
 

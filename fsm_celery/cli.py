@@ -518,6 +518,7 @@ def serve_acks(pubsub: bool, inline: bool, stop: threading.Event | None = None) 
         settings.ack_batch_size,
         settings.channel_prefix,
     )
+    linger = 0.0 if inline else settings.relay_linger_ms / 1000
     dead = DeadLetters(connect(settings.redis_url), prefix)
     sources: list[Source] = [
         StreamSource(
@@ -531,11 +532,13 @@ def serve_acks(pubsub: bool, inline: bool, stop: threading.Event | None = None) 
             claim_idle_ms=int(settings.stream_claim_idle_seconds * 1000),
             dead_letter_after=settings.dead_letter_after,
             maxlen=settings.ack_stream_maxlen,
+            linger=linger,
         )
     ]
     if pubsub and settings.accept_shared_acks:
         channel = ack_channel(prefix)
-        sources.append(PubSubSource(connect(settings.redis_url), channel, apply, dead, size, limit))
+        client = connect(settings.redis_url)
+        sources.append(PubSubSource(client, channel, apply, dead, size, limit, linger))
     stopping = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())

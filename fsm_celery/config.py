@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     dispatch_grace_seconds: float = Field(default=5.0, ge=0)
     # The most bytes of agent messages one fsm.apply_acks task carries (a batch is split).
     max_relay_bytes: int = Field(default=4_194_304, gt=0)
+    # In the celery mode, how long the bridge lets a short batch gather before it hands it to
+    # a task: a task costs the worker about as much as the acks it applies, so fuller tasks
+    # carry more transitions; at most this is added to each transition's latency.
+    relay_linger_ms: float = Field(default=5.0, ge=0, le=1000)
     stream_claim_idle_seconds: float = Field(default=30.0, gt=0)
     agent_liveness_seconds: float = Field(default=15.0, gt=0)
     visibility_timeout_seconds: int = Field(default=60, ge=5)

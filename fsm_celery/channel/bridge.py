@@ -167,9 +167,10 @@ class PubSubSource(Source):
         dead: DeadLetters,
         batch: int,
         max_bytes: int,
+        linger: float = 0.0,
     ) -> None:
         self.client, self.channel, self.apply, self.dead = client, channel, apply, dead
-        self.batch, self.max_bytes = batch, max_bytes
+        self.batch, self.max_bytes, self.linger = batch, max_bytes, linger
 
     def serve(self, stop: threading.Event, backoff: Backoff) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
@@ -185,15 +186,21 @@ class PubSubSource(Source):
             pubsub.close()
 
     def _collect(self, pubsub: redis.client.PubSub) -> list[Inbound]:
-        """The next message, waiting for it, and those already received behind it."""
+        """The next message, waiting for it, and those received behind it within the linger."""
         message = pubsub.get_message(timeout=0.5)
+        if message is None:
+            return []
+        deadline = time.monotonic() + self.linger
         batch: list[Inbound] = []
-        while message is not None:
-            batch.append(Inbound(clip(message["data"], self.max_bytes)))
-            if len(batch) >= self.batch:
-                break
-            message = pubsub.get_message(timeout=0.0)
-        return batch
+        while True:
+            if message is not None:
+                batch.append(Inbound(clip(message["data"], self.max_bytes)))
+                if len(batch) >= self.batch:
+                    return batch
+            left = deadline - time.monotonic()
+            message = pubsub.get_message(timeout=max(left, 0.0))
+            if message is None and left <= 0:
+                return batch
 
     def _park(self, failed: list[Inbound]) -> None:
         """A pub/sub message cannot be read again: one that failed is parked at once."""
@@ -232,11 +239,12 @@ class StreamSource(Source):
         claim_idle_ms: int = 30_000,
         dead_letter_after: int = 3,
         maxlen: int = 100_000,
+        linger: float = 0.0,
     ) -> None:
         self.client, self.prefix, self.apply, self.dead = client, prefix, apply, dead
         self.shared = prefix + "stream:state:ack" if shared else None
         self.batch, self.max_bytes, self.claim_idle_ms = batch, max_bytes, claim_idle_ms
-        self.dead_letter_after, self.maxlen = dead_letter_after, maxlen
+        self.dead_letter_after, self.maxlen, self.linger = dead_letter_after, maxlen, linger
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
         self.streams: list[str] = []
         self._agents: dict[str, uuid.UUID | None] = {}  # stream -> the agent that writes it
@@ -279,7 +287,13 @@ class StreamSource(Source):
         if self._claim():
             self._pending = True
             return []
-        return self._fetch(">") or self._wait()
+        entries = self._fetch(">")
+        if not entries:
+            return self._wait()
+        if self.linger and len(entries) < self.batch:
+            time.sleep(self.linger)  # let a batch worth its task gather
+            entries += self._fetch(">", self.batch - len(entries))
+        return entries
 
     def _apply(self, entries: list[Entry], stop: threading.Event) -> None:
         """Apply the entries that hold a message; once committed, they are XACKed and XDELed
@@ -321,14 +335,21 @@ class StreamSource(Source):
 
     # reading ----------------------------------------------------------------------------
 
-    def _fetch(self, mode: str) -> list[Entry]:
+    def _fetch(self, mode: str, count: int | None = None) -> list[Entry]:
         """New entries (">") or this consumer's pending ones ("0"), after acknowledging those
         applied since the last read; at most a batch, at most READ_BUDGET bytes."""
         pipe = self._acknowledge(self.client.pipeline(transaction=False))
         self._turn = self._turn % len(self.streams) + 1
-        args = (GROUP, self.consumer, mode, self.batch, READ_BUDGET, self._turn, self.max_bytes)
-        self._read(keys=self.streams, args=args, client=pipe)
-        found, last = pipe.execute()[-1]
+        count = count or self.batch
+        args = (GROUP, self.consumer, mode, count, READ_BUDGET, self._turn, self.max_bytes)
+        # EVALSHA, not the Script object: in a pipeline that asks SCRIPT EXISTS first, a
+        # round trip more per read. Redis forgets scripts when it restarts: load it again then.
+        pipe.evalsha(self._read.sha, len(self.streams), *self.streams, *args)
+        try:
+            found, last = pipe.execute()[-1]
+        except redis.exceptions.NoScriptError:
+            self.client.script_load(_READ)
+            return self._fetch(mode, count)
         self._done = []
         for stream, last_id in zip(self.streams, last, strict=True):
             if last_id is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 from uuid import UUID
 
@@ -21,6 +22,7 @@ from fsm_celery.worker.app import app
 log = logging.getLogger(__name__)
 
 _engine: MachineEngine | None = None
+_building = threading.Lock()
 SCAN_BATCH = 500  # machines per scan transaction
 RETRY: dict[str, Any] = {
     "autoretry_for": TRANSIENT,
@@ -32,12 +34,18 @@ RETRY: dict[str, Any] = {
 
 
 def engine() -> MachineEngine:
-    """This process's engine, built on first use (after the prefork worker forked)."""
+    """This process's engine, built on first use (after a prefork worker forked), once for all
+    the pool's threads."""
     global _engine
     if _engine is None:
-        from fsm_celery.api import redis_engine
+        with _building:
+            if _engine is None:
+                from fsm_celery.api import redis_engine
 
-        _engine = redis_engine(get_settings())
+                # Without a ping per transaction: a task that meets a connection a database
+                # restart broke fails with a transient error, the pool is discarded, and the
+                # task is retried.
+                _engine = redis_engine(get_settings(), pre_ping=False)
     return _engine
 
 

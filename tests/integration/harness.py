@@ -147,14 +147,14 @@ class FsmEnv:
         fields = self.settings.model_dump(exclude_none=True)
         return {**os.environ, **{f"FSM_{k.upper()}": str(v) for k, v in fields.items()}}
 
-    def _spawn(self, name: str, argv: list[str]) -> Proc:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         LOGS.mkdir(parents=True, exist_ok=True)
         log = LOGS / f"{self.name}-{name}-{len(self.procs)}.log"
         handle = log.open("wb")
         popen = subprocess.Popen(
             argv,
             cwd=ROOT,
-            env=self.env,
+            env=self.env if env is None else env,
             stdout=handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -168,9 +168,9 @@ class FsmEnv:
         self,
         *,
         beat: bool = True,
-        concurrency: int = 2,
+        concurrency: int = 4,
         supervised: bool = True,
-        pool: str = "prefork",
+        pool: str = "threads",
     ) -> Proc:
         """A real `celery worker` on this environment's queue (with beat for the sweeper).
 
@@ -263,6 +263,19 @@ class FsmEnv:
                 )
             time.sleep(0.05)
         return proc
+
+    def start_flower(self, *args: str, basic_auth: str | None = None) -> tuple[Proc, int]:
+        """A real `celery -A fsm_celery flower` on 127.0.0.1 (basic auth from the environment,
+        as FLOWER_BASIC_AUTH), returned with its port once it serves."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        argv = [sys.executable, "-m", "celery", "-A", "fsm_celery", "flower"]
+        argv += ["--address=127.0.0.1", f"--port={port}", *args]
+        env = {**self.env, "FLOWER_BASIC_AUTH": basic_auth} if basic_auth else self.env
+        proc = self._spawn("flower", argv, env)
+        proc.wait_for_log("Visit me at")
+        return proc, port
 
     def stop_all(self) -> None:
         for proc in self.procs:
