@@ -1,26 +1,52 @@
-"""fsm-celery: durable, declarative state machines that drive AI agents over Celery and Redis."""
+"""fsm-celery: durable, declarative state machines that drive AI agents over Celery and Redis.
+
+The names below are imported on first use, so that `fsm_celery.core` (the pure definitions,
+messages and decisions) imports without Redis, SQLAlchemy or Celery installed.
+"""
 
 from __future__ import annotations
 
-from fsm_celery.api import (
-    default_client,
-    get_machine,
-    history,
-    list_machines,
-    start_machine,
-    stats,
-)
-from fsm_celery.config import Settings
-from fsm_celery.core.definition import MachineDefinition
-from fsm_celery.core.transition import MachineStatus
-from fsm_celery.exceptions import (
-    DefinitionError,
-    FsmError,
-    MachineNotFound,
-    UnknownMachineType,
-)
-from fsm_celery.ops import Client, MachineInfo, TransitionRecord
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from fsm_celery.api import (
+        default_client,
+        get_machine,
+        history,
+        list_machines,
+        start_machine,
+        stats,
+    )
+    from fsm_celery.config import Settings
+    from fsm_celery.core.definition import MachineDefinition
+    from fsm_celery.core.transition import MachineStatus
+    from fsm_celery.exceptions import (
+        DefinitionError,
+        FsmError,
+        MachineNotFound,
+        UnknownMachineType,
+    )
+    from fsm_celery.ops import Client, MachineInfo, TransitionRecord
+
+_HOME = {
+    "Client": "fsm_celery.ops",
+    "DefinitionError": "fsm_celery.exceptions",
+    "FsmError": "fsm_celery.exceptions",
+    "MachineDefinition": "fsm_celery.core.definition",
+    "MachineInfo": "fsm_celery.ops",
+    "MachineNotFound": "fsm_celery.exceptions",
+    "MachineStatus": "fsm_celery.core.transition",
+    "Settings": "fsm_celery.config",
+    "TransitionRecord": "fsm_celery.ops",
+    "UnknownMachineType": "fsm_celery.exceptions",
+    "default_client": "fsm_celery.api",
+    "get_machine": "fsm_celery.api",
+    "history": "fsm_celery.api",
+    "list_machines": "fsm_celery.api",
+    "start_machine": "fsm_celery.api",
+    "stats": "fsm_celery.api",
+}
 __all__ = [
     "Client",
     "DefinitionError",
@@ -39,3 +65,12 @@ __all__ = [
     "start_machine",
     "stats",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'fsm_celery' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
