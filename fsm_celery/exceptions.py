@@ -32,6 +32,13 @@ class InsecureSecret(FsmError):
         )
 
 
+class InsecureFlower(FsmError):
+    """Flower was asked to serve without authentication, or beyond this machine without it.
+
+    Flower shows every task's arguments (machine ids and states) and can revoke tasks and
+    shut workers down: nobody reaches it without a password."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a definition, located by file, state and field."""

@@ -1,0 +1,100 @@
+"""Flower, as a real process beside a real worker and bridge: the transition path's tasks are
+readable there, searchable by machine id, and nobody reads them without credentials."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import ROOT, FsmEnv, ScriptedAgent
+
+AUTH = "operator:flower-test-password"
+INFRA_STATES = ["CHECK_UPTIME", "CHECK_CERTS", "CHECK_CONTAINERS", "GENERATE_REPORT"]
+
+
+@pytest.fixture(scope="module")
+def flower(env_factory: Callable[..., FsmEnv]) -> Iterator[tuple[FsmEnv, int]]:
+    """A celery-mode deployment watched by Flower (started first: it sees events from then)."""
+    env = env_factory("flower", transition_mode="celery")
+    _, port = env.start_flower(basic_auth=AUTH)
+    env.start_worker()
+    env.start_bridge()
+    yield env, port
+
+
+def get(port: int, path: str, auth: str | None = AUTH) -> Any:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if auth is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def tasks_of(port: int, machine_id: str, name: str, expected: int) -> list[dict[str, Any]]:
+    """The tasks of that name Flower's search finds for the machine, once it has `expected`
+    succeeded ones (the events reach Flower a moment after the tasks ran)."""
+    deadline = time.monotonic() + 20
+    while True:
+        found = get(port, f"/api/tasks?taskname={name}&search={machine_id}")
+        done = [t for t in found.values() if t["state"] == "SUCCESS"]
+        if len(done) >= expected or time.monotonic() > deadline:
+            return done
+        time.sleep(0.2)
+
+
+def test_flower_shows_one_enter_state_per_state_visited(flower: tuple[FsmEnv, int]) -> None:
+    env, port = flower
+    with ScriptedAgent(env) as agent:
+        mid = env.client.start_machine("cto_infrastructure_check", {}, agent_id=agent.id)
+        assert env.wait_until_done(mid).status == "completed"
+    assert env.visited(mid) == [*INFRA_STATES, "COMPLETE"]  # COMPLETE is final: no task
+
+    entered = tasks_of(port, str(mid), "fsm.enter_state", len(INFRA_STATES))
+    states = Counter(t["args"].split("state=")[1].split()[0] for t in entered)
+    assert states == Counter(INFRA_STATES)
+    for task in entered:
+        assert task["args"].startswith(f"cto_infrastructure_check {mid} state=")
+        assert " attempt=" in task["args"]
+
+    # The acks that moved it are in fsm.apply_acks tasks, which the same search finds.
+    relayed = tasks_of(port, str(mid), "fsm.apply_acks", 1)
+    assert relayed and all(str(mid) in t["args"] for t in relayed)
+
+
+def test_flower_answers_401_without_credentials(flower: tuple[FsmEnv, int]) -> None:
+    _, port = flower
+    assert isinstance(get(port, "/api/workers"), dict)
+    for auth in (None, "operator:wrong-password"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get(port, "/api/tasks", auth=auth)
+        refused.value.close()
+        assert refused.value.code == 401
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "Flower needs credentials: set FLOWER_BASIC_AUTH"),
+        (["--unauthenticated", "--address=0.0.0.0"], "serves on 127.0.0.1 only"),
+        (["--basic_auth=operator:"], "must be user:password"),
+    ],
+)
+def test_flower_refuses_to_serve_without_authentication(
+    flower: tuple[FsmEnv, int], args: list[str], says: str
+) -> None:
+    env, _ = flower
+    environ = {k: v for k, v in env.env.items() if not k.startswith("FLOWER_")}
+    argv = [sys.executable, "-m", "celery", "-A", "fsm_celery", "flower", "--port=1", *args]
+    done = subprocess.run(argv, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert says in done.stderr
