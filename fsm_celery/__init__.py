@@ -10,7 +10,10 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fsm_celery.api import (
+    from fsm_celery.client import (
+        Client,
+        MachineInfo,
+        TransitionRecord,
         default_client,
         get_machine,
         history,
@@ -27,25 +30,24 @@ if TYPE_CHECKING:
         MachineNotFound,
         UnknownMachineType,
     )
-    from fsm_celery.ops import Client, MachineInfo, TransitionRecord
 
 _HOME = {
-    "Client": "fsm_celery.ops",
+    "Client": "fsm_celery.client",
     "DefinitionError": "fsm_celery.exceptions",
     "FsmError": "fsm_celery.exceptions",
     "MachineDefinition": "fsm_celery.core.definition",
-    "MachineInfo": "fsm_celery.ops",
+    "MachineInfo": "fsm_celery.client",
     "MachineNotFound": "fsm_celery.exceptions",
     "MachineStatus": "fsm_celery.core.transition",
     "Settings": "fsm_celery.config",
-    "TransitionRecord": "fsm_celery.ops",
+    "TransitionRecord": "fsm_celery.client",
     "UnknownMachineType": "fsm_celery.exceptions",
-    "default_client": "fsm_celery.api",
-    "get_machine": "fsm_celery.api",
-    "history": "fsm_celery.api",
-    "list_machines": "fsm_celery.api",
-    "start_machine": "fsm_celery.api",
-    "stats": "fsm_celery.api",
+    "default_client": "fsm_celery.client",
+    "get_machine": "fsm_celery.client",
+    "history": "fsm_celery.client",
+    "list_machines": "fsm_celery.client",
+    "start_machine": "fsm_celery.client",
+    "stats": "fsm_celery.client",
 }
 __all__ = [
     "Client",

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
-import multiprocessing
 import os
-import signal
 import sys
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -19,15 +15,15 @@ import kombu.exceptions
 import redis
 import sqlalchemy.exc
 
-from fsm_celery.config import Settings, get_settings
+from fsm_celery.client import Client
+from fsm_celery.config import get_settings
 from fsm_celery.exceptions import FsmError
-from fsm_celery.ops import Client
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _client() -> Client:
-    from fsm_celery.api import default_client
+    from fsm_celery.client import default_client
 
     return default_client()
 
@@ -451,120 +447,7 @@ def demo(path: str | None) -> None:
 def ack_bridge(processes: int, inline: bool) -> None:
     """Read acks and heartbeats from Redis (streams and pub/sub) and have them applied."""
     get_settings().require_secret()
-    inline = inline or get_settings().transition_mode == "inline"
-    stop = threading.Event()
-    others = [_spawn_consumer(n, inline) for n in range(1, processes)]
-    threading.Thread(target=_keep_consumers, args=(others, inline, stop), daemon=True).start()
-    serve_acks(True, inline, stop)
-    for process in others:
-        process.join(15)
+    from fsm_celery.channel.serve import run_bridge
+
+    run_bridge(processes, inline or get_settings().transition_mode == "inline")
     click.echo("ack bridge stopped")
-
-
-def _spawn_consumer(number: int, inline: bool) -> multiprocessing.process.BaseProcess:
-    context = multiprocessing.get_context("spawn")
-    process = context.Process(
-        target=serve_acks, args=(False, inline), name=f"bridge-{number}", daemon=True
-    )
-    process.start()
-    return process
-
-
-def _keep_consumers(
-    processes: list[multiprocessing.process.BaseProcess], inline: bool, stop: threading.Event
-) -> None:
-    """Start again, while the bridge runs, any consumer process that died."""
-    while not stop.wait(1.0):
-        for n, process in enumerate(processes):
-            if not process.is_alive() and not stop.is_set():
-                logging.getLogger(__name__).warning(
-                    "%s exited (%s); starting it again", process.name, process.exitcode
-                )
-                processes[n] = _spawn_consumer(n + 1, inline)
-
-
-def serve_acks(pubsub: bool, inline: bool, stop: threading.Event | None = None) -> None:
-    """Serve the ack streams (and the pub/sub channel) until SIGINT or SIGTERM: apply each
-    batch here (inline), or hand it to an fsm.apply_acks task."""
-    from fsm_celery.acks import AckApplier
-    from fsm_celery.api import redis_engine
-    from fsm_celery.channel.bridge import (
-        AckBridge,
-        Apply,
-        DeadLetters,
-        PubSubSource,
-        Source,
-        StreamSource,
-    )
-    from fsm_celery.channel.redis import connect
-    from fsm_celery.core.messages import ack_channel
-    from fsm_celery.worker.tasks import Relay, enter
-
-    settings = get_settings()
-    settings.require_secret()
-    logging.basicConfig(format="%(asctime)s %(processName)s %(levelname)s %(message)s")
-    logging.getLogger("fsm_celery").setLevel(logging.INFO)
-    _warn_about_trust(settings)
-    apply: Apply
-    if inline:
-        apply = AckApplier(redis_engine(settings, pre_ping=False), enter)  # it retries instead
-    else:
-        apply = Relay(settings.max_relay_bytes)
-    logging.getLogger("fsm_celery.channel.bridge").info(
-        "transition mode: %s", "inline" if inline else "celery (fsm.apply_acks tasks)"
-    )
-    limit, size, prefix = (
-        settings.max_payload_bytes,
-        settings.ack_batch_size,
-        settings.channel_prefix,
-    )
-    linger = 0.0 if inline else settings.relay_linger_ms / 1000
-    dead = DeadLetters(connect(settings.redis_url), prefix)
-    sources: list[Source] = [
-        StreamSource(
-            connect(settings.redis_url),
-            prefix,
-            apply,
-            dead,
-            shared=settings.accept_shared_acks,
-            batch=size,
-            max_bytes=limit,
-            claim_idle_ms=int(settings.stream_claim_idle_seconds * 1000),
-            dead_letter_after=settings.dead_letter_after,
-            maxlen=settings.ack_stream_maxlen,
-            linger=linger,
-        )
-    ]
-    if pubsub and settings.accept_shared_acks:
-        channel = ack_channel(prefix)
-        client = connect(settings.redis_url)
-        sources.append(PubSubSource(client, channel, apply, dead, size, limit, linger))
-    stopping = stop or threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopping.set())
-    _quiet_gc()
-    AckBridge(sources).run(stopping)
-
-
-def _warn_about_trust(settings: Settings) -> None:
-    """Say loudly at start what the settings let anyone with write access to Redis do."""
-    log = logging.getLogger("fsm_celery.trust")
-    if settings.accept_shared_acks:
-        log.warning(
-            "FSM_ACCEPT_SHARED_ACKS is on: acks on the shared channel and stream (the seed's "
-            "protocol) are accepted from anyone who can write to them, for any machine whose "
-            "task token they hold; set it to false once every agent writes to its own stream"
-        )
-    if settings.accept_unsigned_acks:
-        log.warning(
-            "FSM_ACCEPT_UNSIGNED_ACKS is on: acks without a taskToken are accepted, so anyone "
-            "who can write to an ack stream or channel can move any machine; never in production"
-        )
-
-
-def _quiet_gc() -> None:
-    """Keep the cyclic garbage collector off the hot path: what was loaded at start is never
-    collected again (gc.freeze), and young collections run a hundred times less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(70_000, 20, 100)

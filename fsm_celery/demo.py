@@ -11,14 +11,14 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from fsm_celery.acks import AckApplier
+from fsm_celery import wiring
 from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
+from fsm_celery.client import Client
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import task_channel
 from fsm_celery.engine import Inbound, MachineEngine
-from fsm_celery.ops import Client
-from fsm_celery.store.db import make_engine, upgrade
+from fsm_celery.store.db import upgrade
 
 Out = Callable[[str], None]
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -44,15 +44,15 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
             broker_transport_options={"polling_interval": 0.01},
             task_default_queue=settings.queue,
         )
-        db = make_engine(settings.database_url)
-        upgrade(db)
         bus = MemoryBus(settings.channel_prefix)
-        engine = MachineEngine(db, bus, settings)
+        engine = wiring.machine_engine(settings, dispatcher=bus)
+        upgrade(engine.db)
         tasks.install_engine(engine)
-        client = Client(engine, tasks.enter)
+        client = wiring.client(settings, engine)
         for machine_type, version, _ in client.load_definitions():
             out(f"loaded definition {machine_type} v{version}")
-        apply = AckApplier(engine, tasks.enter)  # what the ack bridge does in production
+        # what the ack bridge does in production, in the inline mode
+        apply = wiring.ack_handler(settings, inline=True, engine=engine)
         steady = _agent(bus, settings, MockScript(seed=7, think=THINK), apply)
         shaky = _agent(
             bus,
@@ -87,7 +87,7 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
             scanning.set()
             scanner.join(5)
         bus.close()
-        db.dispose()
+        engine.db.dispose()
         return done
 
 

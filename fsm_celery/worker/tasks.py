@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
@@ -17,7 +16,9 @@ from fsm_celery.channel.redis import connect
 from fsm_celery.config import get_settings
 from fsm_celery.core.messages import agent_ack_stream
 from fsm_celery.engine import Inbound, MachineEngine, Step
+from fsm_celery.wiring import machine_engine
 from fsm_celery.worker.app import app
+from fsm_celery.worker.enqueue import APPLY_ACKS, ENTER_STATE, Enqueue, acks_repr, wire
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,10 @@ def engine() -> MachineEngine:
     if _engine is None:
         with _building:
             if _engine is None:
-                from fsm_celery.api import redis_engine
-
                 # Without a ping per transaction: a task that meets a connection a database
                 # restart broke fails with a transient error, the pool is discarded, and the
                 # task is retried.
-                _engine = redis_engine(get_settings(), pre_ping=False)
+                _engine = machine_engine(get_settings(), pre_ping=False)
     return _engine
 
 
@@ -73,37 +72,17 @@ def _forget_parent_connections(**_: Any) -> None:
 
 
 def enter(steps: list[Step]) -> None:
-    """Enqueue enter_state for each step: at once, or after its retry delay.
-
-    A countdown longer than half the broker's visibility timeout would be redelivered while it
-    waits; those steps are left to the scan, which enters every state whose dispatch is due.
-    """
-    longest = get_settings().visibility_timeout_seconds / 2
-    steps = [step for step in steps if step.delay <= longest]
-    if not steps:
-        return
-    with app.producer_or_acquire() as producer:  # one connection for the whole batch
-        for step in steps:
-            enter_state.apply_async(
-                (str(step.machine_id), step.attempt),
-                countdown=step.delay if step.delay > 0 else None,
-                argsrepr=step_repr(step),
-                producer=producer,
-            )
+    """Send an enter_state task for each step (on the queue of the engine's settings)."""
+    Enqueue(engine().settings)(steps)
 
 
-def step_repr(step: Step) -> str:
-    """How Flower shows an enter_state task: what it enters, searchable by machine id."""
-    return f"{step.machine_type} {step.machine_id} state={step.state} attempt={step.attempt}"
-
-
-@app.task(name="fsm.enter_state", **RETRY)
+@app.task(name=ENTER_STATE, **RETRY)
 def enter_state(machine_id: str, attempt: int) -> None:
     """Dispatch the attempt's state_task (a no-op when it was dispatched already)."""
     engine().enter_state(UUID(machine_id), attempt)
 
 
-@app.task(name="fsm.apply_acks", bind=True, **RETRY)
+@app.task(name=APPLY_ACKS, bind=True, **RETRY)
 def apply_acks(task: Task, messages: list[tuple[str, str | None]]) -> int:
     """Apply a batch of agent messages, as the bridge read them, in one transaction, and
     enqueue an enter_state task for each state it entered; how many messages it held.
@@ -120,7 +99,7 @@ def apply_acks(task: Task, messages: list[tuple[str, str | None]]) -> int:
         return len(batch)
     settings = get_settings()
     if task.request.retries + 1 < settings.dead_letter_after:
-        raise task.retry(args=(_wire(failed),), countdown=1, argsrepr=acks_repr(failed))
+        raise task.retry(args=(wire(failed),), countdown=1, argsrepr=acks_repr(failed))
     dead = DeadLetters(connect(settings.redis_url), settings.channel_prefix)
     pipe = dead.client.pipeline(transaction=False)
     reason = f"could not be applied nor recorded {settings.dead_letter_after} times"
@@ -134,66 +113,6 @@ def apply_acks(task: Task, messages: list[tuple[str, str | None]]) -> int:
     finally:
         dead.client.close()
     return len(batch)
-
-
-class Relay:
-    """The bridge's hand-off in the celery mode: each batch it read becomes fsm.apply_acks
-    tasks (split to carry at most max_bytes of messages each). Once this returns, the broker
-    holds the batch (late acks keep it there until a worker applied it), so the bridge
-    acknowledges the stream entries. A failed publish raises a transient error: the bridge
-    keeps the batch and tries again (a part already published is applied once anyway: its
-    acks are then refused as stale)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-
-    def __call__(self, batch: list[Inbound]) -> list[Inbound]:
-        for chunk in _chunks(batch, self.max_bytes):
-            apply_acks.apply_async((_wire(chunk),), argsrepr=acks_repr(chunk))
-        return []
-
-
-def _wire(batch: list[Inbound]) -> list[tuple[str, str | None]]:
-    """The messages as fsm.apply_acks takes them (JSON: the sender's id as text)."""
-    return [(item.raw, str(item.agent) if item.agent else None) for item in batch]
-
-
-def _chunks(batch: list[Inbound], max_bytes: int) -> list[list[Inbound]]:
-    chunks: list[list[Inbound]] = [[]]
-    size = 0
-    for item in batch:
-        if chunks[-1] and size + len(item.raw) > max_bytes:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(item)
-        size += len(item.raw)
-    return [chunk for chunk in chunks if chunk]
-
-
-ACKS_SHOWN = 20  # machines an apply_acks task names in Flower
-
-
-def acks_repr(batch: list[Inbound]) -> str:
-    """How Flower shows an apply_acks task: how many messages, and for which machines, states
-    and attempts (the first ACKS_SHOWN; ids in full, so that a search by machine id finds it)."""
-    shown = ", ".join(_message_repr(item.raw) for item in batch[:ACKS_SHOWN])
-    more = f", and {len(batch) - ACKS_SHOWN} more" if len(batch) > ACKS_SHOWN else ""
-    return f"{len(batch)} message{'s' if len(batch) != 1 else ''}: {shown}{more}"
-
-
-def _message_repr(raw: str) -> str:
-    try:
-        message = json.loads(raw)
-    except (ValueError, RecursionError):
-        return "(not JSON)"
-    if not isinstance(message, dict):
-        return "(not an object)"
-    kind = str(message.get("type", "?"))[:20]
-    if kind == "agent_status":
-        return f"agent_status {str(message.get('agentId', '?'))[:40]}"
-    machine = str(message.get("machineId", "?"))[:40]
-    state = str(message.get("state", "?"))[:50]
-    return f"{kind} {machine} state={state} attempt={str(message.get('attempt', '?'))[:12]}"
 
 
 @app.task(name="fsm.scan", **RETRY)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +29,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from fsm_celery import wiring
 from fsm_celery.agent.mock import OUTPUTS as MOCK_OUTPUTS
 from fsm_celery.agent.sdk import Agent
-from fsm_celery.api import redis_engine
-from fsm_celery.channel.bridge import DeadLetters
+from fsm_celery.client import Client, MachineInfo
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import (
     ack_channel,
@@ -41,8 +41,6 @@ from fsm_celery.core.messages import (
     task_channel,
     task_stream,
 )
-from fsm_celery.engine import Step
-from fsm_celery.ops import Client, MachineInfo
 from fsm_celery.store.db import make_engine, upgrade
 from tests.secret import TEST_SECRET
 
@@ -172,7 +170,7 @@ class FsmEnv:
         supervised: bool = True,
         pool: str = "threads",
     ) -> Proc:
-        """A real `celery worker` on this environment's queue (with beat for the sweeper).
+        """A real `celery worker` on this environment's queue (with beat, which sends the scan).
 
         Supervised, it is started again whenever it exits, as a process manager (systemd,
         `restart: unless-stopped`) does in production: Celery's worker exits on some broker
@@ -339,24 +337,10 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
         definitions_path=str(ROOT / "definitions"),
         **overrides,
     )
-    engine = redis_engine(settings)
-    dead = DeadLetters(redis.Redis.from_url(settings.redis_url), settings.channel_prefix)
-    client = Client(engine, _enqueue_on(settings.queue), dead.latest)
+    client = wiring.client(settings)
     client.load_definitions(str(ROOT / "definitions"))
     client.load_definitions(str(FIXTURE_DEFINITIONS))
     return FsmEnv(name, settings, redis.Redis.from_url(settings.redis_url), client)
-
-
-def _enqueue_on(queue: str) -> Callable[[list[Step]], None]:
-    from fsm_celery.worker.tasks import enter_state
-
-    def enqueue(steps: list[Step]) -> None:
-        for step in steps:
-            enter_state.apply_async(
-                (str(step.machine_id), step.attempt), queue=queue, countdown=step.delay
-            )
-
-    return enqueue
 
 
 def database_name(env: FsmEnv) -> str:

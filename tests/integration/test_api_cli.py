@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
 from fsm_celery import cli
+from fsm_celery.client import default_client
+from fsm_celery.config import get_settings
 from fsm_celery.core.loader import load_file
 from fsm_celery.core.messages import ack_channel
 from fsm_celery.exceptions import InvalidContext, MachineNotFound, UnknownMachineType
@@ -18,14 +21,23 @@ from tests.integration.harness import ROOT, SILENT, FsmEnv, ScriptedAgent
 
 
 @pytest.fixture
-def run(fsm: FsmEnv, monkeypatch: pytest.MonkeyPatch) -> object:
-    """Invoke the CLI with the shared deployment's client."""
-    monkeypatch.setattr(cli, "_client", lambda: fsm.client)
+def run(fsm: FsmEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """Invoke the CLI as its users do: its client built from FSM_* environment variables (the
+    shared deployment's), through fsm_celery.wiring, as in `fsm-celery` itself."""
+    for name, value in fsm.env.items():
+        if name.startswith("FSM_"):
+            monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    default_client.cache_clear()
 
     def invoke(*args: str) -> Result:
         return CliRunner().invoke(cli.main, list(args))
 
-    return invoke
+    yield invoke
+    if default_client.cache_info().currsize:
+        default_client().engine.db.dispose()
+    default_client.cache_clear()
+    get_settings.cache_clear()
 
 
 def _machine_count(env: FsmEnv) -> int:

@@ -20,7 +20,7 @@ LINEAR = ["ONE", "TWO", "THREE", "DONE"]
 
 @pytest.fixture(scope="module")
 def faulty(env_factory: Callable[..., FsmEnv], mode: str) -> Iterator[FsmEnv]:
-    """A deployment of its own: workers with beat running the sweeper every second."""
+    """A deployment of its own: workers with beat sending the scan every second."""
     env = env_factory(f"faulty_{mode}", transition_mode=mode, stream_claim_idle_seconds=1.0)
     env.start_bridge(processes=2)
     yield env
@@ -63,7 +63,7 @@ def test_sigkill_of_the_worker_under_load_loses_and_doubles_nothing(faulty: FsmE
     _assert_each_finished_exactly_once(faulty, ids)
 
 
-def test_flushall_mid_flight_is_repaired_by_the_sweeper(faulty: FsmEnv) -> None:
+def test_flushall_mid_flight_is_repaired_by_the_scan(faulty: FsmEnv) -> None:
     faulty.ensure_worker(beat=True)
     with ScriptedAgent(faulty) as agent:
         ids = _start_many(faulty, agent, 100)

@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from fsm_celery.client import Client
 from fsm_celery.engine import Step
-from fsm_celery.ops import Client
 from tests.integration.harness import FsmEnv, ScriptedAgent
 
 
 @pytest.fixture(scope="module")
 def crashy(env_factory: Callable[..., FsmEnv], mode: str) -> Iterator[FsmEnv]:
-    """A deployment of its own, whose workers run beat (the sweeper every second)."""
+    """A deployment of its own, whose workers run beat (the scan every second)."""
     env = env_factory(f"crashy_{mode}", transition_mode=mode)
     env.start_bridge()
     yield env
@@ -74,7 +74,7 @@ def test_worker_killed_mid_flight_then_replaced_finishes_every_machine(crashy: F
     _assert_one_history_row_per_attempt(crashy, ids)
 
 
-def test_machine_started_while_the_broker_is_down_is_dispatched_by_the_sweeper(
+def test_machine_started_while_the_broker_is_down_is_dispatched_by_the_scan(
     crashy: FsmEnv,
 ) -> None:
     crashy.ensure_worker(beat=True)

@@ -6,7 +6,7 @@ import json
 import uuid
 
 from fsm_celery.engine import Inbound, Step
-from fsm_celery.worker.tasks import ACKS_SHOWN, _chunks, acks_repr, step_repr
+from fsm_celery.worker.enqueue import ACKS_SHOWN, acks_repr, chunks, step_repr
 
 
 def _ack(machine: str, state: str = "S0", attempt: int = 1) -> Inbound:
@@ -16,8 +16,8 @@ def _ack(machine: str, state: str = "S0", attempt: int = 1) -> Inbound:
 
 def test_a_batch_is_split_by_bytes_and_a_message_over_the_limit_travels_alone() -> None:
     small, big = Inbound("x" * 10), Inbound("y" * 100)
-    assert _chunks([small, small, big, small], 25) == [[small, small], [big], [small]]
-    assert _chunks([], 25) == []
+    assert chunks([small, small, big, small], 25) == [[small, small], [big], [small]]
+    assert chunks([], 25) == []
 
 
 def test_an_apply_acks_task_names_its_machines_states_and_attempts() -> None:
