@@ -97,7 +97,7 @@ def apply_acks(task: Task, messages: list[tuple[str, str | None]]) -> int:
     failed = AckApplier(engine(), enter, inline=False)(batch)
     if not failed:
         return len(batch)
-    settings = get_settings()
+    settings = engine().settings
     if task.request.retries + 1 < settings.dead_letter_after:
         raise task.retry(args=(wire(failed),), countdown=1, argsrepr=acks_repr(failed))
     dead = DeadLetters(connect(settings.redis_url), settings.channel_prefix)
