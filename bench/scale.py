@@ -66,7 +66,7 @@ def queries(finished: int, history: int) -> dict[str, float]:
         fill(finished, history)(env)
         client = env.client
         return {
-            "scan_ms": timed(lambda: client.engine.scan(500)),
+            "scan_ms": timed(lambda: client.engine.scan.run(500)),
             "list_running_ms": timed(lambda: client.list_machines(status="running", limit=50)),
             "list_by_type_ms": timed(
                 lambda: client.list_machines(machine_type="bench_chain", limit=50)

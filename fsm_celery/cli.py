@@ -80,10 +80,9 @@ def db() -> None:
 @_fail_cleanly
 def db_upgrade(revision: str) -> None:
     """Create or migrate the schema."""
-    from fsm_celery.store.db import make_engine, upgrade
+    from fsm_celery.store.db import connect, upgrade
 
-    engine = make_engine(get_settings().database_url)
-    upgrade(engine, revision)
+    upgrade(connect(get_settings().database_url), revision)
     click.echo(f"database at {revision}")
 
 

@@ -18,12 +18,12 @@ from uuid import UUID
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.usage import Budget
-from fsm_celery.engine import MachineEngine, Step
+from fsm_celery.engine import MachineEngine, Next
 from fsm_celery.exceptions import InvalidAgentId, MachineNotFound
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
-Enqueue = Callable[[list[Step]], None]
+Enqueue = Callable[[Next], None]
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Client:
     def load_definitions(self, path: str | None = None) -> list[tuple[str, int, bool]]:
         """Load the YAML definitions at path (file or folder): (type, version, created)."""
         files = definition_files(path or self.engine.settings.definitions_path)
-        return self.engine.load_definitions(load_all(files))
+        return self.engine.catalog.load(load_all(files))
 
     def start_machine(
         self,
@@ -113,18 +113,19 @@ class Client:
         github_issue: int | None = None,
     ) -> UUID:
         """Start a machine of the type; returns its id once its first state is enqueued."""
-        step = self.engine.start(machine_type, context, agent_id, github_issue)
+        first = self.engine.admin.start(machine_type, context, agent_id, github_issue)
+        machine_id = first[0].machine_id
         try:
-            self.enqueue([step])
+            self.enqueue(first)
         except Exception:
             # The machine is committed with its dispatch due: the scan enters its first
             # state once the broker is back. Raising would invite a caller to start it twice.
             log.warning(
                 "machine %s started but not enqueued; the scan will dispatch it",
-                step[0],
+                machine_id,
                 exc_info=True,
             )
-        return step[0]
+        return machine_id
 
     def pause(self, machine_id: UUID | str, actor: str, reason: str = "") -> MachineInfo:
         """Stop dispatching: acks for the running attempt will be refused."""
@@ -157,7 +158,7 @@ class Client:
     ) -> MachineInfo:
         """Set the machine's budget (None: no limit); a machine paused over budget resumes."""
         mid = _uuid(machine_id)
-        self.enqueue(self.engine.set_budget(mid, Budget(tokens=tokens, cost=cost), actor))
+        self.enqueue(self.engine.admin.set_budget(mid, Budget(tokens=tokens, cost=cost), actor))
         return self.get_machine(mid)
 
     def agents(self) -> list[dict[str, Any]]:
@@ -168,7 +169,7 @@ class Client:
 
     def _command(self, machine_id: UUID | str, command: Command) -> MachineInfo:
         mid = _uuid(machine_id)
-        self.enqueue(self.engine.command(mid, command))
+        self.enqueue(self.engine.admin.command(mid, command))
         return self.get_machine(mid)
 
     def get_machine(self, machine_id: UUID | str) -> MachineInfo:
@@ -240,7 +241,9 @@ class Client:
         """Record that the agent was given credentials for the agent type: a status it sends
         claiming another type is refused."""
         with self.engine.db.begin() as conn:
-            q.register_agent_txn(conn, _agent_uuid(agent_id), agent_type, self.engine.clock())
+            q.register_agent_txn(
+                conn, _agent_uuid(agent_id), agent_type, self.engine.runtime.clock()
+            )
 
 
 def _agent_uuid(value: UUID | str) -> UUID:

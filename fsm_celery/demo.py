@@ -93,7 +93,7 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
 
 def _scan(engine: MachineEngine, stop: threading.Event) -> None:
     while not stop.wait(0.5):
-        engine.scan()
+        engine.scan.run()
 
 
 def _agent(

@@ -6,7 +6,7 @@ a part is put together one way only. Nothing else imports across layers to build
 
 from __future__ import annotations
 
-from fsm_celery.acks import AckApplier
+from fsm_celery.batches import BatchApplier
 from fsm_celery.channel import Dispatcher
 from fsm_celery.channel.bridge import (
     AckBridge,
@@ -21,7 +21,7 @@ from fsm_celery.client import Client
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import ack_channel
 from fsm_celery.engine import MachineEngine
-from fsm_celery.store.db import make_engine
+from fsm_celery.store import db as database
 from fsm_celery.worker.enqueue import Enqueue, Relay
 
 
@@ -38,7 +38,7 @@ def machine_engine(
     if dispatcher is None:
         redis = connect(settings.redis_url)
         dispatcher = RedisDispatcher(redis, settings.channel_prefix, settings.task_streams)
-    db = make_engine(settings.database_url, pre_ping=pre_ping)
+    db = database.connect(settings.database_url, pre_ping=pre_ping)
     return MachineEngine(db, dispatcher, settings)
 
 
@@ -53,7 +53,7 @@ def ack_handler(settings: Settings, *, inline: bool, engine: MachineEngine | Non
     fsm.apply_acks task (the celery mode)."""
     if inline:
         engine = engine or machine_engine(settings, pre_ping=False)
-        return AckApplier(engine, Enqueue(settings))
+        return BatchApplier(engine, Enqueue(settings))
     return Relay(settings)
 
 

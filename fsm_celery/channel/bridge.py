@@ -114,7 +114,7 @@ def _keep_serving(source: Source, stop: threading.Event) -> None:
 def apply_until_done(apply: Apply, batch: list[Inbound], stop: threading.Event) -> list[Inbound]:
     """Apply the batch, trying again with backoff while the database or Redis is away (the
     batch stays in hand: nothing is read again, nothing counts as a failed try)."""
-    from fsm_celery.acks import TRANSIENT
+    from fsm_celery.batches import TRANSIENT
 
     backoff = Backoff()
     while True:

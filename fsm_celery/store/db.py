@@ -1,4 +1,5 @@
-"""Database engines and schema migrations."""
+"""Database connections (SQLAlchemy engines, called `db` throughout: in this project "engine"
+means the machine engine) and schema migrations."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from sqlalchemy import Connection, Engine, create_engine, event
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-def make_engine(url: str, pool_size: int = 5, pre_ping: bool = True) -> Engine:
-    """An engine for the URL: pooled for PostgreSQL, WAL-journaled for SQLite.
+def connect(url: str, pool_size: int = 5, pre_ping: bool = True) -> Engine:
+    """A connection pool for the URL: pooled for PostgreSQL, WAL-journaled for SQLite.
 
     pre_ping tests each connection taken from the pool, a round trip per transaction, so that a
     caller never sees a connection a database restart broke. A process that retries its work on
@@ -21,10 +22,10 @@ def make_engine(url: str, pool_size: int = 5, pre_ping: bool = True) -> Engine:
     discards the whole pool, and the retry runs on a new connection.
     """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-        event.listen(engine, "connect", _sqlite_pragmas)
-        event.listen(engine, "begin", _sqlite_begin_immediate)
-        return engine
+        db = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(db, "connect", _sqlite_pragmas)
+        event.listen(db, "begin", _sqlite_begin_immediate)
+        return db
     return create_engine(
         url,
         pool_size=pool_size,
@@ -57,17 +58,17 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def upgrade(db: Engine, revision: str = "head") -> None:
     """Bring the schema up to the revision."""
-    config = alembic_config(str(engine.url))
-    with engine.begin() as conn:
+    config = alembic_config(str(db.url))
+    with db.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
 
 
-def current_revision(engine: Engine) -> str | None:
+def current_revision(db: Engine) -> str | None:
     """The schema revision the database is at, or None before the first migration."""
     from alembic.runtime.migration import MigrationContext
 
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()

@@ -10,12 +10,12 @@ from uuid import UUID
 from celery import Task
 from celery.signals import beat_init, celeryd_init, worker_process_init
 
-from fsm_celery.acks import TRANSIENT, AckApplier
+from fsm_celery.batches import TRANSIENT, BatchApplier
 from fsm_celery.channel.bridge import DeadLetters
 from fsm_celery.channel.redis import connect
 from fsm_celery.config import get_settings
 from fsm_celery.core.messages import agent_ack_stream
-from fsm_celery.engine import Inbound, MachineEngine, Step
+from fsm_celery.engine import Inbound, MachineEngine, Next
 from fsm_celery.wiring import machine_engine
 from fsm_celery.worker.app import app
 from fsm_celery.worker.enqueue import APPLY_ACKS, ENTER_STATE, Enqueue, acks_repr, wire
@@ -71,15 +71,15 @@ def _forget_parent_connections(**_: Any) -> None:
     _engine = None
 
 
-def enter(steps: list[Step]) -> None:
-    """Send an enter_state task for each step (on the queue of the engine's settings)."""
-    Enqueue(engine().settings)(steps)
+def enter(next_states: Next) -> None:
+    """Send an enter_state task for each state (on the queue of the engine's settings)."""
+    Enqueue(engine().settings)(next_states)
 
 
 @app.task(name=ENTER_STATE, **RETRY)
 def enter_state(machine_id: str, attempt: int) -> None:
     """Dispatch the attempt's state_task (a no-op when it was dispatched already)."""
-    engine().enter_state(UUID(machine_id), attempt)
+    enter(engine().entry.enter(UUID(machine_id), attempt))
 
 
 @app.task(name=APPLY_ACKS, bind=True, **RETRY)
@@ -94,7 +94,7 @@ def apply_acks(task: Task, messages: list[tuple[str, str | None]]) -> int:
     parked in the dead-letter stream (`fsm-celery rejected --parked`).
     """
     batch = [Inbound(raw, UUID(agent) if agent else None) for raw, agent in messages]
-    failed = AckApplier(engine(), enter, inline=False)(batch)
+    failed = BatchApplier(engine(), enter, inline=False)(batch)
     if not failed:
         return len(batch)
     settings = engine().settings
@@ -119,8 +119,8 @@ def apply_acks(task: Task, messages: list[tuple[str, str | None]]) -> int:
 def scan() -> None:
     """Time out overdue attempts and enter due states (beat runs it every second)."""
     while True:
-        handled, delayed = engine().scan(SCAN_BATCH)
-        enter(delayed)
+        handled, next_states = engine().scan.run(SCAN_BATCH)
+        enter(next_states)
         if handled < SCAN_BATCH:  # else a backlog: drain it now, batch after batch
             return
 
@@ -128,6 +128,6 @@ def scan() -> None:
 @app.task(name="fsm.prune", **RETRY)
 def prune() -> None:
     """Delete rejected messages and silent agents past their retention (beat, every minute)."""
-    rejections, agents = engine().prune()
+    rejections, agents = engine().scan.prune()
     if rejections or agents:
         log.info("pruned %d rejected messages and %d agents", rejections, agents)

@@ -41,7 +41,7 @@ from fsm_celery.core.messages import (
     task_channel,
     task_stream,
 )
-from fsm_celery.store.db import make_engine, upgrade
+from fsm_celery.store.db import connect, upgrade
 from tests.secret import TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,9 +79,9 @@ def create_template(pg_url: str, name: str) -> None:
     """A migrated database to copy for each environment."""
     drop_database(pg_url, name)
     admin_sql(pg_url, f'CREATE DATABASE "{name}"')
-    engine = make_engine(f"{pg_url}/{name}")
-    upgrade(engine)
-    engine.dispose()
+    db = connect(f"{pg_url}/{name}")
+    upgrade(db)
+    db.dispose()
 
 
 def copy_database(pg_url: str, template: str, name: str) -> str:

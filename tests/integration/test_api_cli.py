@@ -86,12 +86,12 @@ def test_a_running_machine_keeps_the_definition_version_it_started_with(
     with ScriptedAgent(fsm) as agent:
         mid = fsm.client.start_machine("test_timeout", {"who": "v1"}, agent_id=agent.id)
         changed = original.model_copy(update={"description": "a new version"})
-        [(_, new_version, created)] = fsm.client.engine.load_definitions([changed])
+        [(_, new_version, created)] = fsm.client.engine.catalog.load([changed])
         fsm.wait_until_done(mid)
     assert created
     started_on = fsm.client.get_machine(mid).definition_version
     assert started_on == new_version - 1
-    fsm.client.engine.load_definitions([original])  # back to the fixture's content
+    fsm.client.engine.catalog.load([original])  # back to the fixture's content
 
 
 def test_cli_start_status_and_history(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
 
-from fsm_celery.store.db import alembic_config, current_revision, make_engine, upgrade
+from fsm_celery.store.db import alembic_config, connect, current_revision, upgrade
 from fsm_celery.store.tables import metadata
 from tests.conftest import TEST_PG_URL
 from tests.integration.harness import admin_sql, drop_database
@@ -23,44 +23,44 @@ def empty_postgres(template_db: str) -> Iterator[Engine]:
     name = f"fsm_test_migrations_{template_db.rsplit('_', 1)[-1]}"
     drop_database(TEST_PG_URL, name)
     admin_sql(TEST_PG_URL, f'CREATE DATABASE "{name}"')
-    engine = make_engine(f"{TEST_PG_URL}/{name}")
-    yield engine
-    engine.dispose()
+    db = connect(f"{TEST_PG_URL}/{name}")
+    yield db
+    db.dispose()
     drop_database(TEST_PG_URL, name)
 
 
 @pytest.fixture
 def empty_sqlite(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'fsm.sqlite3'}")
-    yield engine
-    engine.dispose()
+    db = connect(f"sqlite:///{tmp_path / 'fsm.sqlite3'}")
+    yield db
+    db.dispose()
 
 
 @pytest.mark.parametrize("database", ["empty_postgres", "empty_sqlite"])
 def test_upgrade_builds_exactly_the_declared_schema(
     database: str, request: pytest.FixtureRequest
 ) -> None:
-    engine: Engine = request.getfixturevalue(database)
-    upgrade(engine)
-    with engine.connect() as conn:
+    db: Engine = request.getfixturevalue(database)
+    upgrade(db)
+    with db.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-    head = ScriptDirectory.from_config(alembic_config(str(engine.url))).get_current_head()
-    assert current_revision(engine) == head
+    head = ScriptDirectory.from_config(alembic_config(str(db.url))).get_current_head()
+    assert current_revision(db) == head
 
 
 @pytest.mark.parametrize("database", ["empty_postgres", "empty_sqlite"])
 def test_downgrade_to_base_and_up_again(database: str, request: pytest.FixtureRequest) -> None:
-    engine: Engine = request.getfixturevalue(database)
-    upgrade(engine)
-    config = alembic_config(str(engine.url))
-    with engine.begin() as conn:
+    db: Engine = request.getfixturevalue(database)
+    upgrade(db)
+    config = alembic_config(str(db.url))
+    with db.begin() as conn:
         config.attributes["connection"] = conn
         command.downgrade(config, "base")
-    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
-    upgrade(engine)
+    assert set(inspect(db).get_table_names()) <= {"alembic_version"}
+    upgrade(db)
     assert {
         "state_machines",
         "state_transitions",
         "state_machine_definitions",
         "rejected_messages",
-    } <= set(inspect(engine).get_table_names())
+    } <= set(inspect(db).get_table_names())

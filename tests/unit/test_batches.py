@@ -1,4 +1,4 @@
-"""The ack applier's policy: a batch that fails is split until the message that breaks it is
+"""The batch applier's policy: a batch that fails is split until the message that breaks it is
 found and recorded; transient failures go back to the caller, which keeps the batch; a message
 that cannot even be recorded is handed back to the caller."""
 
@@ -10,14 +10,14 @@ from typing import cast
 import pytest
 import redis
 
-from fsm_celery.acks import AckApplier
+from fsm_celery.batches import BatchApplier
 from fsm_celery.core.transition import RejectReason
-from fsm_celery.engine import Inbound, MachineEngine, Step
+from fsm_celery.engine import Inbound, MachineEngine, Next, Step
 
 
 class Engine:
-    """Applies any batch that holds no poisoned message; records what it is told to reject,
-    unless the message is one it cannot even record."""
+    """An engine's inbox that applies any batch that holds no poisoned message, and records
+    what it is told to reject, unless the message is one it cannot even record."""
 
     def __init__(
         self,
@@ -30,8 +30,9 @@ class Engine:
         self.unrecordable = unrecordable
         self.applied: list[list[str]] = []
         self.rejected: list[tuple[str, RejectReason, str]] = []
+        self.inbox = self
 
-    def apply_messages(self, batch: list[Inbound], *, enter: bool = True) -> list[Step]:
+    def apply(self, batch: list[Inbound], *, enter: bool = True) -> Next:
         if self.error is not None:
             raise self.error
         payloads = [item.raw for item in batch]
@@ -52,8 +53,8 @@ def _batch(*payloads: str) -> list[Inbound]:
     return [Inbound(p) for p in payloads]
 
 
-def _applier(engine: Engine, entered: list[Step], inline: bool = True) -> AckApplier:
-    return AckApplier(cast(MachineEngine, engine), entered.extend, inline=inline)
+def _applier(engine: Engine, entered: list[Step], inline: bool = True) -> BatchApplier:
+    return BatchApplier(cast(MachineEngine, engine), entered.extend, inline=inline)
 
 
 def test_a_healthy_batch_is_applied_in_one_go() -> None:

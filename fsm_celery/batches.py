@@ -1,4 +1,5 @@
-"""Applying agents' messages: a batch in one transaction; a message that breaks it is isolated."""
+"""Agents' messages batch by batch: a batch in one transaction; a message that breaks it is
+isolated, so that it cannot hold back or take down the messages around it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import redis
 import sqlalchemy.exc
 
 from fsm_celery.core.transition import RejectReason
-from fsm_celery.engine import Inbound, MachineEngine, Step
+from fsm_celery.engine import Inbound, MachineEngine, Next
 
 log = logging.getLogger(__name__)
 
@@ -23,15 +24,16 @@ TRANSIENT = (
     kombu.exceptions.OperationalError,  # the broker, when a task could not be published
 )
 
-Enter = Callable[[list[Step]], None]
+Enter = Callable[[Next], None]
 
 
-class AckApplier:
-    """Applies raw agent messages in batches and schedules the retries they decided.
+class BatchApplier:
+    """Applies raw agent messages (acks, hand-backs, heartbeats, statuses) in batches and hands
+    on the states they decided.
 
-    Inline, the states due now are entered in the batch's transaction; otherwise every state
-    entered is handed to `enter` (an fsm.enter_state task each). A batch that fails for a
-    reason other than a transient one is split and applied message by
+    Inline, the states due now are entered in the batch's transaction; every other state
+    decided (all of them in the celery mode) is handed to `enter`, an fsm.enter_state task each.
+    A batch that fails for a reason other than a transient one is split and applied message by
     message, so that one message the database refuses is recorded as rejected instead of
     holding back, or taking down, the messages around it. A message that cannot even be
     recorded is handed back to the caller, which keeps it for another try and, past a few,
@@ -47,21 +49,21 @@ class AckApplier:
         """Apply the batch; the messages neither applied nor recorded. Raises only transient
         errors (the caller keeps the whole batch and tries again)."""
         try:
-            steps = self.engine.apply_messages(batch, enter=self.inline)
+            next_states = self.engine.inbox.apply(batch, enter=self.inline)
         except TRANSIENT:
             raise
         except Exception as exc:
             if len(batch) > 1:
                 return [failed for item in batch for failed in self([item])]
             return self._reject(batch[0], exc)
-        self.enter(steps)
+        self.enter(next_states)
         return []
 
     def _reject(self, item: Inbound, error: Exception) -> list[Inbound]:
         log.error("a message could not be applied; it is recorded as rejected", exc_info=error)
         detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         try:
-            self.engine.reject(item.raw, RejectReason.UNPROCESSABLE, detail)
+            self.engine.inbox.reject(item.raw, RejectReason.UNPROCESSABLE, detail)
         except TRANSIENT:
             raise
         except Exception:

@@ -1,0 +1,59 @@
+"""The machine engine: load → decide → store → dispatch around the pure core. No Celery here.
+
+One class per use case, each over the same Runtime (database, dispatcher, settings, clock,
+definitions), and each answering with a Next (fsm_celery.engine.steps):
+
+- `admin`: start machines, command them, set their budgets (engine/admin.py);
+- `entry`: enter a state, the one way a state_task is sent (engine/entry.py);
+- `inbox`: apply a batch of agents' messages (engine/inbox.py);
+- `scan`: time out attempts and enter due states; prune (engine/scan.py);
+- `catalog`: the machine definitions (engine/runtime.py).
+
+The decisions are fsm_celery.core's; what a transaction writes is an engine.writes.Writes,
+which the store turns into SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import Engine
+
+from fsm_celery.channel import Dispatcher
+from fsm_celery.config import Settings
+from fsm_celery.engine.admin import Admin
+from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.inbox import Inbox
+from fsm_celery.engine.runtime import Runtime, utcnow
+from fsm_celery.engine.scan import Scan
+from fsm_celery.engine.steps import Inbound, Next, Scanned, Step
+
+__all__ = ["Inbound", "MachineEngine", "Next", "Scanned", "Step"]
+
+
+class MachineEngine:
+    """The engine's use cases over one database, dispatcher, settings and clock (built by
+    fsm_celery.wiring)."""
+
+    def __init__(
+        self,
+        db: Engine,
+        dispatcher: Dispatcher,
+        settings: Settings,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.runtime = Runtime(db, dispatcher, settings, clock)
+        self.catalog = self.runtime.catalog
+        self.entry = Entry(self.runtime)
+        self.admin = Admin(self.runtime, self.entry)
+        self.inbox = Inbox(self.runtime, self.entry)
+        self.scan = Scan(self.runtime, self.entry)
+
+    @property
+    def db(self) -> Engine:
+        return self.runtime.db
+
+    @property
+    def settings(self) -> Settings:
+        return self.runtime.settings

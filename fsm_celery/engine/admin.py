@@ -1,0 +1,183 @@
+"""What people do to machines: start them, command them (pause, resume, cancel, retry, force),
+and set their budgets. The decisions are fsm_celery.core.admin's; this carries them out."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+from uuid import UUID
+
+from fsm_celery.core.admin import Action, Command, decide_command
+from fsm_celery.core.messages import INT32_MAX, unstorable
+from fsm_celery.core.transition import (
+    LOOP_COUNT,
+    LOOP_LIMIT,
+    MachineStatus,
+    Rejected,
+    initial_context,
+)
+from fsm_celery.core.usage import BUDGET_EXCEEDED, Budget
+from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.steps import Next, Step
+from fsm_celery.engine.writes import Writes, snapshot
+from fsm_celery.exceptions import (
+    CommandRefused,
+    InvalidAgentId,
+    InvalidContext,
+    MachineNotFound,
+)
+from fsm_celery.store import queries as q
+from fsm_celery.store.rows import History, NewMachine
+
+
+class Admin:
+    def __init__(self, runtime: Runtime, entry: Entry) -> None:
+        self._rt = runtime
+        self._entry = entry
+
+    def start(
+        self,
+        machine_type: str,
+        context: Mapping[str, Any] | None = None,
+        agent_id: UUID | str | None = None,
+        github_issue: int | None = None,
+    ) -> Next:
+        """Create a running machine in its initial state; its one Step is that state, to enter
+        (the machine's id is the step's)."""
+        context = _checked_context(context, self._rt.settings.max_context_bytes)
+        agent = _agent_uuid(agent_id)
+        now = self._rt.clock()
+        machine_id = uuid.uuid4()
+        issue = github_issue if github_issue is not None else context.get("githubIssue")
+        with self._rt.db.begin() as conn:
+            version, definition = self._rt.catalog.latest(conn, machine_type)
+            machine = NewMachine(
+                id=machine_id,
+                type=machine_type,
+                agent_type=definition.agent_type,
+                current_state=definition.initial_state,
+                context=initial_context(definition, context),
+                status=MachineStatus.RUNNING.value,
+                github_issue=issue if _fits_int32(issue) else None,
+                created_at=now,
+                updated_at=now,
+                definition_version=version,
+                agent_id=agent,
+                agent_pinned=agent is not None,
+                budget_tokens=definition.budget.tokens if definition.budget else None,
+                budget_cost=definition.budget.cost if definition.budget else None,
+                attempt=1,
+                state_retries=0,
+                dispatch_due_at=now,
+            )
+            q.insert_machine_txn(conn, machine)
+            q.insert_transitions_txn(conn, [_started(machine)])
+        return [Step(machine_id, 1, 0.0, definition.initial_state, machine_type)]
+
+    def command(self, machine_id: UUID, command: Command) -> Next:
+        """Apply an operator's command; raises CommandRefused when it does not apply."""
+        writes = Writes(self._rt.clock())
+        with self._rt.db.begin() as conn:
+            row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
+            if row is None:
+                raise MachineNotFound(str(machine_id))
+            definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+            last = q.last_transition_txn(conn, machine_id)
+            decision = decide_command(
+                definition, snapshot(row), command, last.from_state if last else None
+            )
+            if isinstance(decision, Rejected):
+                raise CommandRefused(command.action.value, str(machine_id), decision.detail)
+            writes.transition(
+                row, decision, command.action.value, actor=command.actor, reason=command.reason
+            )
+            self._entry.enter_due_txn(conn, {row.id: row}, writes)
+            self._entry.send_and_write(conn, writes)
+        return writes.next()
+
+    def set_budget(self, machine_id: UUID, budget: Budget, actor: str) -> Next:
+        """Change the machine's budget; one paused for its budget resumes if now within it."""
+        writes = Writes(self._rt.clock())
+        with self._rt.db.begin() as conn:
+            row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
+            if row is None:
+                raise MachineNotFound(str(machine_id))
+            q.set_budget_txn(conn, machine_id, budget.tokens, budget.cost)
+            machine = replace(snapshot(row), budget=budget)
+            paused_for_budget = (row.error or "").startswith(BUDGET_EXCEEDED)
+            if machine.status is not MachineStatus.PAUSED or not paused_for_budget:
+                return []
+            if budget.exceeded_by(machine.usage) is not None:
+                return []
+            reason = f"budget raised to tokens={budget.tokens}, cost={budget.cost}"
+            command = Command(Action.RESUME, actor, reason)
+            definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+            decision = decide_command(definition, machine, command)
+            assert not isinstance(decision, Rejected)  # a paused machine can always resume
+            writes.transition(row, decision, "resume", actor=actor, reason=reason)
+            self._entry.enter_due_txn(conn, {row.id: row}, writes)
+            self._entry.send_and_write(conn, writes)
+        return writes.next()
+
+
+def _started(machine: NewMachine) -> History:
+    """The start's history row (attempt 0)."""
+    return History(
+        machine_id=machine.id,
+        from_state=None,
+        to_state=machine.current_state,
+        success=True,
+        output=None,
+        error_message=None,
+        duration_ms=None,
+        attempt=0,
+        event="start",
+        actor=None,
+        reason=None,
+        progress=None,
+        agent_id=None,
+        tokens_used=0,
+        cost=0.0,
+        created_at=machine.created_at,
+    )
+
+
+def _checked_context(context: Mapping[str, Any] | None, max_bytes: int) -> dict[str, Any]:
+    if context is None:
+        return {}
+    if not isinstance(context, Mapping):
+        raise InvalidContext(f"context must be a JSON object, got {type(context).__name__}")
+    try:
+        text = json.dumps(dict(context), allow_nan=False)
+        checked = dict(json.loads(text))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidContext(f"context is not storable JSON: {exc}") from exc
+    if len(text.encode()) > max_bytes:
+        raise InvalidContext(
+            f"context is {len(text.encode())} bytes, over the limit of {max_bytes}"
+        )
+    problem = unstorable(checked, "context")
+    if problem is not None:
+        raise InvalidContext(problem)
+    for counter in (LOOP_COUNT, LOOP_LIMIT):
+        value = checked.get(counter, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidContext(f"context {counter} must be a whole number >= 0, got {value!r}")
+    return checked
+
+
+def _agent_uuid(agent_id: UUID | str | None) -> UUID | None:
+    if agent_id is None or isinstance(agent_id, UUID):
+        return agent_id
+    try:
+        return UUID(str(agent_id))
+    except ValueError:
+        raise InvalidAgentId(agent_id) from None
+
+
+def _fits_int32(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT32_MAX

@@ -1,0 +1,222 @@
+"""Agents' messages, a batch in one transaction: acks and hand-backs move machines on,
+heartbeats extend deadlines, statuses keep the agent registry, and every message that may not
+change anything is recorded as rejected, with the reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from sqlalchemy import Connection
+
+from fsm_celery.core import intake
+from fsm_celery.core.definition import FailureKind, MachineDefinition
+from fsm_celery.core.intake import Refused
+from fsm_celery.core.messages import (
+    AgentStatus,
+    AnyAgentMessage,
+    MachineMessage,
+    StateHandBack,
+    StateHeartbeat,
+)
+from fsm_celery.core.transition import (
+    Ack,
+    HandBack,
+    Machine,
+    Rejected,
+    RejectReason,
+    check_event,
+    decide,
+)
+from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.steps import Inbound, Next
+from fsm_celery.engine.writes import Writes, aware
+from fsm_celery.store import queries as q
+from fsm_celery.store.rows import AgentReport
+
+BAD_TOKEN = "missing or invalid taskToken for this machine, state and attempt"
+
+
+class Inbox:
+    def __init__(self, runtime: Runtime, entry: Entry) -> None:
+        self._rt = runtime
+        self._entry = entry
+        self._longest_attempt = timedelta(seconds=runtime.settings.max_attempt_seconds)
+
+    def apply(self, batch: Iterable[Inbound], *, enter: bool = True) -> Next:
+        """Apply a batch of raw agent messages in one transaction.
+
+        With enter, the states due now are entered in the same transaction (their state_tasks
+        go out before it commits), as the inline mode does. Without, nothing is sent and every
+        state the batch moved a machine to is in the Next, for an enter_state task each (the
+        celery mode).
+        """
+        settings = self._rt.settings
+        writes = Writes(self._rt.clock())
+        parsed: list[tuple[MachineMessage, Inbound]] = []
+        statuses: dict[UUID, tuple[AgentStatus, Inbound]] = {}
+        for item in batch:
+            message = self._parse(item.raw, writes)
+            if isinstance(message, AgentStatus):
+                statuses[message.agent_id] = (message, item)  # each agent's latest report
+            elif message is None:
+                continue
+            elif intake.forged(message, settings.token_secrets, settings.accept_unsigned_acks):
+                writes.reject(RejectReason.BAD_TOKEN, BAD_TOKEN, item.raw, **intake.where(message))
+            else:
+                parsed.append((message, item))
+        with self._rt.db.begin() as conn:
+            self._record_statuses(conn, statuses.values(), writes)
+            rows = q.lock_machines_txn(conn, (m.machine_id for m, _ in parsed))
+            senders = _Senders(conn)
+            for message, item in parsed:
+                row = rows.get(message.machine_id)
+                where = intake.where(message)
+                if row is None:
+                    detail = f"no machine {message.machine_id}"
+                    writes.reject(RejectReason.UNKNOWN_MACHINE, detail, item.raw, **where)
+                elif (wrong := senders.wrong_agent(row, item.agent)) is not None:
+                    writes.reject(RejectReason.WRONG_AGENT, wrong, item.raw, **where)
+                else:
+                    self._apply(conn, row, message, item.raw, writes)
+            if enter:
+                self._entry.enter_due_txn(conn, rows, writes)
+            self._entry.send_and_write(conn, writes)
+        return writes.next()
+
+    def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
+        """Record a message as rejected, in a transaction of its own (one the batch's
+        transaction could not take: see fsm_celery.batches)."""
+        writes = Writes(self._rt.clock())
+        message = intake.parse(raw, self._rt.settings.max_payload_bytes)
+        where = {} if isinstance(message, Refused) else intake.where(message)
+        writes.reject(reason, detail, raw, **where)
+        with self._rt.db.begin() as conn:
+            writes.write(conn)
+
+    def _parse(self, raw: str, writes: Writes) -> AnyAgentMessage | None:
+        message = intake.parse(raw, self._rt.settings.max_payload_bytes)
+        if isinstance(message, Refused):
+            writes.reject(
+                message.reason,
+                message.detail,
+                raw,
+                machine_id=message.machine_id,
+                state=message.state,
+                attempt=message.attempt,
+            )
+            return None
+        return message
+
+    def _record_statuses(
+        self, conn: Connection, statuses: Iterable[tuple[AgentStatus, Inbound]], writes: Writes
+    ) -> None:
+        """Record each agent's report, unless it came from another agent's stream or claims a
+        type other than the one the agent was registered with."""
+        statuses = list(statuses)
+        registered = q.registered_types_txn(conn, [s.agent_id for s, _ in statuses])
+        accepted = []
+        for status, item in statuses:
+            wrong = _wrong_reporter(status, item.agent, registered.get(status.agent_id))
+            if wrong is None:
+                accepted.append(_report(status, writes.now))
+            else:
+                writes.reject(RejectReason.WRONG_AGENT, wrong, item.raw)
+        q.upsert_agents_txn(conn, accepted)
+
+    def _apply(
+        self, conn: Connection, row: q.AnyRow, message: MachineMessage, raw: str, writes: Writes
+    ) -> None:
+        machine = writes.machine(row)
+        attempt = intake.attempt_of(message, machine.attempt)  # its token was checked unlocked
+        where = {**intake.where(message), "attempt": attempt}
+        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+        if isinstance(message, StateHeartbeat):
+            self._heartbeat(row, machine, definition, message, attempt, writes, raw)
+            return
+        limits = self._rt.limits
+        if isinstance(message, StateHandBack):
+            handback = HandBack(message.state, attempt, message.reason)
+            decision = decide(definition, machine, handback, limits)
+            event = "handback"
+        else:
+            ack = Ack(message.state, attempt, message.success, message.output, message.error)
+            decision = decide(definition, machine, ack, limits)
+            event = "ack"
+        if isinstance(decision, Rejected):
+            writes.reject(decision.reason, decision.detail, raw, **where)
+            return
+        if decision.failure is FailureKind.INVALID_OUTPUT:
+            writes.reject(RejectReason.INVALID_OUTPUT, decision.error or "", raw, **where)
+        writes.transition(row, decision, event)
+
+    def _heartbeat(
+        self,
+        row: q.AnyRow,
+        machine: Machine,
+        definition: MachineDefinition,
+        message: StateHeartbeat,
+        attempt: int,
+        writes: Writes,
+        raw: str,
+    ) -> None:
+        rejected = check_event(machine, message.state, attempt)
+        if rejected is not None:
+            where = {**intake.where(message), "attempt": attempt}
+            writes.reject(rejected.reason, rejected.detail, raw, **where)
+            return
+        state = definition.state(machine.current_state)
+        entered = aware(row.entered_at) or writes.now
+        deadline = state.heartbeat_deadline(entered, writes.now, self._longest_attempt)
+        writes.heartbeat(row, deadline, message.progress)
+
+
+class _Senders:
+    """Checks that a message was sent by the machine's agent, when its sender is known."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._types: dict[UUID, str] = {}
+
+    def wrong_agent(self, row: q.AnyRow, sender: UUID | None) -> str | None:
+        """Why the sender may not move the machine, or None (also for a sender not known)."""
+        if sender is None or row.agent_id == sender:
+            return None
+        if row.agent_id is not None:
+            return f"machine {row.id} is assigned to agent {row.agent_id}, not {sender}"
+        # An unassigned machine's task went to its agent type's stream: any agent of the type.
+        if sender not in self._types:
+            self._types.update(q.agent_types_txn(self._conn, [sender]))
+        if self._types.get(sender) == row.agent_type:
+            return None
+        return (
+            f"machine {row.id} is for agents of type {row.agent_type!r}; agent {sender} is not one"
+        )
+
+
+def _wrong_reporter(status: AgentStatus, sender: UUID | None, registered: str | None) -> str | None:
+    """Why an agent_status must be refused: sent from another agent's stream, or claiming a
+    type other than the one the agent was registered with."""
+    if sender is not None and status.agent_id != sender:
+        return f"agent {sender} reported a status for agent {status.agent_id}"
+    if registered is not None and status.agent_type != registered:
+        return (
+            f"agent {status.agent_id} is registered as type {registered!r}, "
+            f"not {status.agent_type!r}"
+        )
+    return None
+
+
+def _report(status: AgentStatus, now: datetime) -> AgentReport:
+    return AgentReport(
+        id=status.agent_id,
+        agent_type=status.agent_type,
+        status=status.status,
+        concurrency=status.concurrency,
+        running=status.running,
+        hostname=status.hostname,
+        started_at=now,
+        last_seen_at=now,
+    )

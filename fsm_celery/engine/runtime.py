@@ -1,0 +1,65 @@
+"""What every use case of the engine works with: the database, the way to agents, the
+settings, the clock, and the machine definitions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection, Engine
+
+from fsm_celery.channel import Dispatcher
+from fsm_celery.config import Settings
+from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.transition import Limits
+from fsm_celery.exceptions import UnknownMachineType
+from fsm_celery.store import queries as q
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Catalog:
+    """The machine definitions: stored as versions (a running machine keeps the version it
+    started with), each parsed once per process."""
+
+    def __init__(self, db: Engine) -> None:
+        self._db = db
+        self._parsed: dict[tuple[str, int], MachineDefinition] = {}
+
+    def load(self, definitions: Iterable[MachineDefinition]) -> list[tuple[str, int, bool]]:
+        """Store each definition as a new version when it changed: (type, version, created)."""
+        with self._db.begin() as conn:
+            return [(d.type, *q.save_definition_txn(conn, d)) for d in definitions]
+
+    def version(self, conn: Connection, machine_type: str, version: int) -> MachineDefinition:
+        """One version of a machine type."""
+        key = (machine_type, version)
+        found = self._parsed.get(key)
+        if found is None:
+            found = self._parsed[key] = q.definition_txn(conn, machine_type, version)
+        return found
+
+    def latest(self, conn: Connection, machine_type: str) -> tuple[int, MachineDefinition]:
+        """The newest version of a machine type (UnknownMachineType when none is loaded)."""
+        latest = q.latest_definition_txn(conn, machine_type)
+        if latest is None:
+            raise UnknownMachineType(machine_type)
+        self._parsed.setdefault((machine_type, latest[0]), latest[1])
+        return latest
+
+
+@dataclass
+class Runtime:
+    db: Engine  # SQLAlchemy's; "engine" in this package means the machine engine
+    dispatcher: Dispatcher
+    settings: Settings
+    clock: Callable[[], datetime] = utcnow
+    catalog: Catalog = field(init=False)
+    limits: Limits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.catalog = Catalog(self.db)
+        self.limits = Limits(self.settings.max_context_bytes, self.settings.max_handbacks)

@@ -1,0 +1,87 @@
+"""The scan (beat runs it every second): attempts past their deadline time out, states whose
+dispatch is due are entered; and the pruning of what is kept only for a while."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy.exc
+from sqlalchemy import Connection
+
+from fsm_celery.core.transition import Rejected, Timeout, decide
+from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.steps import Scanned
+from fsm_celery.engine.writes import Writes, snapshot
+from fsm_celery.store import queries as q
+
+log = logging.getLogger(__name__)
+
+
+class Scan:
+    def __init__(self, runtime: Runtime, entry: Entry) -> None:
+        self._rt = runtime
+        self._entry = entry
+
+    def run(self, limit: int = 500) -> Scanned:
+        """Time out attempts past their deadline and enter the states whose dispatch is due
+        (since FSM_DISPATCH_GRACE_SECONDS: until then, an enter_state task is on its way).
+
+        The database is the truth: this also repairs a dispatch lost with a killed worker, a
+        dropped message or a flushed Redis. Rows another transaction holds are skipped.
+        """
+        writes = Writes(self._rt.clock())
+        grace = timedelta(seconds=self._rt.settings.dispatch_grace_seconds)
+        with self._rt.db.begin() as conn:
+            overdue = q.lock_overdue_txn(conn, writes.now, limit)
+            for row in overdue:
+                _contained(row, self._time_out, conn, row, writes)
+            due = q.lock_due_txn(conn, writes.now - grace, limit)
+            rows = {row.id: row for row in (*overdue, *due)}
+            for mid in writes.due_now():
+                _contained(rows[mid], self._entry.enter_txn, conn, rows[mid], writes)
+            for row in due:
+                _contained(row, self._entry.enter_txn, conn, row, writes)
+            self._entry.send_and_write(conn, writes)
+        return Scanned(len(overdue) + len(due), writes.next())
+
+    def _time_out(self, conn: Connection, row: q.AnyRow, writes: Writes) -> None:
+        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+        decision = decide(definition, snapshot(row), Timeout(row.current_state, row.attempt))
+        assert not isinstance(decision, Rejected)  # the query chose dispatched attempts
+        writes.transition(row, decision, "timeout")
+
+    def prune(self, batch: int = 1000, most: int = 50) -> tuple[int, int]:
+        """Delete rejected messages and unregistered agents past their retention, in small
+        transactions (a flood of junk leaves a bounded table, and no long lock); how many of
+        each were deleted."""
+        settings = self._rt.settings
+        now = self._rt.clock()
+        rejections = timedelta(days=settings.rejected_retention_days)
+        silence = timedelta(days=settings.agent_retention_days)
+        pruned = [0, 0]
+        for i, (prune, age) in enumerate(
+            ((q.prune_rejections_txn, rejections), (q.prune_agents_txn, silence))
+        ):
+            for _ in range(most):
+                with self._rt.db.begin() as conn:
+                    deleted = prune(conn, now - age, batch)
+                pruned[i] += deleted
+                if deleted < batch:
+                    break
+        return pruned[0], pruned[1]
+
+
+def _contained(row: q.AnyRow, work: Callable[..., None], *args: Any) -> None:
+    """Do one machine's part of a scan; an error of that machine alone (not of the database,
+    which fails the whole transaction) is logged and the scan goes on: the machine stays due and
+    is tried again by the next scan."""
+    try:
+        work(*args)
+    except sqlalchemy.exc.SQLAlchemyError:
+        raise
+    except Exception:
+        log.exception("the scan could not handle machine %s; it goes on without it", row.id)

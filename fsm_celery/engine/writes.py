@@ -1,0 +1,207 @@
+"""What one transaction decided, as typed rows: machine moves, dispatches, heartbeats, history
+and rejections, written in one go by the store (and the state_tasks to send before it commits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from sqlalchemy import Connection
+
+from fsm_celery.core.messages import INT32_MAX
+from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
+from fsm_celery.core.usage import Budget, Usage
+from fsm_celery.engine.steps import Next, Step
+from fsm_celery.store import queries as q
+from fsm_celery.store.rows import Beat, Dispatch, History, Move, Rejection
+
+KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or why it paused
+RUNNING = MachineStatus.RUNNING.value
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """The datetime with UTC attached (SQLite hands back naive datetimes; all stored are UTC)."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def snapshot(row: q.AnyRow) -> Machine:
+    """The core's view of a machine row."""
+    return Machine(
+        id=row.id,
+        current_state=row.current_state,
+        status=MachineStatus(row.status),
+        attempt=row.attempt,
+        state_retries=row.state_retries,
+        context=row.context,
+        usage=Usage(row.tokens_used, row.cost),
+        budget=Budget(tokens=row.budget_tokens, cost=row.budget_cost),
+        handbacks=row.handbacks,
+    )
+
+
+@dataclass
+class Writes:
+    """Collects the writes of one transaction, then writes them in one go.
+
+    It also knows which machines the transaction moved on, to which attempt, and which of
+    those it entered: from that come the states still to enter (`next`), the one answer every
+    use case gives.
+    """
+
+    now: datetime
+    moves: dict[UUID, Move] = field(default_factory=dict)
+    dispatches: dict[UUID, Dispatch] = field(default_factory=dict)  # of machines not moved
+    beats: dict[UUID, Beat] = field(default_factory=dict)
+    history: list[History] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    outbox: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_task)
+    machines: dict[UUID, Machine] = field(default_factory=dict)  # as moved in this transaction
+    delays: dict[UUID, float] = field(default_factory=dict)
+    types: dict[UUID, str] = field(default_factory=dict)
+    entered: set[UUID] = field(default_factory=set)
+
+    def machine(self, row: q.AnyRow) -> Machine:
+        """The machine as this transaction has left it so far."""
+        return self.machines.get(row.id) or snapshot(row)
+
+    def transition(
+        self,
+        row: q.AnyRow,
+        t: Transition,
+        event: str,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record a decided transition: the machine's new state and the attempt's history row."""
+        machine = self.machine(row)
+        running = t.status is MachineStatus.RUNNING
+        spent = machine.usage + t.usage
+        self.machines[row.id] = Machine(
+            id=row.id,
+            current_state=t.to_state,
+            status=t.status,
+            attempt=t.attempt,
+            state_retries=t.state_retries,
+            context=t.context,
+            usage=spent,
+            budget=machine.budget,
+            handbacks=t.handbacks,
+        )
+        self.delays[row.id] = t.delay_seconds
+        self.types[row.id] = row.type
+        self.entered.discard(row.id)  # entered earlier in this transaction, and left again
+        self.moves[row.id] = Move(
+            id=row.id,
+            current_state=t.to_state,
+            status=t.status.value,
+            context=t.context,
+            attempt=t.attempt,
+            state_retries=t.state_retries,
+            handbacks=t.handbacks,
+            dispatch_due_at=self.now + timedelta(seconds=t.delay_seconds) if running else None,
+            deadline_at=None,
+            heartbeat_at=None,
+            progress=None,
+            tokens_used=spent.tokens,
+            cost=spent.cost,
+            entered_at=row.entered_at,
+            error=t.error if t.status in KEEPS_ERROR else None,
+            updated_at=self.now,
+        )
+        beat = self.beats.get(row.id)
+        entered = aware(row.entered_at)
+        self.history.append(
+            History(
+                machine_id=row.id,
+                from_state=t.from_state,
+                to_state=t.to_state,
+                success=t.success,
+                output=t.output,
+                error_message=t.error,
+                duration_ms=_ms(self.now - entered) if entered and event != "resume" else None,
+                attempt=machine.attempt,
+                event=event,
+                actor=actor,
+                reason=reason,
+                progress=beat.progress if beat is not None else row.progress,
+                agent_id=row.agent_id,
+                tokens_used=t.usage.tokens,
+                cost=t.usage.cost,
+                created_at=self.now,
+            )
+        )
+
+    def dispatch(self, machine_id: UUID, agent: str, message: str, deadline: datetime) -> None:
+        """Record that the machine's attempt is sent now, with its deadline, and queue it."""
+        moved = self.moves.get(machine_id)
+        if moved is not None:  # decided in this transaction: one UPDATE does both
+            moved.dispatch_due_at = None
+            moved.entered_at = self.now
+            moved.deadline_at = deadline
+        else:
+            self.dispatches[machine_id] = Dispatch(machine_id, None, self.now, deadline, self.now)
+        self.entered.add(machine_id)
+        self.outbox.append((agent, message))
+
+    def due_now(self) -> list[UUID]:
+        """Machines this transaction moved on whose next state is to be entered at once."""
+        return [
+            mid
+            for mid, move in self.moves.items()
+            if move.status == RUNNING and not self.delays[mid] and mid not in self.entered
+        ]
+
+    def heartbeat(self, row: q.AnyRow, deadline: datetime, progress: str | None) -> None:
+        """Record a sign of life: a later deadline, and the agent's progress text."""
+        if progress is None:
+            earlier = self.beats.get(row.id)
+            progress = earlier.progress if earlier is not None else row.progress
+        self.beats[row.id] = Beat(row.id, deadline, self.now, progress)
+
+    def reject(
+        self,
+        reason: RejectReason,
+        detail: str,
+        payload: str,
+        *,
+        machine_id: UUID | None = None,
+        state: str | None = None,
+        attempt: int | None = None,
+    ) -> None:
+        """Record a message that changed nothing, with the reason (what its columns cannot hold
+        is cut or left out: recording a rejection must not be able to fail)."""
+        self.rejections.append(
+            Rejection(
+                reason=reason.value,
+                detail=detail,
+                payload=payload,
+                received_at=self.now,
+                machine_id=machine_id,
+                state=state[:50] if state is not None else None,
+                attempt=attempt if attempt is not None and 0 <= attempt <= INT32_MAX else None,
+            )
+        )
+
+    def next(self) -> Next:
+        """The states this transaction moved machines to and did not enter, with their delays."""
+        return [
+            Step(mid, move.attempt, self.delays[mid], move.current_state, self.types[mid])
+            for mid, move in self.moves.items()
+            if move.status == RUNNING and mid not in self.entered
+        ]
+
+    def write(self, conn: Connection) -> None:
+        """Write everything decided (the outbox is sent by the caller, before commit)."""
+        q.update_heartbeats_txn(conn, list(self.beats.values()))
+        q.move_machines_txn(conn, list(self.moves.values()), self.history)
+        q.mark_dispatched_txn(conn, list(self.dispatches.values()))
+        q.insert_rejections_txn(conn, self.rejections)
+
+
+def _ms(delta: timedelta) -> int:
+    return int(delta.total_seconds() * 1000)

@@ -1,0 +1,41 @@
+"""The statements whose SQL differs between PostgreSQL and SQLite, each dialect in one place.
+
+queries.py asks `of(conn)` once per call and stays free of dialect branches; postgres.py and
+sqlite.py each hold their dialect's version of every statement below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+from uuid import UUID
+
+from sqlalchemy import Connection, Row, Table
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
+from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
+
+from fsm_celery.store import postgres, sqlite
+from fsm_celery.store.rows import ById, History, Move
+
+
+class Dialect(Protocol):
+    def lock_machines(self, conn: Connection, ids: Sequence[UUID]) -> Iterable[Row[Any]]:
+        """Lock the machines' rows (ids sorted: concurrent batches never deadlock)."""
+        ...
+
+    def update(self, conn: Connection, table: Table, rows: Sequence[ById]) -> None:
+        """UPDATE each row of the table by its id, setting the row's other fields."""
+        ...
+
+    def move(self, conn: Connection, moves: Sequence[Move], history: Sequence[History]) -> None:
+        """Write the machines' new states and the history rows of their attempts."""
+        ...
+
+    def insert(self, table: Table) -> PgInsert | SqliteInsert:
+        """An INSERT that can turn into an update on conflict (an upsert)."""
+        ...
+
+
+def of(conn: Connection) -> Dialect:
+    """The statements for the connection's database."""
+    return postgres.POSTGRESQL if conn.dialect.name == "postgresql" else sqlite.SQLITE

@@ -1,0 +1,142 @@
+"""PostgreSQL's statements for the hot path: a whole batch in one statement, prepared once.
+
+A transaction of the hot path locks its machines, then updates them and records their
+attempts. Each of those is one statement over the whole batch, its rows passed as one JSON
+document, and each statement is parsed and planned once per connection (a PREPAREd statement)
+instead of once per transaction: together a quarter of the database's work on a small batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from functools import cache, lru_cache
+from typing import Any
+from uuid import UUID
+
+from pydantic_core import to_json
+from sqlalchemy import Connection, CursorResult, Row, Table
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import Insert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from fsm_celery.store.rows import ById, History, Move, columns
+from fsm_celery.store.tables import machines, transitions
+
+_LOCK = (
+    f"SELECT {', '.join(c.name for c in machines.c)} FROM {machines.name} "
+    "WHERE id = ANY(CAST(:ids AS UUID[])) ORDER BY id FOR UPDATE"
+)
+
+
+class PostgreSQL:
+    def lock_machines(self, conn: Connection, ids: Sequence[UUID]) -> Iterable[Row[Any]]:
+        return _execute_prepared(conn, _LOCK, {"ids": _uuid_array(ids)})
+
+    def update(self, conn: Connection, table: Table, rows: Sequence[ById]) -> None:
+        if not rows:
+            return
+        sql = _update(table, columns(type(rows[0])))
+        _execute_prepared(conn, sql, {"rows": _json(rows), "ids": _ids(rows)})
+
+    def move(self, conn: Connection, moves: Sequence[Move], history: Sequence[History]) -> None:
+        """Both in one statement, one round trip (the UPDATE as a data-modifying CTE)."""
+        if not moves or not history:
+            self.update(conn, machines, moves)
+            if history:
+                sql = _insert(transitions, "history", columns(History))
+                _execute_prepared(conn, sql, {"history": _json(history)})
+            return
+        _execute_prepared(
+            conn,
+            _move(columns(Move), columns(History)),
+            {"rows": _json(moves), "ids": _ids(moves), "history": _json(history)},
+        )
+
+    def insert(self, table: Table) -> Insert:
+        return pg_insert(table)
+
+
+POSTGRESQL = PostgreSQL()
+
+
+def _execute_prepared(conn: Connection, sql: str, params: dict[str, str]) -> CursorResult[Any]:
+    """Run a statement as a PostgreSQL prepared statement. `sql` names its parameters `:name`;
+    each value is passed as text and typed by the statement's own CASTs. A prepared statement
+    lives in its server session, so this needs a session per connection: not PgBouncer's
+    transaction pooling."""
+    name, body, order = _prepare(sql)
+    prepared: set[str] = conn.connection.info.setdefault("fsm_prepared", set())
+    if name not in prepared:  # a new connection (or a reconnect): PREPARE is per session
+        conn.exec_driver_sql(f"PREPARE {name} AS {body}")
+        prepared.add(name)
+    slots = ", ".join(["%s"] * len(order))
+    return conn.exec_driver_sql(f"EXECUTE {name}({slots})", tuple(params[p] for p in order))
+
+
+@lru_cache(maxsize=32)
+def _prepare(sql: str) -> tuple[str, str, tuple[str, ...]]:
+    """The statement's name (from its text), its body with $n placeholders, and the order of
+    its parameters."""
+    order: list[str] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    body = re.sub(r"(?<!:):(\w+)", placeholder, sql)
+    return f"fsm_{hashlib.sha1(sql.encode()).hexdigest()[:16]}", body, tuple(order)
+
+
+@cache
+def _update(table: Table, names: tuple[str, ...]) -> str:
+    """UPDATE from a JSON array of rows (:rows) keyed by id, the first of `names`.
+
+    The planner cannot tell how many rows a JSON array holds (it guesses 100), and on a table
+    of a few thousand machines it then reads the whole table to hash-join it; the array of the
+    same ids (:ids), whose length it does know, makes it fetch just those rows by primary key.
+    """
+    sets = ", ".join(f"{name} = v.{name}" for name in names[1:])
+    return (
+        f"UPDATE {table.name} AS t SET {sets} FROM {_recordset(table, 'rows', names, 'v')} "
+        "WHERE t.id = ANY(CAST(:ids AS UUID[])) AND t.id = v.id"
+    )
+
+
+@cache
+def _insert(table: Table, param: str, names: tuple[str, ...]) -> str:
+    """INSERT of rows from a JSON array (:param)."""
+    listed = ", ".join(names)
+    return (
+        f"INSERT INTO {table.name} ({listed}) "
+        f"SELECT {listed} FROM {_recordset(table, param, names, 'r')}"
+    )
+
+
+@cache
+def _move(moves: tuple[str, ...], history: tuple[str, ...]) -> str:
+    return f"WITH moved AS ({_update(machines, moves)}) {_insert(transitions, 'history', history)}"
+
+
+def _recordset(table: Table, param: str, names: tuple[str, ...], alias: str) -> str:
+    """A JSON array parameter as typed rows with the table's column types."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    typed = ", ".join(f"{n} {table.c[n].type.compile(dialect=dialect)}" for n in names)
+    return f"jsonb_to_recordset(CAST(:{param} AS JSONB)) AS {alias}({typed})"
+
+
+def _json(rows: Sequence[Any]) -> str:
+    """The rows as a JSON array (uuids and datetimes as text), by pydantic's serialiser, which
+    is four times quicker than the json module's on a batch's rows."""
+    return to_json(rows).decode()
+
+
+def _ids(rows: Sequence[ById]) -> str:
+    return _uuid_array(row.id for row in rows)
+
+
+def _uuid_array(ids: Iterable[UUID]) -> str:
+    """Ids as a PostgreSQL array literal, cast by the statement."""
+    return "{" + ",".join(str(i) for i in ids) + "}"

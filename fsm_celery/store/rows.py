@@ -1,0 +1,149 @@
+"""The rows the engine writes, typed: each field is a column of its table, by the same name.
+
+The store builds its statements from these fields (fsm_celery.store.queries), so a value the
+engine decides and the column it lands in cannot drift apart: a field that is not a column
+fails the unit test that compares them with the schema, not a transaction in production.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+
+@dataclass(slots=True)
+class NewMachine:
+    """A machine as it is started (state_machines)."""
+
+    id: UUID
+    type: str
+    agent_type: str
+    current_state: str
+    context: dict[str, Any]
+    status: str
+    github_issue: int | None
+    created_at: datetime
+    updated_at: datetime
+    definition_version: int
+    agent_id: UUID | None
+    agent_pinned: bool
+    budget_tokens: int | None
+    budget_cost: float | None
+    attempt: int
+    state_retries: int
+    dispatch_due_at: datetime
+
+
+@dataclass(slots=True)
+class Move:
+    """A machine's new state after a transition (an UPDATE of state_machines by id). When the
+    state it moved to is entered in the same transaction, its dispatch is recorded here too."""
+
+    id: UUID
+    current_state: str
+    status: str
+    context: dict[str, Any]
+    attempt: int
+    state_retries: int
+    handbacks: int
+    dispatch_due_at: datetime | None
+    deadline_at: datetime | None
+    heartbeat_at: datetime | None
+    progress: str | None
+    tokens_used: int
+    cost: float
+    entered_at: datetime | None
+    error: str | None
+    updated_at: datetime
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """A state entered: its task sent now, with its deadline (an UPDATE by id)."""
+
+    id: UUID
+    dispatch_due_at: None
+    entered_at: datetime
+    deadline_at: datetime
+    updated_at: datetime
+
+
+@dataclass(slots=True)
+class Beat:
+    """A sign of life from the agent: a later deadline and its progress (an UPDATE by id)."""
+
+    id: UUID
+    deadline_at: datetime
+    heartbeat_at: datetime
+    progress: str | None
+
+
+@dataclass(slots=True)
+class History:
+    """The record of one attempt (state_transitions)."""
+
+    machine_id: UUID
+    from_state: str | None
+    to_state: str
+    success: bool
+    output: dict[str, Any] | None
+    error_message: str | None
+    duration_ms: int | None
+    attempt: int
+    event: str
+    actor: str | None
+    reason: str | None
+    progress: str | None
+    agent_id: UUID | None
+    tokens_used: int
+    cost: float
+    created_at: datetime
+
+
+@dataclass(slots=True)
+class Rejection:
+    """A message that changed nothing, and why (rejected_messages)."""
+
+    reason: str
+    detail: str
+    payload: str
+    received_at: datetime
+    machine_id: UUID | None
+    state: str | None
+    attempt: int | None
+
+
+@dataclass(slots=True)
+class AgentReport:
+    """An agent's latest status (agents, inserted the first time it reports)."""
+
+    id: UUID
+    agent_type: str
+    status: str
+    concurrency: int
+    running: int
+    hostname: str | None
+    started_at: datetime
+    last_seen_at: datetime
+
+
+Row = NewMachine | Move | Dispatch | Beat | History | Rejection | AgentReport
+ById = Move | Dispatch | Beat  # written by an UPDATE ... WHERE id = the row's id
+
+
+def columns(kind: type[Row]) -> tuple[str, ...]:
+    """The columns a row type writes, in field order."""
+    names = _COLUMNS.get(kind)
+    if names is None:
+        names = _COLUMNS[kind] = tuple(f.name for f in fields(kind))
+    return names
+
+
+_COLUMNS: dict[type[Row], tuple[str, ...]] = {}
+
+
+def values(row: Row) -> dict[str, Any]:
+    """The row as column → value (shallow: its JSON values are passed as they are)."""
+    return {name: getattr(row, name) for name in columns(type(row))}

@@ -1,0 +1,56 @@
+"""The embedded mode's statements (SQLite): plain SQLAlchemy Core, one row at a time.
+
+SQLite has no row locks: the transaction takes the database's write lock at BEGIN (see
+fsm_celery.store.db), which serialises writers as PostgreSQL's row locks do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Connection, Row, Table, Update, bindparam, insert, select, update
+from sqlalchemy.dialects.sqlite import Insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from fsm_celery.store.rows import ById, History, Move, columns, values
+from fsm_celery.store.tables import machines, transitions
+
+_LOCK = (
+    select(machines)
+    .where(machines.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(machines.c.id)
+)
+
+
+class SQLite:
+    def lock_machines(self, conn: Connection, ids: Sequence[UUID]) -> Iterable[Row[Any]]:
+        return conn.execute(_LOCK, {"ids": list(ids)})
+
+    def update(self, conn: Connection, table: Table, rows: Sequence[ById]) -> None:
+        if not rows:
+            return
+        names = columns(type(rows[0]))  # the id first
+        params = [{"_id": r.id, **{name: getattr(r, name) for name in names[1:]}} for r in rows]
+        conn.execute(_update(table, names), params)
+
+    def move(self, conn: Connection, moves: Sequence[Move], history: Sequence[History]) -> None:
+        self.update(conn, machines, moves)
+        if history:
+            conn.execute(insert(transitions), [values(h) for h in history])
+
+    def insert(self, table: Table) -> Insert:
+        return sqlite_insert(table)
+
+
+@cache
+def _update(table: Table, names: tuple[str, ...]) -> Update:
+    """UPDATE table SET each named column after the first WHERE id = :_id (a bind may not be
+    named as a column the statement sets, hence _id)."""
+    sets: dict[str, Any] = {name: bindparam(name) for name in names[1:]}
+    return update(table).where(table.c.id == bindparam("_id")).values(sets)
+
+
+SQLITE = SQLite()

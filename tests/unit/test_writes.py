@@ -1,0 +1,135 @@
+"""The typed write-set: its rows are the schema's columns, the statements each dialect builds
+from them name exactly those columns, and `next()` is the one answer of every use case: the
+states moved to and not entered in the transaction."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import fields
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sqlalchemy import Table
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from fsm_celery.core.transition import MachineStatus, Transition
+from fsm_celery.engine.steps import Step
+from fsm_celery.engine.writes import Writes
+from fsm_celery.store import postgres, sqlite
+from fsm_celery.store.rows import (
+    AgentReport,
+    Beat,
+    Dispatch,
+    History,
+    Move,
+    NewMachine,
+    Rejection,
+    Row,
+    columns,
+)
+from fsm_celery.store.tables import agents, machines, rejected_messages, transitions
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+TABLES: list[tuple[type[Row], Table]] = [
+    (NewMachine, machines),
+    (Move, machines),
+    (Dispatch, machines),
+    (Beat, machines),
+    (History, transitions),
+    (Rejection, rejected_messages),
+    (AgentReport, agents),
+]
+
+
+@pytest.mark.parametrize(("kind", "table"), TABLES, ids=[k.__name__ for k, _ in TABLES])
+def test_every_field_of_a_row_is_a_column_of_its_table(kind: type[Row], table: Table) -> None:
+    assert set(columns(kind)) <= set(table.c.keys())
+    required = {c.name for c in table.c if not c.nullable and c.server_default is None}
+    if kind in (NewMachine, History, Rejection, AgentReport):  # inserts
+        assert required - {"id"} <= set(columns(kind)), "an insert leaves a required column out"
+
+
+@pytest.mark.parametrize("kind", [Move, Dispatch, Beat])
+def test_rows_updated_by_id_have_it_first(kind: type[Row]) -> None:
+    assert fields(kind)[0].name == "id"
+
+
+@pytest.mark.parametrize("kind", [Move, Dispatch, Beat])
+def test_each_dialect_updates_exactly_the_rows_fields(kind: type[Row]) -> None:
+    names = columns(kind)
+    pg = postgres._update(machines, names)
+    assert pg.startswith("UPDATE state_machines AS t SET ")
+    assert [s.split(" = ")[0] for s in pg.split(" SET ")[1].split(" FROM ")[0].split(", ")] == [
+        *names[1:]
+    ]
+    lite = str(sqlite._update(machines, names).compile(dialect=sqlite_dialect.dialect()))
+    sets = lite.split(" SET ")[1].split(" WHERE ")[0].split(", ")
+    assert sorted(sets) == sorted(f"{n}=?" for n in names[1:])  # in the table's column order
+
+
+def test_the_postgres_move_is_one_statement_over_both_tables() -> None:
+    sql = postgres._move(columns(Move), columns(History))
+    assert sql.startswith("WITH moved AS (UPDATE state_machines")
+    assert f"INSERT INTO state_transitions ({', '.join(columns(History))})" in sql
+
+
+def _row(**overrides: Any) -> Any:
+    values = {
+        "id": uuid.uuid4(),
+        "type": "t",
+        "current_state": "A",
+        "status": "running",
+        "attempt": 1,
+        "state_retries": 0,
+        "context": {},
+        "tokens_used": 0,
+        "cost": 0.0,
+        "budget_tokens": None,
+        "budget_cost": None,
+        "handbacks": 0,
+        "entered_at": NOW,
+        "progress": None,
+        "agent_id": None,
+    }
+    return SimpleNamespace(**{**values, **overrides})
+
+
+def _moved(row: Any, to: str, status: MachineStatus, delay: float = 0.0) -> Transition:
+    return Transition(
+        from_state=row.current_state,
+        to_state=to,
+        success=True,
+        status=status,
+        context={},
+        attempt=row.attempt + 1,
+        state_retries=0,
+        output={},
+        delay_seconds=delay,
+    )
+
+
+def test_next_holds_the_states_moved_to_and_not_entered() -> None:
+    writes = Writes(NOW)
+    entered, delayed, waiting, done = _row(), _row(), _row(), _row()
+    writes.transition(entered, _moved(entered, "B", MachineStatus.RUNNING), "ack")
+    writes.transition(delayed, _moved(delayed, "A", MachineStatus.RUNNING, delay=2.0), "ack")
+    writes.transition(waiting, _moved(waiting, "C", MachineStatus.RUNNING), "ack")
+    writes.transition(done, _moved(done, "END", MachineStatus.COMPLETED), "ack")
+    assert writes.due_now() == [entered.id, waiting.id]
+    writes.dispatch(entered.id, "agent", "{}", NOW)
+    assert writes.due_now() == [waiting.id]
+    assert writes.next() == [Step(delayed.id, 2, 2.0, "A", "t"), Step(waiting.id, 2, 0.0, "C", "t")]
+    move = writes.moves[entered.id]
+    assert (move.dispatch_due_at, move.entered_at, move.deadline_at) == (None, NOW, NOW)
+    assert writes.dispatches == {}  # a machine moved and entered is written by one UPDATE
+    assert [h.to_state for h in writes.history] == ["B", "A", "C", "END"]
+
+
+def test_entering_a_machine_not_moved_records_a_dispatch_of_its_own() -> None:
+    writes = Writes(NOW)
+    row = _row(entered_at=None)
+    writes.dispatch(row.id, "agent", "{}", NOW)
+    assert writes.dispatches[row.id] == Dispatch(row.id, None, NOW, NOW, NOW)
+    assert writes.next() == [] and writes.outbox == [("agent", "{}")]
