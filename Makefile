@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint unit integration
+.PHONY: install demo test lint unit inprocess integration
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -20,6 +20,9 @@ lint: install
 
 unit: install
 	$(PY) -m pytest tests/unit -q
+
+inprocess: install
+	$(PY) -m pytest tests/inprocess -q
 
 integration: install
 	$(PY) -m pytest tests/integration -q

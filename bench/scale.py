@@ -1,7 +1,9 @@
 """Scale: throughput with 100,000 finished machines and 1,000,000 history rows already stored,
-beside the same run on an empty database; the scan's time and the API's list queries' times.
+beside the same run on an empty database, in each transition mode; the scan's time and the
+API's list queries' times.
 
     .venv/bin/python -m bench.scale [--finished 100000] [--history 1000000] [--machines 1000]
+                                    [--modes inline celery]
 """
 
 from __future__ import annotations
@@ -85,29 +87,26 @@ def main() -> None:
     parser.add_argument("--finished", type=int, default=100_000)
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--machines", type=int, default=1000)
+    parser.add_argument("--modes", nargs="+", default=["inline", "celery"])
     args = parser.parse_args()
-    empty = run_engine(args.machines)
-    full = run_engine(args.machines, prefill=fill(args.finished, args.history))
+    size = f"{args.finished:,} machines, {args.history:,} rows"
+    runs: dict[str, dict[str, Any]] = {}
+    print(f"\n{'mode':>8} {'empty: sustained/s':>20} {size + ': sustained/s':>44}")
+    for mode in args.modes:
+        empty = run_engine(args.machines, mode=mode)
+        full = run_engine(args.machines, prefill=fill(args.finished, args.history), mode=mode)
+        ratio = full["sustained_per_s"] / empty["sustained_per_s"]
+        runs[mode] = {"empty": empty, "full": full, "ratio": round(ratio, 3)}
+        print(
+            f"{mode:>8} {empty['sustained_per_s']:>20} {full['sustained_per_s']:>36}"
+            f"   ({ratio:.0%} of empty)"
+        )
     times = queries(args.finished, args.history)
-    ratio = full["sustained_per_s"] / empty["sustained_per_s"]
-    print(f"\n{'database':>28} {'sustained/s':>12}")
-    print(f"{'empty':>28} {empty['sustained_per_s']:>12}")
-    print(
-        f"{f'{args.finished:,} machines, {args.history:,} rows':>28} "
-        f"{full['sustained_per_s']:>12}   ({ratio:.0%} of empty)"
-    )
     for name, ms in times.items():
         print(f"{name:>28} {ms:>10} ms")
     path = write_result(
         "scale",
-        {
-            "empty": empty,
-            "full": full,
-            "ratio": round(ratio, 3),
-            "finished": args.finished,
-            "history": args.history,
-            "query_ms": times,
-        },
+        {"modes": runs, "finished": args.finished, "history": args.history, "query_ms": times},
     )
     print(f"written {path}")
 

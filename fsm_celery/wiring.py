@@ -6,6 +6,9 @@ a part is put together one way only. Nothing else imports across layers to build
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
+
 from fsm_celery.batches import BatchApplier
 from fsm_celery.channel import Dispatcher
 from fsm_celery.channel.bridge import (
@@ -21,15 +24,20 @@ from fsm_celery.client import Client
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import ack_channel
 from fsm_celery.engine import MachineEngine
+from fsm_celery.engine.runtime import utcnow
 from fsm_celery.store import db as database
 from fsm_celery.worker.enqueue import Enqueue, Relay
 
 
 def machine_engine(
-    settings: Settings, *, pre_ping: bool = True, dispatcher: Dispatcher | None = None
+    settings: Settings,
+    *,
+    pre_ping: bool = True,
+    dispatcher: Dispatcher | None = None,
+    clock: Callable[[], datetime] = utcnow,
 ) -> MachineEngine:
     """The engine on the settings' database, dispatching to agents through Redis (or through
-    the dispatcher given: the demo's in-memory bus).
+    the dispatcher given: the demo's in-memory bus), on the clock given (tests move theirs).
 
     Without pre_ping no connection is tested as it leaves the pool: for a process that retries
     its work on connection errors anyway (worker tasks, the bridge), where a database restart
@@ -39,7 +47,7 @@ def machine_engine(
         redis = connect(settings.redis_url)
         dispatcher = RedisDispatcher(redis, settings.channel_prefix, settings.task_streams)
     db = database.connect(settings.database_url, pre_ping=pre_ping)
-    return MachineEngine(db, dispatcher, settings)
+    return MachineEngine(db, dispatcher, settings, clock)
 
 
 def client(settings: Settings, engine: MachineEngine | None = None) -> Client:

@@ -1,0 +1,175 @@
+"""The in-process tier: the engine against real PostgreSQL and Redis, in the test's own process.
+
+No worker, bridge or agent process is spawned: a test calls the engine's use cases directly,
+reads the state_tasks the engine sent from Redis as an agent would, and answers with acks built
+from them. The clock is the test's, so timeouts and retry delays need no sleeping. What needs
+real processes (crashes, restarts, Celery, Flower) is tests/integration's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+import redis
+
+from fsm_celery import wiring
+from fsm_celery.client import MachineInfo, TransitionRecord
+from fsm_celery.config import Settings
+from fsm_celery.core.loader import definition_files, load_all
+from fsm_celery.core.messages import task_stream
+from fsm_celery.engine import Inbound, MachineEngine, Next
+from fsm_celery.store import queries as q
+from tests.conftest import TEST_PG_URL, TEST_REDIS_URL
+from tests.integration.harness import (
+    FIXTURE_DEFINITIONS,
+    ROOT,
+    Reply,
+    ack_for,
+    copy_database,
+    create_template,
+    drop_database,
+    require_services,
+)
+from tests.secret import TEST_SECRET
+
+TEMPLATE = f"fsm_inprocess_template_{os.getpid()}"
+_numbers = itertools.count()
+
+
+class Clock:
+    """The engine's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@dataclass
+class Agent:
+    """An agent's view of Redis: the state_tasks on its stream, read in order."""
+
+    redis: redis.Redis
+    stream: str
+    last: bytes = b"-"
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """The state_tasks sent since the last call."""
+        start = self.last if self.last == b"-" else b"(" + self.last
+        entries = self.redis.xrange(self.stream, min=start)
+        if entries:
+            self.last = entries[-1][0]
+        found = [json.loads(fields[b"message"]) for _, fields in entries]
+        self.seen.extend(found)
+        return found
+
+    def task(self) -> dict[str, Any]:
+        """The one state_task sent since the last call."""
+        [one] = self.tasks()
+        return one
+
+
+@dataclass
+class Fsm:
+    """One test's deployment: an engine on its own database, its clock, and Redis."""
+
+    engine: MachineEngine
+    clock: Clock
+    redis: redis.Redis
+    settings: Settings
+
+    # -- the engine's use cases, each returning Next -------------------------------------
+
+    def start(self, machine_type: str, context: dict[str, Any] | None = None, **kw: Any) -> UUID:
+        """Start a machine and enter its first state, as the client and its task do."""
+        [first] = self.engine.admin.start(machine_type, context, **kw)
+        assert self.engine.entry.enter(first.machine_id, first.attempt) == []
+        return first.machine_id
+
+    def receive(self, *messages: str | dict[str, Any], agent: UUID | None = None) -> Next:
+        """Apply agents' messages in one batch, inline (due states entered at once)."""
+        raws = [m if isinstance(m, str) else json.dumps(m) for m in messages]
+        return self.engine.inbox.apply([Inbound(raw, agent) for raw in raws])
+
+    def enter_all(self, next_states: Next) -> None:
+        """Do what the fsm.enter_state tasks would, once each step's delay has passed."""
+        for step in next_states:
+            self.engine.entry.enter(step.machine_id, step.attempt)
+
+    def scan(self) -> Next:
+        return self.engine.scan.run(500).next
+
+    # -- reading -------------------------------------------------------------------------
+
+    def agent(self, name: str) -> Agent:
+        return Agent(self.redis, task_stream(name, self.settings.channel_prefix))
+
+    def machine(self, machine_id: UUID) -> MachineInfo:
+        with self.engine.db.connect() as conn:
+            row = q.get_machine_txn(conn, machine_id)
+        assert row is not None
+        return MachineInfo.from_row(row)
+
+    def history(self, machine_id: UUID) -> list[TransitionRecord]:
+        with self.engine.db.connect() as conn:
+            return [TransitionRecord.from_row(r) for r in q.history_txn(conn, machine_id)]
+
+    def rejections(self, machine_id: UUID | None = None) -> list[str]:
+        """The reasons of the rejected messages (of one machine), oldest first."""
+        with self.engine.db.connect() as conn:
+            rows = q.rejections_txn(conn, machine_id)
+        return [r.reason for r in reversed(rows)]
+
+
+def ack(task: dict[str, Any], **reply: Any) -> dict[str, Any]:
+    return ack_for(task, Reply(**reply))
+
+
+@pytest.fixture(scope="session")
+def template() -> Iterator[str]:
+    require_services(TEST_PG_URL, TEST_REDIS_URL)
+    create_template(TEST_PG_URL, TEMPLATE)
+    yield TEMPLATE
+    drop_database(TEST_PG_URL, TEMPLATE)
+
+
+@pytest.fixture
+def fsm(template: str) -> Iterator[Fsm]:
+    tag = f"{os.getpid()}_{next(_numbers)}"
+    url = copy_database(TEST_PG_URL, template, f"fsm_inprocess_{tag}")
+    settings = Settings(
+        database_url=url,
+        redis_url=TEST_REDIS_URL,
+        queue=f"fsm-inprocess-{tag}",
+        channel_prefix=f"inprocess{tag}:{uuid.uuid4().hex[:6]}:",
+        task_token_secret=TEST_SECRET,
+        definitions_path=str(ROOT / "definitions"),
+    )
+    clock = Clock()
+    engine = wiring.machine_engine(settings, clock=clock)
+    for folder in (ROOT / "definitions", FIXTURE_DEFINITIONS):
+        engine.catalog.load(load_all(definition_files(str(folder))))
+    connection = redis.Redis.from_url(TEST_REDIS_URL)
+    try:
+        yield Fsm(engine, clock, connection, settings)
+    finally:
+        keys = list(connection.scan_iter(f"{settings.channel_prefix}*"))
+        if keys:
+            connection.delete(*keys)
+        connection.close()
+        engine.db.dispose()
+        drop_database(TEST_PG_URL, f"fsm_inprocess_{tag}")
