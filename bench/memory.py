@@ -95,7 +95,8 @@ def main() -> None:
         print(
             f"worker PSS (pages shared by the forked processes counted once): "
             f"{first['worker_pss']} -> {last['worker_pss']} MiB; the worker is a supervisor "
-            "shell, the main process and 2 prefork children; the bridge 2 processes"
+            "shell and its process (a pool of 4 threads, as celeryconfig.py sets it); the bridge "
+            "2 processes"
         )
         path = write_result(
             "memory",
