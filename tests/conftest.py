@@ -1,15 +1,48 @@
-"""Shared test configuration: the services the integration tests talk to."""
+"""Shared test configuration: the services the tests talk to (tests/services.py)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
 
 from tests.secret import TEST_SECRET
+from tests.services import Services
 
-# Set before any fsm_celery module reads its settings: every process of the suite uses the
-# test Redis database, never the default one.
-TEST_REDIS_URL = os.environ.get("FSM_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
-TEST_PG_URL = os.environ.get("FSM_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432")
-os.environ["FSM_REDIS_URL"] = TEST_REDIS_URL
+# Started by pytest_configure, before any test runs: the suite's own PostgreSQL and Redis unless
+# the environment names others (tests/services.py). Tests reach them through the fixture below.
+_services: Services | None = None
+
+# No fsm_celery process of the suite may fall back on the default Redis or secret.
 os.environ.pop("FSM_BROKER_URL", None)
 os.environ["FSM_TASK_TOKEN_SECRET"] = TEST_SECRET
+
+
+def _needs_services(config: pytest.Config) -> bool:
+    """Only the pure unit tests run without servers."""
+    unit = Path(__file__).parent / "unit"
+    paths = [config.invocation_params.dir / arg.split("::")[0] for arg in config.args]
+    return not paths or not all(p.resolve().is_relative_to(unit) for p in paths)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _services
+    if not _needs_services(config):
+        os.environ["FSM_REDIS_URL"] = "redis://127.0.0.1:1/0"  # nothing may use it
+        return
+    _services = Services.start()
+    os.environ["FSM_REDIS_URL"] = _services.redis_url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _services is not None:
+        _services.stop()
+
+
+@pytest.fixture(scope="session")
+def services() -> Services:
+    """The PostgreSQL server URL (no database name) and the Redis URL of this run."""
+    if _services is None:
+        pytest.fail("the unit tier has no services: run this test with the others")
+    return _services

@@ -28,7 +28,6 @@ from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.messages import task_stream
 from fsm_celery.engine import Inbound, MachineEngine, Next
 from fsm_celery.store import queries as q
-from tests.conftest import TEST_PG_URL, TEST_REDIS_URL
 from tests.integration.harness import (
     FIXTURE_DEFINITIONS,
     ROOT,
@@ -40,6 +39,7 @@ from tests.integration.harness import (
     require_services,
 )
 from tests.secret import TEST_SECRET
+from tests.services import Services
 
 TEMPLATE = f"fsm_inprocess_template_{os.getpid()}"
 _numbers = itertools.count()
@@ -140,20 +140,20 @@ def ack(task: dict[str, Any], **reply: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def template() -> Iterator[str]:
-    require_services(TEST_PG_URL, TEST_REDIS_URL)
-    create_template(TEST_PG_URL, TEMPLATE)
+def template(services: Services) -> Iterator[str]:
+    require_services(services.pg_url, services.redis_url)
+    create_template(services.pg_url, TEMPLATE)
     yield TEMPLATE
-    drop_database(TEST_PG_URL, TEMPLATE)
+    drop_database(services.pg_url, TEMPLATE)
 
 
 @pytest.fixture
-def fsm(template: str) -> Iterator[Fsm]:
+def fsm(services: Services, template: str) -> Iterator[Fsm]:
     tag = f"{os.getpid()}_{next(_numbers)}"
-    url = copy_database(TEST_PG_URL, template, f"fsm_inprocess_{tag}")
+    url = copy_database(services.pg_url, template, f"fsm_inprocess_{tag}")
     settings = Settings(
         database_url=url,
-        redis_url=TEST_REDIS_URL,
+        redis_url=services.redis_url,
         queue=f"fsm-inprocess-{tag}",
         channel_prefix=f"inprocess{tag}:{uuid.uuid4().hex[:6]}:",
         task_token_secret=TEST_SECRET,
@@ -163,7 +163,7 @@ def fsm(template: str) -> Iterator[Fsm]:
     engine = wiring.machine_engine(settings, clock=clock)
     for folder in (ROOT / "definitions", FIXTURE_DEFINITIONS):
         engine.catalog.load(load_all(definition_files(str(folder))))
-    connection = redis.Redis.from_url(TEST_REDIS_URL)
+    connection = redis.Redis.from_url(services.redis_url)
     try:
         yield Fsm(engine, clock, connection, settings)
     finally:
@@ -172,4 +172,4 @@ def fsm(template: str) -> Iterator[Fsm]:
             connection.delete(*keys)
         connection.close()
         engine.db.dispose()
-        drop_database(TEST_PG_URL, f"fsm_inprocess_{tag}")
+        drop_database(services.pg_url, f"fsm_inprocess_{tag}")

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from tests.conftest import TEST_PG_URL, TEST_REDIS_URL
 from tests.integration.harness import (
     FsmEnv,
     create_template,
@@ -17,26 +16,27 @@ from tests.integration.harness import (
     make_env,
     require_services,
 )
+from tests.services import Services
 
 TEMPLATE = f"fsm_test_template_{os.getpid()}"
 
 
 @pytest.fixture(scope="session")
-def template_db() -> Iterator[str]:
-    require_services(TEST_PG_URL, TEST_REDIS_URL)
-    redis.Redis.from_url(TEST_REDIS_URL).flushdb()
-    create_template(TEST_PG_URL, TEMPLATE)
+def template_db(services: Services) -> Iterator[str]:
+    require_services(services.pg_url, services.redis_url)
+    redis.Redis.from_url(services.redis_url).flushdb()
+    create_template(services.pg_url, TEMPLATE)
     yield TEMPLATE
-    drop_database(TEST_PG_URL, TEMPLATE)
+    drop_database(services.pg_url, TEMPLATE)
 
 
 @pytest.fixture(scope="session")
-def env_factory(template_db: str) -> Iterator[Callable[..., FsmEnv]]:
+def env_factory(services: Services, template_db: str) -> Iterator[Callable[..., FsmEnv]]:
     made: list[FsmEnv] = []
 
     def factory(name: str, **overrides: object) -> FsmEnv:
-        redis_url = str(overrides.pop("redis_url", TEST_REDIS_URL))
-        env = make_env(name, TEST_PG_URL, template_db, redis_url, **overrides)
+        redis_url = str(overrides.pop("redis_url", services.redis_url))
+        env = make_env(name, services.pg_url, template_db, redis_url, **overrides)
         made.append(env)
         return env
 
@@ -44,7 +44,7 @@ def env_factory(template_db: str) -> Iterator[Callable[..., FsmEnv]]:
     for env in made:
         env.stop_all()
         env.client.engine.db.dispose()
-        drop_database(TEST_PG_URL, database_name(env))
+        drop_database(services.pg_url, database_name(env))
 
 
 @pytest.fixture(scope="session", params=["celery", "inline"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -345,69 +344,6 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
 
 def database_name(env: FsmEnv) -> str:
     return str(make_url(env.settings.database_url).database)
-
-
-# ---- a Redis server of the test's own ------------------------------------------------------
-
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def start_redis(
-    directory: Path, *extra: str, port: int | None = None, tls_ca: Path | None = None
-) -> tuple[subprocess.Popen[bytes], int]:
-    """A redis-server on a free port, persisting nothing, logging into directory."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not on PATH: the ACL tests need a server of their own")
-    port = port or free_port()
-    process = subprocess.Popen(
-        [
-            binary,
-            *("--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"),
-            *("--dir", str(directory), "--logfile", str(directory / "redis.log")),
-            *extra,
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_for_redis(process, port, directory, tls_ca)
-    return process, port
-
-
-def wait_for_redis(
-    process: subprocess.Popen[bytes], port: int, directory: Path, tls_ca: Path | None = None
-) -> None:
-    tls: dict[str, Any] = {} if tls_ca is None else {"ssl": True, "ssl_ca_certs": str(tls_ca)}
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log = (directory / "redis.log").read_text(errors="replace")
-            raise RuntimeError(f"redis-server exited with {process.returncode}:\n{log}")
-        try:
-            with redis.Redis(host=HOST, port=port, socket_timeout=1, **tls) as client:
-                client.ping()
-            return
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    stop_redis(process)
-    raise RuntimeError(f"redis-server did not answer on port {port} within 10 s")
-
-
-def stop_redis(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @contextmanager

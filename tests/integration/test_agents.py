@@ -21,6 +21,7 @@ from fsm_celery.pipeline.durable import durable_result, serve_pipeline
 from fsm_celery.pipeline.orchestrator import pipeline_context
 from tests.integration.harness import FsmEnv
 from tests.secret import TEST_SECRET
+from tests.services import RedisServer
 
 SHIPPED = {
     "cto_build_project": {"projectName": "sla-api", "githubIssue": 726},
@@ -339,7 +340,23 @@ def test_shutdown_hands_back_unfinished_work_without_spending_a_retry(agents_env
         assert agents_env.wait_until_done(mid, timeout=20).status == "completed"
 
 
-def test_agents_reconnect_after_redis_restarts(agents_env: FsmEnv) -> None:
+@pytest.fixture
+def restartable(
+    env_factory: Callable[..., FsmEnv], tmp_path: Path
+) -> Iterator[tuple[FsmEnv, RedisServer]]:
+    """A deployment on a Redis of the test's own, which it restarts."""
+    server = RedisServer(tmp_path)
+    env = env_factory("agents_restart", redis_url=server.url, agent_liveness_seconds=3.0)
+    env.start_worker(beat=True)
+    env.start_bridge()
+    yield env, server
+    env.stop_all()
+    server.stop()
+
+
+def test_agents_reconnect_after_redis_restarts(restartable: tuple[FsmEnv, RedisServer]) -> None:
+    agents_env, server = restartable
+
     def setup(agent: Agent) -> None:
         @agent.handler("test_linear")
         def answer(task: Task) -> dict[str, Any]:
@@ -351,48 +368,6 @@ def test_agents_reconnect_after_redis_restarts(agents_env: FsmEnv) -> None:
             agents_env.client.start_machine("test_linear", {}, agent_id=agent.id) for _ in range(20)
         ]
         time.sleep(0.3)
-        _restart_redis()
+        server.restart()
         infos = [agents_env.wait_until_done(mid, timeout=60) for mid in ids]
     assert {i.status for i in infos} == {"completed"}
-
-
-def _restart_redis() -> None:
-    import subprocess
-
-    subprocess.run(
-        ["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"],
-        check=False,
-        capture_output=True,
-        timeout=30,
-    )
-    subprocess.run(
-        [
-            "redis-server",
-            "--daemonize",
-            "yes",
-            "--bind",
-            "127.0.0.1",
-            "-::1",
-            "--port",
-            "6379",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            "/var/lib/redis",
-            "--logfile",
-            "/var/log/redis/ci.log",
-        ],
-        check=True,
-        timeout=30,
-    )
-    deadline = time.monotonic() + 20
-    while (
-        subprocess.run(
-            ["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True, check=False
-        ).stdout.strip()
-        != b"PONG"
-    ):
-        assert time.monotonic() < deadline, "Redis did not come back"
-        time.sleep(0.1)

@@ -24,9 +24,8 @@ from tests.integration.harness import (
     ScriptedAgent,
     ack_for,
     serving,
-    start_redis,
-    stop_redis,
 )
+from tests.services import start_redis, stop_redis
 
 
 def _status(agent_id: str, agent_type: str = "tester") -> dict[str, Any]:

@@ -14,19 +14,19 @@ from sqlalchemy import Engine, inspect
 
 from fsm_celery.store.db import alembic_config, connect, current_revision, upgrade
 from fsm_celery.store.tables import metadata
-from tests.conftest import TEST_PG_URL
 from tests.integration.harness import admin_sql, drop_database
+from tests.services import Services
 
 
 @pytest.fixture
-def empty_postgres(template_db: str) -> Iterator[Engine]:
+def empty_postgres(services: Services, template_db: str) -> Iterator[Engine]:
     name = f"fsm_test_migrations_{template_db.rsplit('_', 1)[-1]}"
-    drop_database(TEST_PG_URL, name)
-    admin_sql(TEST_PG_URL, f'CREATE DATABASE "{name}"')
-    db = connect(f"{TEST_PG_URL}/{name}")
+    drop_database(services.pg_url, name)
+    admin_sql(services.pg_url, f'CREATE DATABASE "{name}"')
+    db = connect(f"{services.pg_url}/{name}")
     yield db
     db.dispose()
-    drop_database(TEST_PG_URL, name)
+    drop_database(services.pg_url, name)
 
 
 @pytest.fixture

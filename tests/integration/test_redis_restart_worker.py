@@ -30,16 +30,9 @@ from kombu.exceptions import OperationalError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.conftest import TEST_PG_URL
-from tests.integration.harness import (
-    HOST,
-    ROOT,
-    create_template,
-    drop_database,
-    free_port,
-    start_redis,
-)
+from tests.integration.harness import ROOT, create_template, drop_database
 from tests.secret import TEST_SECRET
+from tests.services import HOST, Services, free_port, start_redis
 
 RESTARTS = 7
 DOWNTIME = 0.5  # seconds Redis stays down
@@ -112,11 +105,11 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 
 
 @pytest.fixture
-def database_url() -> Iterator[str]:
+def database_url(services: Services) -> Iterator[str]:
     name = f"fsm_test_redis_restart_{os.getpid()}"
-    create_template(TEST_PG_URL, name)  # created and migrated
-    yield f"{TEST_PG_URL}/{name}"
-    drop_database(TEST_PG_URL, name)
+    create_template(services.pg_url, name)  # created and migrated
+    yield f"{services.pg_url}/{name}"
+    drop_database(services.pg_url, name)
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from fsm_celery.agent.sdk import Agent, Task
-from tests.integration.harness import FsmEnv, free_port, serving, start_redis, stop_redis
+from tests.integration.harness import FsmEnv, serving
+from tests.services import free_port, start_redis, stop_redis
 
 
 def _certificates(directory: Path) -> dict[str, Path]:
