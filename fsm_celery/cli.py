@@ -99,7 +99,7 @@ def definitions_validate(path: str | None) -> None:
     from fsm_celery.exceptions import DefinitionError
 
     try:
-        loaded = load_all(definition_files(path or get_settings().definitions_path))
+        loaded = load_all(definition_files(path or get_settings().definitions))
     except DefinitionError as exc:
         for problem in exc.problems:
             click.echo(str(problem), err=True)
@@ -423,7 +423,7 @@ def demo(path: str | None) -> None:
     """Run machines end to end on SQLite with in-process workers and mock agents."""
     from fsm_celery.demo import run_demo
 
-    if not run_demo(path or get_settings().definitions_path, click.echo):
+    if not run_demo(path or get_settings().definitions, click.echo):
         sys.exit(1)
 
 

@@ -102,7 +102,7 @@ class Client:
 
     def load_definitions(self, path: str | None = None) -> list[tuple[str, int, bool]]:
         """Load the YAML definitions at path (file or folder): (type, version, created)."""
-        files = definition_files(path or self.engine.settings.definitions_path)
+        files = definition_files(path or self.engine.settings.definitions)
         return self.engine.catalog.load(load_all(files))
 
     def start_machine(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -24,7 +25,7 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     channel_prefix: str = ""
     queue: str = "fsm"
-    definitions_path: str = "definitions"
+    definitions_path: str | None = None
     # Comma-separated: the first signs task tokens, all are accepted (rotate by prepending).
     task_token_secret: str = DEFAULT_SECRET
     accept_unsigned_acks: bool = False
@@ -59,6 +60,13 @@ class Settings(BaseSettings):
     ack_stream_maxlen: int = Field(default=100_000, ge=100)
     rejected_retention_days: float = Field(default=7.0, gt=0)
     agent_retention_days: float = Field(default=7.0, gt=0)
+
+    @property
+    def definitions(self) -> Path:
+        """The definitions folder (or file): FSM_DEFINITIONS_PATH, else the shipped ones."""
+        from fsm_celery.core.loader import SHIPPED_DEFINITIONS
+
+        return Path(self.definitions_path) if self.definitions_path else SHIPPED_DEFINITIONS
 
     @property
     def celery_broker_url(self) -> str:

@@ -25,7 +25,7 @@ TERMINAL = {"completed", "failed", "cancelled"}
 THINK = (0.02, 0.15)  # seconds a mock agent works on a task
 
 
-def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
+def run_demo(definitions: str | Path, out: Out = print, timeout: float = 60.0) -> bool:
     """Run four machines to their end with mock agents; True when all of them finished."""
     from celery.contrib.testing.worker import start_worker
 
@@ -37,7 +37,7 @@ def run_demo(definitions: str, out: Out = print, timeout: float = 60.0) -> bool:
             database_url=f"sqlite:///{Path(folder) / 'demo.sqlite3'}",
             broker_url="memory://localhost/",
             task_token_secret=secrets.token_hex(16),
-            definitions_path=definitions,
+            definitions_path=str(definitions),
         )
         app.conf.update(
             broker_url="memory://localhost/",

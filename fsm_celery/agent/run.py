@@ -26,7 +26,7 @@ def mock_agents(
     concurrency: int = 4,
 ) -> list[Agent]:
     """One mock agent per agent type of the definitions (or of those named)."""
-    definitions = load_all(definition_files(settings.definitions_path))
+    definitions = load_all(definition_files(settings.definitions))
     types = sorted(set(agent_types) or {d.agent_type for d in definitions})
     if agent_id is not None and len(types) != 1:
         raise ValueError("--agent-id needs exactly one --agent-type")

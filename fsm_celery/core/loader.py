@@ -12,6 +12,9 @@ from pydantic import ValidationError
 from fsm_celery.core.definition import MachineDefinition, validate
 from fsm_celery.exceptions import DefinitionError, Problem
 
+# The definitions that ship with the package: the seed's machines and the research pipeline.
+SHIPPED_DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"
+
 
 class _StrictLoader(yaml.SafeLoader):
     """A safe loader that refuses duplicate mapping keys instead of keeping the last one."""

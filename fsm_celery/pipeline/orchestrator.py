@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fsm_celery.core.definition import MachineDefinition
-from fsm_celery.core.loader import load_file
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
 from fsm_celery.core.transition import (
     Ack,
     Machine,
@@ -29,7 +29,6 @@ from fsm_celery.pipeline.agents import (
 from fsm_celery.pipeline.state import TaskState, TaskStatus
 
 PIPELINE = "research_pipeline"
-CHECKOUT_DEFINITIONS = Path(__file__).resolve().parents[2] / "definitions"
 
 
 def default_agents() -> dict[str, PipelineAgent]:
@@ -44,7 +43,7 @@ def default_agents() -> dict[str, PipelineAgent]:
 
 def load_pipeline_definition(path: str | Path | None = None) -> MachineDefinition:
     """The research_pipeline definition (by default the shipped one)."""
-    return load_file(path or CHECKOUT_DEFINITIONS / f"{PIPELINE}.yaml")
+    return load_file(path or SHIPPED_DEFINITIONS / f"{PIPELINE}.yaml")
 
 
 def pipeline_context(state: TaskState) -> dict[str, Any]:

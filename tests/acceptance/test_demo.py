@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -15,7 +17,7 @@ def test_demo_runs_every_machine_to_completion_without_servers() -> None:
     env["FSM_DATABASE_URL"] = "postgresql+psycopg2://nobody@127.0.0.1:1/none"  # must not be used
     env["FSM_REDIS_URL"] = "redis://127.0.0.1:1/0"  # must not be used
     done = subprocess.run(
-        [sys.executable, "-m", "fsm_celery", "demo", "--definitions", str(ROOT / "definitions")],
+        [sys.executable, "-m", "fsm_celery", "demo", "--definitions", str(SHIPPED_DEFINITIONS)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -24,13 +24,12 @@ import redis
 from fsm_celery import wiring
 from fsm_celery.client import MachineInfo, TransitionRecord
 from fsm_celery.config import Settings
-from fsm_celery.core.loader import definition_files, load_all
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS, definition_files, load_all
 from fsm_celery.core.messages import task_stream
 from fsm_celery.engine import Inbound, MachineEngine, Next
 from fsm_celery.store import queries as q
 from tests.integration.harness import (
     FIXTURE_DEFINITIONS,
-    ROOT,
     Reply,
     ack_for,
     copy_database,
@@ -157,11 +156,11 @@ def fsm(services: Services, template: str) -> Iterator[Fsm]:
         queue=f"fsm-inprocess-{tag}",
         channel_prefix=f"inprocess{tag}:{uuid.uuid4().hex[:6]}:",
         task_token_secret=TEST_SECRET,
-        definitions_path=str(ROOT / "definitions"),
+        definitions_path=str(SHIPPED_DEFINITIONS),
     )
     clock = Clock()
     engine = wiring.machine_engine(settings, clock=clock)
-    for folder in (ROOT / "definitions", FIXTURE_DEFINITIONS):
+    for folder in (SHIPPED_DEFINITIONS, FIXTURE_DEFINITIONS):
         engine.catalog.load(load_all(definition_files(str(folder))))
     connection = redis.Redis.from_url(services.redis_url)
     try:

@@ -33,6 +33,7 @@ from fsm_celery.agent.mock import OUTPUTS as MOCK_OUTPUTS
 from fsm_celery.agent.sdk import Agent
 from fsm_celery.client import Client, MachineInfo
 from fsm_celery.config import Settings
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS
 from fsm_celery.core.messages import (
     ack_channel,
     ack_stream,
@@ -333,11 +334,11 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
         queue=f"fsm-{tag}",
         channel_prefix=f"{tag}:",
         task_token_secret=TEST_SECRET,
-        definitions_path=str(ROOT / "definitions"),
+        definitions_path=str(SHIPPED_DEFINITIONS),
         **overrides,
     )
     client = wiring.client(settings)
-    client.load_definitions(str(ROOT / "definitions"))
+    client.load_definitions(str(SHIPPED_DEFINITIONS))
     client.load_definitions(str(FIXTURE_DEFINITIONS))
     return FsmEnv(name, settings, redis.Redis.from_url(settings.redis_url), client)
 

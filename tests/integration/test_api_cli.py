@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 from fsm_celery import cli
 from fsm_celery.client import default_client
 from fsm_celery.config import get_settings
-from fsm_celery.core.loader import load_file
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
 from fsm_celery.core.messages import ack_channel
 from fsm_celery.exceptions import InvalidContext, MachineNotFound, UnknownMachineType
 from tests.integration.harness import ROOT, SILENT, FsmEnv, ScriptedAgent
@@ -137,7 +137,7 @@ def test_cli_validate_names_file_state_and_field(tmp_path: Path) -> None:
 
 
 def test_cli_validate_accepts_the_shipped_definitions() -> None:
-    result = CliRunner().invoke(cli.main, ["definitions", "validate", str(ROOT / "definitions")])
+    result = CliRunner().invoke(cli.main, ["definitions", "validate", str(SHIPPED_DEFINITIONS)])
     assert result.exit_code == 0, result.output
     assert result.output.count("ok  ") == 4
 

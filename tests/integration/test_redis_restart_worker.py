@@ -30,6 +30,7 @@ from kombu.exceptions import OperationalError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS
 from tests.integration.harness import ROOT, create_template, drop_database
 from tests.secret import TEST_SECRET
 from tests.services import HOST, Services, free_port, start_redis
@@ -126,7 +127,7 @@ def worker(broker: Broker, database_url: str, queue: str, tmp_path: Path) -> Ite
         "FSM_DATABASE_URL": database_url,
         "FSM_TASK_TOKEN_SECRET": TEST_SECRET,
         "FSM_QUEUE": queue,
-        "FSM_DEFINITIONS_PATH": str(ROOT / "definitions"),
+        "FSM_DEFINITIONS_PATH": str(SHIPPED_DEFINITIONS),
     }
     argv = [
         *(sys.executable, "-m", "celery", "-A", "fsm_celery", "worker", "-Q", queue),

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fsm_celery.core.definition import MachineDefinition
-from fsm_celery.core.loader import load_file
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
 from fsm_celery.core.transition import Machine, MachineStatus, Transition, initial_context
 
-DEFINITIONS = Path(__file__).resolve().parents[2] / "definitions"
+DEFINITIONS = SHIPPED_DEFINITIONS
 
 
 @pytest.fixture(scope="session")

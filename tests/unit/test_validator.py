@@ -9,6 +9,7 @@ import pytest
 
 from fsm_celery.core.definition import MachineDefinition, validate
 from fsm_celery.core.loader import (
+    SHIPPED_DEFINITIONS,
     definition_files,
     load_all,
     load_file,
@@ -18,7 +19,7 @@ from fsm_celery.core.loader import (
 from fsm_celery.exceptions import DefinitionError, Problem
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = definition_files(ROOT / "definitions")
+SHIPPED = definition_files(SHIPPED_DEFINITIONS)
 SOURCE = "machine.yaml"
 
 # A small valid machine; each test breaks one thing in it.
