@@ -63,6 +63,9 @@ beat_schedule = {
     # countdown task per state (which a worker would hold in memory), and repairs anything a
     # killed worker, a lost message or a flushed Redis left behind.
     "fsm-scan": {"task": "fsm.scan", "schedule": _settings.scan_interval_seconds},
+    # The definitions' schedules (fsm-celery schedules): a machine per due cron tick. Any number
+    # of beats may run: a tick starts one machine (its row's primary key in PostgreSQL).
+    "fsm-schedules": {"task": "fsm.run_schedules", "schedule": _settings.schedule_interval_seconds},
     # Rejected messages and silent agents past their retention, a few thousand rows at a time.
     "fsm-prune": {"task": "fsm.prune", "schedule": 60.0},
 }

@@ -8,6 +8,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import click
@@ -407,6 +408,81 @@ def rejected(machine_id: str | None, limit: int, parked: bool) -> None:
         return
     for r in _client().rejected(machine_id, limit):
         click.echo(f"{r['received_at']}  {r['reason']:16} {r['machine_id'] or '-'}  {r['detail']}")
+
+
+def _actor_option() -> Callable[[F], F]:
+    return click.option(
+        "--actor", default=lambda: os.environ.get("USER", "cli"), show_default="$USER"
+    )
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def schedules(ctx: click.Context) -> None:
+    """Schedules: machines beat starts on cron ticks (list by default; pause, resume, trigger).
+
+    A schedule is named TYPE/NAME (TYPE alone when the type has one). Changes are stored in the
+    database, take effect at once on every beat, and are audited (`schedules show`).
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(schedules_list)
+
+
+@schedules.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@_fail_cleanly
+def schedules_list(as_json: bool) -> None:
+    """Every schedule: its cron, state, next tick and latest run."""
+    infos = _client().schedules()
+    if as_json:
+        rows = [{"schedule": i.key, **asdict(i)} for i in infos]
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for i in infos:
+        state = "retired" if i.removed else "paused" if i.paused else "active"
+        last = f"{i.last_outcome} {i.last_tick_at:%Y-%m-%d %H:%M:%S}" if i.last_tick_at else "-"
+        click.echo(
+            f"{i.key:40} {i.cron:16} {i.timezone:12} {i.overlap:5} {state:7} "
+            f"next {i.next_run_at:%Y-%m-%d %H:%M:%S}  last {last}"
+        )
+
+
+@schedules.command("show")
+@click.argument("schedule")
+@click.option("--limit", type=click.IntRange(min=1, max=1000), default=20, show_default=True)
+@_fail_cleanly
+def schedules_show(schedule: str, limit: int) -> None:
+    """A schedule's latest runs and the changes made to it (who, when, why)."""
+    runs, events = _client().schedule_history(schedule, limit)
+    for r in runs:
+        by = f"  by {r['actor']}" if r["actor"] else ""
+        click.echo(
+            f"run    {r['tick_at']}  {r['outcome']:8} {r['machine_id'] or '-'}"
+            f"{by}  {r['detail'] or ''}".rstrip()
+        )
+    for e in events:
+        why = f"  ({e['reason']})" if e["reason"] else ""
+        click.echo(f"change {e['created_at']}  {e['action']:8} by {e['actor']}{why}")
+
+
+def _schedule_command(action: str, doc: str) -> None:
+    @schedules.command(action, help=doc)
+    @click.argument("schedule")
+    @click.option("--reason", default="", help="Why; kept in the schedule's audit.")
+    @_actor_option()
+    @_fail_cleanly
+    def command(schedule: str, reason: str, actor: str) -> None:
+        client = _client()
+        if action == "trigger":
+            click.echo(client.trigger_schedule(schedule, actor, reason))
+            return
+        info = getattr(client, f"{action}_schedule")(schedule, actor, reason)
+        click.echo(f"{info.key}  {'paused' if info.paused else 'active'}")
+
+
+_schedule_command("pause", "Start no machine on the schedule's ticks until it is resumed.")
+_schedule_command("resume", "Start machines on the schedule's ticks again, from the next on.")
+_schedule_command("trigger", "Start the schedule's machine now (whatever its overlap); print it.")
 
 
 @main.command()

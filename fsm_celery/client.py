@@ -19,6 +19,7 @@ from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.usage import Budget
 from fsm_celery.engine import MachineEngine, Next
+from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import InvalidAgentId, MachineNotFound
 from fsm_celery.store import queries as q
 
@@ -160,6 +161,34 @@ class Client:
         mid = _uuid(machine_id)
         self.enqueue(self.engine.admin.set_budget(mid, Budget(tokens=tokens, cost=cost), actor))
         return self.get_machine(mid)
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule of the loaded definitions (retired ones too), with its latest run."""
+        return self.engine.schedules.all()
+
+    def pause_schedule(self, ref: str, actor: str, reason: str = "") -> ScheduleInfo:
+        """Start no machine on the schedule's ticks (TYPE/NAME, or TYPE) until it is resumed."""
+        return self.engine.schedules.pause(ref, actor, reason)
+
+    def resume_schedule(self, ref: str, actor: str, reason: str = "") -> ScheduleInfo:
+        """Start machines on the schedule's ticks again, from the next one on."""
+        return self.engine.schedules.resume(ref, actor, reason)
+
+    def trigger_schedule(self, ref: str, actor: str, reason: str = "") -> UUID:
+        """Start the schedule's machine now; returns its id."""
+        first = self.engine.schedules.trigger(ref, actor, reason)
+        self.enqueue(first)
+        return first[0].machine_id
+
+    def schedule_history(
+        self, ref: str, limit: int = 20
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The schedule's latest runs (tick, outcome, machine) and changes (who, what, why)."""
+        runs, events = self.engine.schedules.history(ref, limit)
+        return (
+            [_jsonable(dict(r._mapping)) for r in runs],
+            [_jsonable(dict(r._mapping)) for r in events],
+        )
 
     def agents(self) -> list[dict[str, Any]]:
         """Every agent that ever reported, with its status and when it was last seen."""

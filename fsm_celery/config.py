@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     ack_batch_size: int = Field(default=500, gt=0)
     scan_interval_seconds: float = Field(default=1.0, gt=0)
+    # How often beat looks for due schedule ticks (a tick is late by at most this).
+    schedule_interval_seconds: float = Field(default=1.0, gt=0)
     max_context_bytes: int = Field(default=524_288, gt=0)
     max_prompt_bytes: int = Field(default=131_072, gt=0)
     max_attempt_seconds: float = Field(default=86_400.0, gt=0)

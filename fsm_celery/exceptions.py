@@ -108,3 +108,19 @@ class CommandRefused(MachineError):
         self.machine_id = machine_id
         self.detail = detail
         super().__init__(f"{action} refused for machine {machine_id}: {detail}")
+
+
+class ScheduleNotFound(FsmError):
+    """No schedule has the requested name."""
+
+    def __init__(self, ref: str, choices: list[str]) -> None:
+        self.ref = ref
+        known = ", ".join(choices) if choices else "none is loaded"
+        super().__init__(f"no schedule {ref!r} (TYPE/NAME; schedules: {known})")
+
+
+class InvalidActor(FsmError):
+    """Who did it: a name that fits the audit's column."""
+
+    def __init__(self, actor: str, most: int) -> None:
+        super().__init__(f"--actor is {len(actor)} characters long: at most {most}")

@@ -16,6 +16,7 @@ import jmespath.exceptions
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from fsm_celery.core.prompt import TEMPLATES
+from fsm_celery.core.schedule import Schedule
 from fsm_celery.core.usage import Budget
 from fsm_celery.exceptions import DefinitionError, Problem
 
@@ -146,6 +147,8 @@ class MachineDefinition(BaseModel):
     budget: Budget | None = None
     on_loop_exhausted: str = "FAILED"
     states: tuple[StateDefinition, ...] = Field(min_length=1)
+    # beat starts a machine of the type on each (fsm_celery.core.schedule)
+    schedules: tuple[Schedule, ...] = Field(default=(), max_length=20)
 
     _by_name: dict[str, StateDefinition] = PrivateAttr(default_factory=dict)
 
@@ -191,6 +194,10 @@ def _problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
         if name in seen:
             yield Problem(f"duplicate state name {name!r}", source, name, "name")
         seen.add(name)
+    schedules = [s.name for s in d.schedules]
+    for i, name in enumerate(schedules):
+        if name in schedules[:i]:
+            yield Problem(f"duplicate schedule name {name!r}", source, None, "schedules")
     if d.initial_state not in seen:
         yield Problem(
             f"initial state {d.initial_state!r} is not one of the states",

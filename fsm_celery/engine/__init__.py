@@ -7,6 +7,7 @@ definitions), and each answering with a Next (fsm_celery.engine.steps):
 - `entry`: enter a state, the one way a state_task is sent (engine/entry.py);
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
+- `schedules`: start machines on their definitions' cron ticks (engine/schedules.py);
 - `catalog`: the machine definitions (engine/runtime.py).
 
 The decisions are fsm_celery.core's; what a transaction writes is an engine.writes.Writes,
@@ -27,6 +28,7 @@ from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.runtime import Runtime, utcnow
 from fsm_celery.engine.scan import Scan
+from fsm_celery.engine.schedules import Schedules
 from fsm_celery.engine.steps import Inbound, Next, Scanned, Step
 
 __all__ = ["Inbound", "MachineEngine", "Next", "Scanned", "Step"]
@@ -49,6 +51,7 @@ class MachineEngine:
         self.admin = Admin(self.runtime, self.entry)
         self.inbox = Inbox(self.runtime, self.entry)
         self.scan = Scan(self.runtime, self.entry)
+        self.schedules = Schedules(self.runtime, self.admin)
 
     @property
     def db(self) -> Engine:

@@ -10,6 +10,8 @@ from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
+from sqlalchemy import Connection
+
 from fsm_celery.core.admin import Action, Command, decide_command
 from fsm_celery.core.messages import INT32_MAX, unstorable
 from fsm_celery.core.transition import (
@@ -48,35 +50,47 @@ class Admin:
     ) -> Next:
         """Create a running machine in its initial state; its one Step is that state, to enter
         (the machine's id is the step's)."""
+        with self._rt.db.begin() as conn:
+            step = self.start_txn(conn, machine_type, context, agent_id, github_issue)
+        return [step]
+
+    def start_txn(
+        self,
+        conn: Connection,
+        machine_type: str,
+        context: Mapping[str, Any] | None = None,
+        agent_id: UUID | str | None = None,
+        github_issue: int | None = None,
+    ) -> Step:
+        """start, in the caller's transaction (a schedule's tick is recorded in the same)."""
         context = _checked_context(context, self._rt.settings.max_context_bytes)
         agent = _agent_uuid(agent_id)
         now = self._rt.clock()
         machine_id = uuid.uuid4()
         issue = github_issue if github_issue is not None else context.get("githubIssue")
-        with self._rt.db.begin() as conn:
-            version, definition = self._rt.catalog.latest(conn, machine_type)
-            machine = NewMachine(
-                id=machine_id,
-                type=machine_type,
-                agent_type=definition.agent_type,
-                current_state=definition.initial_state,
-                context=initial_context(definition, context),
-                status=MachineStatus.RUNNING.value,
-                github_issue=issue if _fits_int32(issue) else None,
-                created_at=now,
-                updated_at=now,
-                definition_version=version,
-                agent_id=agent,
-                agent_pinned=agent is not None,
-                budget_tokens=definition.budget.tokens if definition.budget else None,
-                budget_cost=definition.budget.cost if definition.budget else None,
-                attempt=1,
-                state_retries=0,
-                dispatch_due_at=now,
-            )
-            q.insert_machine_txn(conn, machine)
-            q.insert_transitions_txn(conn, [_started(machine)])
-        return [Step(machine_id, 1, 0.0, definition.initial_state, machine_type)]
+        version, definition = self._rt.catalog.latest(conn, machine_type)
+        machine = NewMachine(
+            id=machine_id,
+            type=machine_type,
+            agent_type=definition.agent_type,
+            current_state=definition.initial_state,
+            context=initial_context(definition, context),
+            status=MachineStatus.RUNNING.value,
+            github_issue=issue if _fits_int32(issue) else None,
+            created_at=now,
+            updated_at=now,
+            definition_version=version,
+            agent_id=agent,
+            agent_pinned=agent is not None,
+            budget_tokens=definition.budget.tokens if definition.budget else None,
+            budget_cost=definition.budget.cost if definition.budget else None,
+            attempt=1,
+            state_retries=0,
+            dispatch_due_at=now,
+        )
+        q.insert_machine_txn(conn, machine)
+        q.insert_transitions_txn(conn, [_started(machine)])
+        return Step(machine_id, 1, 0.0, definition.initial_state, machine_type)
 
     def command(self, machine_id: UUID, command: Command) -> Next:
         """Apply an operator's command; raises CommandRefused when it does not apply."""

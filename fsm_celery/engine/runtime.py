@@ -25,14 +25,20 @@ class Catalog:
     """The machine definitions: stored as versions (a running machine keeps the version it
     started with), each parsed once per process."""
 
-    def __init__(self, db: Engine) -> None:
+    def __init__(self, db: Engine, clock: Callable[[], datetime]) -> None:
         self._db = db
+        self._clock = clock
         self._parsed: dict[tuple[str, int], MachineDefinition] = {}
 
     def load(self, definitions: Iterable[MachineDefinition]) -> list[tuple[str, int, bool]]:
-        """Store each definition as a new version when it changed: (type, version, created)."""
+        """Store each definition as a new version when it changed, and make its schedules the
+        stored ones: (type, version, created)."""
+        loaded = []
         with self._db.begin() as conn:
-            return [(d.type, *q.save_definition_txn(conn, d)) for d in definitions]
+            for definition in definitions:
+                loaded.append((definition.type, *q.save_definition_txn(conn, definition)))
+                q.sync_schedules_txn(conn, definition, self._clock())
+        return loaded
 
     def version(self, conn: Connection, machine_type: str, version: int) -> MachineDefinition:
         """One version of a machine type."""
@@ -61,5 +67,5 @@ class Runtime:
     limits: Limits = field(init=False)
 
     def __post_init__(self) -> None:
-        self.catalog = Catalog(self.db)
+        self.catalog = Catalog(self.db, self.clock)
         self.limits = Limits(self.settings.max_context_bytes, self.settings.max_handbacks)

@@ -46,6 +46,7 @@ class Scan:
             for row in due:
                 _contained(row, self._entry.enter_txn, conn, row, writes)
             self._entry.send_and_write(conn, writes)
+            q.touch_txn(conn, "scan", writes.now)  # beat is alive (fsm-celery doctor)
         return Scanned(len(overdue) + len(due), writes.next())
 
     def _time_out(self, conn: Connection, row: q.AnyRow, writes: Writes) -> None:

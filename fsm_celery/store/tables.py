@@ -151,3 +151,60 @@ agents = Table(
     Column("registered_type", String(10)),
     Index("idx_agents_type_seen", "agent_type", "status", "last_seen_at"),
 )
+
+# A definition's schedules (synced from it on load); paused is the operators', kept across loads.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("machine_type", String(50), nullable=False),
+    Column("name", String(50), nullable=False),
+    Column("cron", String(100), nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("context", Json, nullable=False),
+    Column("overlap", String(8), nullable=False),
+    Column("paused", Boolean, nullable=False, server_default=false()),
+    Column("next_run_at", DateTime(timezone=True), nullable=False),
+    Column("last_tick_at", DateTime(timezone=True)),
+    Column("last_machine_id", Uuid),
+    Column("removed_at", DateTime(timezone=True)),  # no longer in its definition
+    _created(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    UniqueConstraint("machine_type", "name", name="uq_schedules_type_name"),
+    Index("idx_schedules_due", "next_run_at"),
+)
+
+# One row per tick a schedule ran: its primary key is what lets two beats start one machine.
+schedule_runs = Table(
+    "schedule_runs",
+    metadata,
+    Column("schedule_id", Integer, ForeignKey("schedules.id"), primary_key=True),
+    Column("tick_at", DateTime(timezone=True), primary_key=True),
+    Column("outcome", String(16), nullable=False),  # started, skipped, failed
+    Column("machine_id", Uuid),
+    Column("detail", Text),
+    Column("actor", String(100)),  # who triggered it (none: beat)
+    _created(),
+)
+
+# What operators did to schedules (pause, resume, trigger), and what loads changed.
+schedule_events = Table(
+    "schedule_events",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("schedule_id", Integer, ForeignKey("schedules.id"), nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("actor", String(100), nullable=False),
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("detail", Json),
+    _created(),
+    Index("idx_schedule_events_schedule", "schedule_id", "created_at"),
+)
+
+# When a periodic job last ran (the scan: is beat alive?), for `fsm-celery doctor`.
+liveness = Table(
+    "liveness",
+    metadata,
+    Column("name", String(50), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+)

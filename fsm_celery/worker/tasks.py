@@ -125,6 +125,15 @@ def scan() -> None:
             return
 
 
+@app.task(name="fsm.run_schedules", **RETRY)
+def run_schedules() -> int:
+    """Start a machine for each schedule whose cron tick is due (beat runs it every second);
+    how many schedules were due."""
+    due, next_states = engine().schedules.run()
+    enter(next_states)
+    return due
+
+
 @app.task(name="fsm.prune", **RETRY)
 def prune() -> None:
     """Delete rejected messages and silent agents past their retention (beat, every minute)."""
