@@ -486,6 +486,16 @@ _schedule_command("trigger", "Start the schedule's machine now (whatever its ove
 
 
 @main.command()
+def doctor() -> None:
+    """Check the deployment: database and migrations, Redis, definitions, workers, beat,
+    bridges, token secret; one line each, with the fix. Exit status 1 when any fails."""
+    from fsm_celery.doctor import run
+
+    if not run(get_settings(), click.echo):
+        sys.exit(1)
+
+
+@main.command()
 def schema() -> None:
     """Print the JSON Schemas of the wire messages."""
     from fsm_celery.core.messages import schemas_json

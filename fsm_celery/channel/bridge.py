@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 Apply = Callable[[list[Inbound]], list[Inbound]]  # returns what could not be applied
 GROUP = "fsm-bridge"
 DEAD_STREAM = "stream:state:dead"
+ALIVE_KEY = "bridge:alive:{consumer}"  # set by each bridge process every upkeep, expiring
 DEAD_MAXLEN = 10_000
 READ_BUDGET = 64 * 1024 * 1024  # bytes of messages one read may bring
 CRASH_DELIVERIES = 10  # reads of an entry never answered: it brought the bridge down each time
@@ -402,6 +403,8 @@ class StreamSource(Source):
         if now < self._next_upkeep:
             return
         self._next_upkeep = now + MAINTAIN_SECONDS
+        alive = self.prefix + ALIVE_KEY.format(consumer=self.consumer)
+        self.client.set(alive, str(os.getpid()), ex=round(MAINTAIN_SECONDS * 5))  # doctor
         found = self._discover()
         pipe = self.client.pipeline(transaction=False)
         for stream in found:

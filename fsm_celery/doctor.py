@@ -1,0 +1,259 @@
+"""`fsm-celery doctor`: is this deployment able to run machines? One line per check, with the fix.
+
+Each check is independent: one that cannot run (a service down) fails alone and the others
+still report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine
+
+from fsm_celery.config import Settings
+from fsm_celery.core.loader import definition_files, load_all
+from fsm_celery.exceptions import FsmError
+
+BEAT_STALE_SECONDS = 10.0  # a scan runs every second: ten seconds without one is beat gone
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        mark = "✔" if self.ok else "✘"
+        fix = f" — {self.fix}" if not self.ok and self.fix else ""
+        return f"{mark} {self.name}: {self.detail}{fix}"
+
+
+class Doctor:
+    def __init__(self, settings: Settings, ping_timeout: float = 1.0) -> None:
+        self.settings = settings
+        self.ping_timeout = ping_timeout
+        self._db: Engine | None = None
+        self._redis: Any = None
+
+    def checks(self) -> Iterator[Result]:
+        """Run every check, each contained: one that raises is reported as failed."""
+        checks: list[tuple[str, Callable[[], Result], str]] = [
+            ("database", self.database, "check FSM_DATABASE_URL and that PostgreSQL runs"),
+            ("redis", self.redis, "check FSM_REDIS_URL and that Redis runs"),
+            ("definitions", self.definitions, "run: fsm-celery definitions load"),
+            ("workers", self.workers, "start one: celery -A fsm_celery worker"),
+            ("beat", self.beat, "start it: celery -A fsm_celery beat"),
+            ("bridges", self.bridges, "start one: fsm-celery ack-bridge"),
+            ("token secret", self.secret, "set FSM_TASK_TOKEN_SECRET (see docs/protocol.md)"),
+        ]
+        try:
+            for name, check, fix in checks:
+                try:
+                    yield check()
+                except Exception as exc:
+                    yield Result(name, False, _one_line(exc), _fix_for(exc, fix))
+        finally:
+            if self._db is not None:
+                self._db.dispose()
+            if self._redis is not None:
+                self._redis.close()
+
+    def _database(self) -> Engine:
+        if self._db is None:
+            from fsm_celery.store.db import connect
+
+            self._db = connect(self.settings.database_url)
+        return self._db
+
+    def _client(self) -> Any:
+        if self._redis is None:
+            from fsm_celery.channel.redis import connect
+
+            self._redis = connect(self.settings.redis_url)
+        return self._redis
+
+    def database(self) -> Result:
+        from alembic.script import ScriptDirectory
+
+        from fsm_celery.store.db import alembic_config, current_revision
+
+        db = self._database()
+        at = current_revision(db)
+        head = ScriptDirectory.from_config(alembic_config(str(db.url))).get_current_head()
+        where = db.url.render_as_string(hide_password=True)
+        if at != head:
+            return Result(
+                "database",
+                False,
+                f"{where} is at migration {at or 'none'}, the code needs {head}",
+                "run: fsm-celery db upgrade",
+            )
+        return Result("database", True, f"{where}, migrations at head ({head})")
+
+    def redis(self) -> Result:
+        client = self._client()
+        client.ping()
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+        if policy != "noeviction":
+            return Result(
+                "redis",
+                False,
+                f"maxmemory-policy is {policy}: an evicting Redis drops broker messages",
+                "set maxmemory-policy noeviction (redis.conf or CONFIG SET)",
+            )
+        return Result("redis", True, "reachable, maxmemory-policy noeviction")
+
+    def definitions(self) -> Result:
+        from fsm_celery.store import queries as q
+
+        folder = self.settings.definitions
+        files = load_all(definition_files(folder))
+        stale: list[str] = []
+        with self._database().connect() as conn:
+            for definition in files:
+                latest = q.latest_definition_txn(conn, definition.type)
+                if latest is None or latest[1].digest() != definition.digest():
+                    stale.append(definition.type)
+        if stale:
+            return Result(
+                "definitions",
+                False,
+                f"{', '.join(stale)} in {folder} not loaded as they are",
+                "run: fsm-celery definitions load",
+            )
+        return Result("definitions", True, f"{len(files)} loaded, in sync with {folder}")
+
+    def workers(self) -> Result:
+        from fsm_celery.worker.app import app
+
+        app.conf.broker_url = self.settings.celery_broker_url
+        replies = app.control.ping(timeout=self.ping_timeout)
+        names = sorted(name for reply in replies for name in reply)
+        if not names:
+            return Result(
+                "workers",
+                False,
+                f"none answered a ping within {self.ping_timeout:g} s",
+                "start one: celery -A fsm_celery worker",
+            )
+        return Result("workers", True, f"{len(names)} answering ({', '.join(names[:3])}…)")
+
+    def beat(self) -> Result:
+        from fsm_celery.store import queries as q
+
+        with self._database().connect() as conn:
+            last = q.last_run_txn(conn, "scan")
+        if last is None:
+            return Result("beat", False, "no scan ever ran", "start it: celery -A fsm_celery beat")
+        if last.tzinfo is None:
+            last = last.replace(tzinfo=UTC)
+        age = (datetime.now(UTC) - last).total_seconds()
+        if age > max(BEAT_STALE_SECONDS, 5 * self.settings.scan_interval_seconds):
+            return Result(
+                "beat",
+                False,
+                f"the last scan ran {age:.0f} s ago (timeouts are not being applied)",
+                "start it: celery -A fsm_celery beat (and a worker to run its scan)",
+            )
+        return Result("beat", True, f"the last scan ran {age:.1f} s ago")
+
+    def bridges(self) -> Result:
+        from fsm_celery.channel.bridge import ALIVE_KEY, GROUP
+        from fsm_celery.core.messages import ack_stream
+
+        client = self._client()
+        prefix = self.settings.channel_prefix
+        pattern = prefix + ALIVE_KEY.format(consumer="*")
+        alive = list(client.scan_iter(match=pattern, count=1000))
+        stream = ack_stream(prefix)
+        lag, pending, oldest = _group_backlog(client, stream, GROUP)
+        backlog = f"ack stream lag {lag}, pending {pending}"
+        if oldest is not None:
+            backlog += f", oldest pending {oldest:.0f} s"
+        if not alive:
+            return Result(
+                "bridges", False, f"none alive; {backlog}", "start one: fsm-celery ack-bridge"
+            )
+        if oldest is not None and oldest > 2 * self.settings.stream_claim_idle_seconds:
+            return Result(
+                "bridges",
+                False,
+                f"{len(alive)} alive, but {backlog}: acks are not being applied",
+                "check the bridges' logs and the workers that run fsm.apply_acks",
+            )
+        return Result("bridges", True, f"{len(alive)} alive; {backlog}")
+
+    def secret(self) -> Result:
+        problem = self.settings.secret_problem()
+        if problem is not None:
+            return Result(
+                "token secret",
+                False,
+                problem,
+                "set FSM_TASK_TOKEN_SECRET to 32+ random bytes "
+                "(python3 -c 'import secrets; print(secrets.token_hex(32))')",
+            )
+        return Result("token secret", True, f"set ({len(self.settings.token_secrets)} accepted)")
+
+
+def _group_backlog(client: Any, stream: str, group: str) -> tuple[int, int, float | None]:
+    """The consumer group's lag (entries never read), pending entries, and the oldest pending
+    entry's age in seconds; zeros when no bridge made the group yet."""
+    import redis
+
+    try:
+        groups = client.xinfo_groups(stream)
+    except redis.ResponseError:  # no such stream yet
+        return 0, 0, None
+    info = next((g for g in groups if _text(g.get("name")) == group), None)
+    if info is None:
+        return 0, 0, None
+    lag = int(info.get("lag") or 0)
+    pending = int(info.get("pending") or 0)
+    oldest = None
+    if pending:
+        summary = client.xpending(stream, group)
+        first = _text(summary.get("min") or "")
+        if first:
+            oldest = time.time() - int(first.split("-")[0]) / 1000
+    return lag, pending, oldest
+
+
+def _fix_for(exc: Exception, fix: str) -> str:
+    """The fix of a check that could not run: the service first, when it is unreachable."""
+    import kombu.exceptions
+    import redis
+    import sqlalchemy.exc
+
+    if isinstance(exc, sqlalchemy.exc.OperationalError):
+        return "check FSM_DATABASE_URL and that PostgreSQL runs"
+    if isinstance(exc, redis.ConnectionError | kombu.exceptions.OperationalError):
+        return "check FSM_REDIS_URL (FSM_BROKER_URL) and that Redis runs"
+    return fix
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, FsmError):
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    orig = getattr(exc, "orig", None)  # SQLAlchemy's wrapper: the driver's message
+    text = str(orig if orig is not None else exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def run(settings: Settings, out: Callable[[str], None]) -> bool:
+    """Print one line per check; whether every check passed."""
+    ok = True
+    for result in Doctor(settings).checks():
+        out(result.line())
+        ok = ok and result.ok
+    return ok

@@ -1,0 +1,115 @@
+"""`fsm-celery doctor` against a real deployment: each check fails once, then all pass."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from alembic import command
+from sqlalchemy import select
+
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS
+from fsm_celery.store.db import alembic_config
+from fsm_celery.store.tables import liveness
+from tests.integration.harness import FsmEnv
+from tests.services import RedisServer
+
+DOCTOR = [sys.executable, "-m", "fsm_celery", "doctor"]
+
+
+def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
+    """Run the real command; its exit status and each check's line by name."""
+    done = subprocess.run(
+        DOCTOR, env={**env.env, **overrides}, capture_output=True, text=True, timeout=60
+    )
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    lines = {}
+    for line in done.stdout.splitlines():
+        name = line[2:].split(":", 1)[0]
+        lines[name] = line
+    assert set(lines) == {
+        "database",
+        "redis",
+        "definitions",
+        "workers",
+        "beat",
+        "bridges",
+        "token secret",
+    }, done.stdout
+    return done.returncode, lines
+
+
+def test_each_check_fails_with_its_fix_then_all_pass(
+    env_factory: Callable[..., FsmEnv], tmp_path: Path
+) -> None:
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis", "--maxmemory-policy", "allkeys-lru")
+    try:
+        env = env_factory("doctor", redis_url=server.url)
+        changed = tmp_path / "definitions"
+        shutil.copytree(SHIPPED_DEFINITIONS, changed)
+        infra = changed / "cto_infrastructure_check.yaml"
+        infra.write_text(infra.read_text().replace("timeout: 300", "timeout: 301", 1))
+
+        status, lines = _doctor(
+            env,
+            FSM_DEFINITIONS_PATH=str(changed),
+            FSM_TASK_TOKEN_SECRET="change-me-in-production",
+        )
+        assert status == 1
+        assert lines["database"].startswith("✔ database:") and "at head (0006)" in lines["database"]
+        assert lines["redis"].startswith("✘ redis: maxmemory-policy is allkeys-lru")
+        assert "noeviction" in lines["redis"]
+        assert lines["definitions"].startswith("✘ definitions: cto_infrastructure_check")
+        assert lines["definitions"].endswith("run: fsm-celery definitions load")
+        assert lines["workers"].startswith("✘ workers: none answered")
+        assert lines["beat"] == "✘ beat: no scan ever ran — start it: celery -A fsm_celery beat"
+        assert lines["bridges"].startswith("✘ bridges: none alive; ack stream lag 0, pending 0")
+        assert lines["token secret"].startswith("✘ token secret: FSM_TASK_TOKEN_SECRET is the")
+
+        server_client = env.redis.__class__.from_url(server.url)
+        server_client.config_set("maxmemory-policy", "noeviction")
+        server_client.close()
+        env.start_worker(beat=True)
+        env.start_bridge()
+        _wait_for_scan(env)
+        status, lines = _doctor(env)
+        assert status == 0, lines
+        assert all(line.startswith("✔") for line in lines.values()), lines
+        assert "1 answering" in lines["workers"] and "1 alive" in lines["bridges"]
+
+        env.stop_all()
+        status, lines = _doctor(
+            env, FSM_DATABASE_URL=env.settings.database_url.replace(f":{_port(env)}/", ":1/")
+        )
+        assert status == 1
+        assert "Connection refused" in lines["database"]
+        assert lines["database"].endswith("check FSM_DATABASE_URL and that PostgreSQL runs")
+
+        command.downgrade(alembic_config(env.settings.database_url), "0005")
+        status, lines = _doctor(env)
+        assert lines["database"].startswith("✘ database:")
+        assert "is at migration 0005, the code needs 0006" in lines["database"]
+        assert lines["database"].endswith("run: fsm-celery db upgrade")
+    finally:
+        server.stop()
+
+
+def _port(env: FsmEnv) -> int:
+    from sqlalchemy.engine import make_url
+
+    return int(make_url(env.settings.database_url).port or 5432)
+
+
+def _wait_for_scan(env: FsmEnv, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with env.client.engine.db.connect() as conn:
+            if conn.execute(select(liveness.c.at).where(liveness.c.name == "scan")).first():
+                return
+        assert time.monotonic() < deadline, "beat's scan never ran"
+        time.sleep(0.2)
