@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint unit inprocess integration
+.PHONY: install demo test lint unit inprocess integration docs
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,3 +29,6 @@ integration: install
 
 test: lint
 	$(PY) -m pytest -q
+
+docs: install
+	$(PY) -m fsm_celery.config > /dev/null

@@ -5,8 +5,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fsm_celery.exceptions import InsecureSecret
@@ -20,48 +21,147 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FSM_", frozen=True)
 
-    database_url: str = "postgresql+psycopg2://postgres@127.0.0.1:5432/fsm_celery"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    broker_url: str | None = None
-    channel_prefix: str = ""
-    queue: str = "fsm"
-    definitions_path: str | None = None
-    # Comma-separated: the first signs task tokens, all are accepted (rotate by prepending).
-    task_token_secret: str = DEFAULT_SECRET
-    accept_unsigned_acks: bool = False
-    # The seed's shared ack channel and stream carry no identity: anyone who can write to
-    # Redis can answer for any machine there. Off, only per-agent ack streams are read.
-    accept_shared_acks: bool = True
-    task_streams: bool = True
-    # celery: the bridge hands each batch of acks to an fsm.apply_acks task, which enqueues an
-    # fsm.enter_state task per state entered (Flower shows every step). inline: the bridge
-    # applies the batch and sends the next state_tasks itself (fewer hops, lower latency).
-    transition_mode: Literal["celery", "inline"] = "celery"
-    # How long a state entry handed to an fsm.enter_state task is left to it before the scan
-    # enters the state itself (a task lost with its worker is repaired after this).
-    dispatch_grace_seconds: float = Field(default=5.0, ge=0)
-    # The most bytes of agent messages one fsm.apply_acks task carries (a batch is split).
-    max_relay_bytes: int = Field(default=4_194_304, gt=0)
-    # In the celery mode, how long the bridge lets a short batch gather before it hands it to
-    # a task: a task costs the worker about as much as the acks it applies, so fuller tasks
-    # carry more transitions; at most this is added to each transition's latency.
-    relay_linger_ms: float = Field(default=5.0, ge=0, le=1000)
-    stream_claim_idle_seconds: float = Field(default=30.0, gt=0)
-    agent_liveness_seconds: float = Field(default=15.0, gt=0)
-    visibility_timeout_seconds: int = Field(default=60, ge=5)
-    max_payload_bytes: int = Field(default=1_048_576, gt=0)
-    ack_batch_size: int = Field(default=500, gt=0)
-    scan_interval_seconds: float = Field(default=1.0, gt=0)
-    # How often beat looks for due schedule ticks (a tick is late by at most this).
-    schedule_interval_seconds: float = Field(default=1.0, gt=0)
-    max_context_bytes: int = Field(default=524_288, gt=0)
-    max_prompt_bytes: int = Field(default=131_072, gt=0)
-    max_attempt_seconds: float = Field(default=86_400.0, gt=0)
-    max_handbacks: int = Field(default=3, ge=0)
-    dead_letter_after: int = Field(default=3, ge=1)
-    ack_stream_maxlen: int = Field(default=100_000, ge=100)
-    rejected_retention_days: float = Field(default=7.0, gt=0)
-    agent_retention_days: float = Field(default=7.0, gt=0)
+    database_url: str = Field(
+        default="postgresql+psycopg2://postgres@127.0.0.1:5432/fsm_celery",
+        description="The database: postgresql:// (or postgres://, postgresql+psycopg2://), "
+        "or sqlite:///PATH for the embedded mode.",
+    )
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis, for the agents' tasks and acks (redis://, rediss:// for TLS, unix://).",
+    )
+    broker_url: str | None = Field(
+        default=None, description="Celery's broker, when it is not FSM_REDIS_URL."
+    )
+    channel_prefix: str = Field(
+        default="", description="Prefixes every Redis key and channel (deployments sharing one)."
+    )
+    queue: str = Field(default="fsm", description="The Celery queue of the fsm tasks.")
+    definitions_path: str | None = Field(
+        default=None,
+        description="The definitions folder (or file); unset, the ones shipped in the package.",
+    )
+    task_token_secret: str = Field(
+        default=DEFAULT_SECRET,
+        description="Signs the task tokens agents echo in their acks; comma-separated, the "
+        "first signs and all are accepted (rotate by prepending). At least 32 bytes.",
+    )
+    accept_unsigned_acks: bool = Field(
+        default=False, description="Accept acks without a valid task token (development only)."
+    )
+    accept_shared_acks: bool = Field(
+        default=True,
+        description="Read the seed's shared ack channel and stream, which carry no identity "
+        "(anyone who can write to Redis can answer there); off, only per-agent ack streams.",
+    )
+    task_streams: bool = Field(
+        default=True,
+        description="Also XADD each state_task to the agent's stream (durable), besides PUBLISH.",
+    )
+    transition_mode: Literal["celery", "inline"] = Field(
+        default="celery",
+        description="celery: each batch of acks is an fsm.apply_acks task, each state entered "
+        "an fsm.enter_state task (Flower shows every step); inline: the bridge applies acks "
+        "and sends the next state_tasks itself (fewer hops, lower latency).",
+    )
+    dispatch_grace_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a state entry handed to an fsm.enter_state task is left to it "
+        "before the scan enters the state itself.",
+    )
+    max_relay_bytes: int = Field(
+        default=4_194_304,
+        gt=0,
+        description="The most bytes of agent messages one fsm.apply_acks task carries.",
+    )
+    relay_linger_ms: float = Field(
+        default=5.0,
+        ge=0,
+        le=1000,
+        description="In the celery mode, how long a short batch of acks may gather before the "
+        "bridge hands it to a task (added to a transition's latency at most).",
+    )
+    stream_claim_idle_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="After how long a bridge takes over the ack stream entries another left "
+        "pending (it died).",
+    )
+    agent_liveness_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="An agent that has not reported for this long gets no new machines.",
+    )
+    visibility_timeout_seconds: int = Field(
+        default=60,
+        ge=5,
+        description="How long Redis waits before redelivering an unacknowledged Celery task.",
+    )
+    max_payload_bytes: int = Field(
+        default=1_048_576, gt=0, description="The largest agent message accepted."
+    )
+    ack_batch_size: int = Field(
+        default=500, gt=0, description="The most agent messages a bridge reads and applies at once."
+    )
+    scan_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often beat sends the scan (timeouts, due retries, repairs).",
+    )
+    schedule_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often beat looks for due schedule ticks (a tick is late by at most this).",
+    )
+    max_context_bytes: int = Field(
+        default=524_288, gt=0, description="The largest machine context stored."
+    )
+    max_prompt_bytes: int = Field(
+        default=131_072, gt=0, description="The largest rendered prompt sent to an agent."
+    )
+    max_attempt_seconds: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="The longest an attempt may run, whatever its heartbeats and deadlines.",
+    )
+    max_handbacks: int = Field(
+        default=3,
+        ge=0,
+        description="Hand-backs in a row re-dispatched free; the next counts as a failure.",
+    )
+    dead_letter_after: int = Field(
+        default=3,
+        ge=1,
+        description="Tries before a message that can be neither applied nor recorded is parked "
+        "in the dead-letter stream.",
+    )
+    ack_stream_maxlen: int = Field(
+        default=100_000, ge=100, description="The longest an ack stream may grow (trimmed)."
+    )
+    rejected_retention_days: float = Field(
+        default=7.0, gt=0, description="How long rejected messages are kept."
+    )
+    agent_retention_days: float = Field(
+        default=7.0, gt=0, description="How long an agent that stopped reporting is listed."
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        return database_url(value)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        return _url_with_scheme(value, REDIS_SCHEMES, "FSM_REDIS_URL")
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return _url_with_scheme(value, (*REDIS_SCHEMES, "memory"), "FSM_BROKER_URL")
 
     @property
     def definitions(self) -> Path:
@@ -95,7 +195,72 @@ class Settings(BaseSettings):
             raise InsecureSecret(problem)
 
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2")
+
+
+def database_url(url: str) -> str:
+    """The URL with the installed driver: postgresql:// and postgres:// (what hosting
+    providers and compose files give) become postgresql+psycopg2://, as SQLAlchemy 2.1 would
+    otherwise reach for psycopg 3; sqlite:///PATH is the embedded mode."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme in POSTGRES_SCHEMES:
+        return "postgresql+psycopg2://" + rest
+    if sep and scheme == "sqlite":
+        return url
+    raise ValueError(
+        f"{mask(url)} is not a database URL fsm-celery can use: expected postgresql://"
+        "user:password@host:port/database (or postgres://, postgresql+psycopg2://) or "
+        "sqlite:///path"
+    )
+
+
+def _url_with_scheme(url: str, schemes: tuple[str, ...], name: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme not in schemes:
+        expected = ", ".join(f"{s}://" for s in schemes)
+        raise ValueError(f"{mask(url)} is not a URL {name} can use: expected {expected}")
+    return url
+
+
+def mask(url: str) -> str:
+    """The URL with its password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+
+
+def settings_reference() -> str:
+    """The README's table of the FSM_* settings, from the fields of Settings."""
+    lines = ["| Setting | Default | Meaning |", "| --- | --- | --- |"]
+    for name, info in Settings.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        shown = "(unset)" if default in (None, "") else f"`{default}`"
+        if isinstance(default, bool):
+            shown = f"`{str(default).lower()}`"
+        lines.append(f"| `FSM_{name.upper()}` | {shown} | {info.description} |")
+    return "\n".join(lines) + "\n"
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The settings of this process, read once from the environment."""
     return Settings()
+
+
+def write_reference(readme: Path) -> bool:
+    """Put the settings table between the README's settings markers; whether it changed."""
+    text = readme.read_text()
+    begin, end = "<!-- settings:begin -->\n", "<!-- settings:end -->"
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    updated = head + begin + settings_reference() + end + tail
+    readme.write_text(updated)
+    return updated != text
+
+
+if __name__ == "__main__":  # make docs
+    write_reference(Path(__file__).resolve().parent.parent / "README.md")

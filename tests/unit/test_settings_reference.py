@@ -1,0 +1,57 @@
+"""README's configuration table is the settings class's, and URLs get the installed driver."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from fsm_celery.config import Settings, mask, settings_reference
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_lists_every_setting_as_the_code_defines_it() -> None:
+    text = README.read_text()
+    block = text.split("<!-- settings:begin -->\n", 1)[1].split("<!-- settings:end -->", 1)[0]
+    assert block == settings_reference(), "README's settings differ: run `make docs`"
+    for name in Settings.model_fields:
+        assert f"`FSM_{name.upper()}`" in block
+        assert Settings.model_fields[name].description, f"{name} has no description"
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("postgresql://u:p@db:5432/fsm", "postgresql+psycopg2://u:p@db:5432/fsm"),
+        ("postgres://u:p@db/fsm", "postgresql+psycopg2://u:p@db/fsm"),
+        ("postgresql+psycopg2://u@db/fsm", "postgresql+psycopg2://u@db/fsm"),
+        ("sqlite:////tmp/fsm.sqlite3", "sqlite:////tmp/fsm.sqlite3"),
+    ],
+)
+def test_database_urls_use_the_installed_driver(given: str, used: str) -> None:
+    assert Settings(database_url=given).database_url == used
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("database_url", "not a url", "expected postgresql://"),
+        ("database_url", "mysql://u:hunter2@db/x", "mysql://u:***@db/x is not a database URL"),
+        ("redis_url", "http://127.0.0.1:6379", "expected redis://, rediss://, unix://"),
+        ("broker_url", "amqp://guest@rabbit//", "FSM_BROKER_URL"),
+    ],
+)
+def test_a_url_of_the_wrong_kind_is_refused_with_what_is_expected(
+    field: str, value: str, message: str
+) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)) as caught:
+        Settings(**{field: value})
+    assert "hunter2" not in caught.value.errors()[0]["msg"]
+
+
+def test_mask_hides_only_the_password() -> None:
+    assert mask("rediss://fsm:s3cret@cache:6380/2") == "rediss://fsm:***@cache:6380/2"
+    assert mask("redis://cache:6379/0") == "redis://cache:6379/0"
