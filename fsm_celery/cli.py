@@ -12,15 +12,14 @@ from dataclasses import asdict
 from typing import Any, TypeVar
 
 import click
-import kombu.exceptions
-import redis
-import sqlalchemy.exc
 
 from fsm_celery.client import Client
 from fsm_celery.config import get_settings
-from fsm_celery.exceptions import FsmError
+from fsm_celery.errors import EPILOG, Exit, FailCleanly
 
 F = TypeVar("F", bound=Callable[..., Any])
+ACTOR_CHARS = 100  # the history's and the audit's column
+BIGINT_MAX = 2**63 - 1
 
 
 def _client() -> Client:
@@ -29,40 +28,35 @@ def _client() -> Client:
     return default_client()
 
 
-def _fail_cleanly(func: F) -> F:
-    """Turn our errors into a one-line message and exit status 1."""
-    import functools
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except FsmError as exc:
-            raise click.ClickException(str(exc)) from exc
-        except sqlalchemy.exc.ProgrammingError as exc:
-            raise click.ClickException(
-                f"the database has no fsm-celery schema (run: fsm-celery db upgrade): {exc.orig}"
-            ) from exc
-        except sqlalchemy.exc.OperationalError as exc:
-            raise click.ClickException(f"cannot reach the database: {exc.orig}") from exc
-        except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
-            raise click.ClickException(f"cannot reach Redis: {exc}") from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
 def _json_object(_ctx: click.Context, _param: click.Parameter, value: str) -> dict[str, Any]:
     try:
         data = json.loads(value)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise click.BadParameter("JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise click.BadParameter(f"must be a JSON object, got {type(data).__name__}")
     return data
 
 
-@click.group()
-@click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
+def _actor(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    if len(value) > ACTOR_CHARS:
+        raise click.BadParameter(f"{len(value)} characters long: at most {ACTOR_CHARS}")
+    return value
+
+
+def _actor_option() -> Callable[[F], F]:
+    return click.option(
+        "--actor",
+        default=lambda: os.environ.get("USER", "cli"),
+        show_default="$USER",
+        callback=_actor,
+    )
+
+
+@click.group(cls=FailCleanly, epilog=EPILOG)
+@click.option("-v", "--verbose", is_flag=True, help="Log at INFO level; tracebacks on errors.")
 def main(verbose: bool) -> None:
     """Durable, declarative state machines that drive AI agents."""
     logging.basicConfig(
@@ -78,7 +72,6 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True)
-@_fail_cleanly
 def db_upgrade(revision: str) -> None:
     """Create or migrate the schema."""
     from fsm_celery.store.db import connect, upgrade
@@ -104,14 +97,13 @@ def definitions_validate(path: str | None) -> None:
     except DefinitionError as exc:
         for problem in exc.problems:
             click.echo(str(problem), err=True)
-        sys.exit(1)
+        sys.exit(Exit.CONFIG)
     for d in loaded:
         click.echo(f"ok  {d.type}  ({len(d.states)} states, agent {d.agent_type})")
 
 
 @definitions.command("load")
 @click.argument("path", required=False)
-@_fail_cleanly
 def definitions_load(path: str | None) -> None:
     """Store the definitions at PATH as new versions where they changed."""
     for machine_type, version, created in _client().load_definitions(path):
@@ -123,7 +115,6 @@ def definitions_load(path: str | None) -> None:
 @click.option("--context", default="{}", callback=_json_object, help="Initial context (JSON).")
 @click.option("--agent-id", type=click.UUID, default=None, help="UUID of the agent that serves it.")
 @click.option("--github-issue", type=int, default=None)
-@_fail_cleanly
 def start(
     machine_type: str, context: dict[str, Any], agent_id: uuid.UUID | None, github_issue: int | None
 ) -> None:
@@ -134,7 +125,6 @@ def start(
 @main.command()
 @click.argument("machine_id")
 @click.option("--json", "as_json", is_flag=True)
-@_fail_cleanly
 def status(machine_id: str, as_json: bool) -> None:
     """Show a machine."""
     info = _client().get_machine(machine_id).to_dict()
@@ -163,7 +153,6 @@ def status(machine_id: str, as_json: bool) -> None:
 @main.command()
 @click.argument("machine_id")
 @click.option("--json", "as_json", is_flag=True)
-@_fail_cleanly
 def history(machine_id: str, as_json: bool) -> None:
     """Show a machine's transitions."""
     rows = [r.to_dict() for r in _client().history(machine_id)]
@@ -184,8 +173,7 @@ def history(machine_id: str, as_json: bool) -> None:
 @click.option("--agent-type")
 @click.option("--status")
 @click.option("--type", "machine_type")
-@click.option("--limit", type=int, default=50, show_default=True)
-@_fail_cleanly
+@click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50, show_default=True)
 def list_(agent_type: str | None, status: str | None, machine_type: str | None, limit: int) -> None:
     """List machines, newest first."""
     for m in _client().list_machines(
@@ -201,11 +189,13 @@ def _admin_command(action: str, doc: str, needs_target: bool = False) -> None:
     params += [
         click.Option(["--reason"], default="", help="Why; kept in the history."),
         click.Option(
-            ["--actor"], default=lambda: os.environ.get("USER", "cli"), show_default="$USER"
+            ["--actor"],
+            default=lambda: os.environ.get("USER", "cli"),
+            show_default="$USER",
+            callback=_actor,
         ),
     ]
 
-    @_fail_cleanly
     def callback(machine_id: str, reason: str, actor: str, target: str | None = None) -> None:
         client = _client()
         if target is not None:
@@ -226,10 +216,11 @@ _admin_command("force", "Move a machine to TARGET state, whatever its status.", 
 
 @main.command()
 @click.argument("machine_id")
-@click.option("--tokens", type=click.IntRange(min=0), default=None, help="Token budget.")
-@click.option("--cost", type=click.FloatRange(min=0), default=None, help="Cost budget.")
-@click.option("--actor", default=lambda: os.environ.get("USER", "cli"), show_default="$USER")
-@_fail_cleanly
+@click.option(
+    "--tokens", type=click.IntRange(min=0, max=BIGINT_MAX), default=None, help="Token budget."
+)
+@click.option("--cost", type=click.FloatRange(min=0, max=1e15), default=None, help="Cost budget.")
+@_actor_option()
 def budget(machine_id: str, tokens: int | None, cost: float | None, actor: str) -> None:
     """Set a machine's budget (unset: no limit); one paused over budget resumes within it."""
     info = _client().set_budget(machine_id, actor, tokens=tokens, cost=cost)
@@ -248,7 +239,6 @@ def agents(ctx: click.Context) -> None:
 
 
 @agents.command("list")
-@_fail_cleanly
 def agents_list() -> None:
     """Agents that reported to the engine, and when they were last seen."""
     for a in _client().agents():
@@ -266,7 +256,6 @@ def agents_list() -> None:
     is_flag=True,
     help="Create the Redis user now, through FSM_REDIS_URL (which needs ACL rights).",
 )
-@_fail_cleanly
 def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool) -> None:
     """Issue the agent its own Redis user: it may read only its tasks and write only its acks.
 
@@ -331,7 +320,6 @@ def _agent_url(redis_url: str, user: str, password: str) -> str:
 @click.option("--slow", "slows", multiple=True, metavar="STATE=SECONDS")
 @click.option("--silent", "silents", multiple=True, metavar="STATE", help="Never answer it.")
 @click.option("--think", type=float, default=0.0, help="Up to this many seconds per task.")
-@_fail_cleanly
 def agent(
     mock: bool,
     app_path: str | None,
@@ -350,7 +338,11 @@ def agent(
     settings = get_settings()
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
     if app_path is not None:
-        run_agents([user_agent(app_path)])
+        try:
+            found = user_agent(app_path)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+        run_agents([found])
         return
     if not mock:
         raise click.UsageError("pass --mock, or --app module:attribute naming your Agent")
@@ -389,7 +381,6 @@ def _mock_script(
 
 
 @main.command()
-@_fail_cleanly
 def stats() -> None:
     """Machines per type and status; rejected messages per reason."""
     click.echo(json.dumps(_client().stats(), indent=2))
@@ -399,7 +390,6 @@ def stats() -> None:
 @click.option("--machine-id")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--parked", is_flag=True, help="Messages parked in the dead-letter stream instead.")
-@_fail_cleanly
 def rejected(machine_id: str | None, limit: int, parked: bool) -> None:
     """List rejected messages, newest first (--parked: those the bridge could not even record)."""
     if parked:
@@ -408,12 +398,6 @@ def rejected(machine_id: str | None, limit: int, parked: bool) -> None:
         return
     for r in _client().rejected(machine_id, limit):
         click.echo(f"{r['received_at']}  {r['reason']:16} {r['machine_id'] or '-'}  {r['detail']}")
-
-
-def _actor_option() -> Callable[[F], F]:
-    return click.option(
-        "--actor", default=lambda: os.environ.get("USER", "cli"), show_default="$USER"
-    )
 
 
 @main.group(invoke_without_command=True)
@@ -430,7 +414,6 @@ def schedules(ctx: click.Context) -> None:
 
 @schedules.command("list")
 @click.option("--json", "as_json", is_flag=True)
-@_fail_cleanly
 def schedules_list(as_json: bool) -> None:
     """Every schedule: its cron, state, next tick and latest run."""
     infos = _client().schedules()
@@ -450,7 +433,6 @@ def schedules_list(as_json: bool) -> None:
 @schedules.command("show")
 @click.argument("schedule")
 @click.option("--limit", type=click.IntRange(min=1, max=1000), default=20, show_default=True)
-@_fail_cleanly
 def schedules_show(schedule: str, limit: int) -> None:
     """A schedule's latest runs and the changes made to it (who, when, why)."""
     runs, events = _client().schedule_history(schedule, limit)
@@ -470,7 +452,6 @@ def _schedule_command(action: str, doc: str) -> None:
     @click.argument("schedule")
     @click.option("--reason", default="", help="Why; kept in the schedule's audit.")
     @_actor_option()
-    @_fail_cleanly
     def command(schedule: str, reason: str, actor: str) -> None:
         client = _client()
         if action == "trigger":
@@ -528,7 +509,6 @@ def demo(path: str | None) -> None:
     "inline): fewer hops, lower latency; by default each batch goes to an fsm.apply_acks "
     "Celery task.",
 )
-@_fail_cleanly
 def ack_bridge(processes: int, inline: bool) -> None:
     """Read acks and heartbeats from Redis (streams and pub/sub) and have them applied."""
     get_settings().require_secret()

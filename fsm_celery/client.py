@@ -20,10 +20,11 @@ from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.usage import Budget
 from fsm_celery.engine import MachineEngine, Next
 from fsm_celery.engine.schedules import ScheduleInfo
-from fsm_celery.exceptions import InvalidAgentId, MachineNotFound
+from fsm_celery.exceptions import InvalidActor, InvalidAgentId, MachineNotFound
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
+ACTOR_CHARS = 100  # state_transitions.actor
 Enqueue = Callable[[Next], None]
 
 
@@ -122,9 +123,10 @@ class Client:
             # The machine is committed with its dispatch due: the scan enters its first
             # state once the broker is back. Raising would invite a caller to start it twice.
             log.warning(
-                "machine %s started but not enqueued; the scan will dispatch it",
+                "machine %s started but not enqueued (the broker is unreachable); the scan "
+                "will dispatch it",
                 machine_id,
-                exc_info=True,
+                exc_info=log.isEnabledFor(logging.INFO),  # the traceback with -v
             )
         return machine_id
 
@@ -158,6 +160,7 @@ class Client:
         cost: float | None = None,
     ) -> MachineInfo:
         """Set the machine's budget (None: no limit); a machine paused over budget resumes."""
+        _check_actor(actor)
         mid = _uuid(machine_id)
         self.enqueue(self.engine.admin.set_budget(mid, Budget(tokens=tokens, cost=cost), actor))
         return self.get_machine(mid)
@@ -197,6 +200,7 @@ class Client:
         return [_jsonable(dict(r._mapping)) for r in rows]
 
     def _command(self, machine_id: UUID | str, command: Command) -> MachineInfo:
+        _check_actor(command.actor)
         mid = _uuid(machine_id)
         self.enqueue(self.engine.admin.command(mid, command))
         return self.get_machine(mid)
@@ -346,3 +350,9 @@ def history(machine_id: UUID | str) -> list[TransitionRecord]:
 def stats() -> dict[str, Any]:
     """Machines per type and status, rejected messages per reason."""
     return default_client().stats()
+
+
+def _check_actor(actor: str) -> None:
+    """Who acted must fit the history's column (the database would refuse it mid-command)."""
+    if len(actor) > ACTOR_CHARS:
+        raise InvalidActor(actor, ACTOR_CHARS)

@@ -50,9 +50,17 @@ def mock_agents(
 def user_agent(path: str) -> Agent:
     """The Agent object named by module:attribute."""
     module_name, _, attribute = path.partition(":")
-    found = getattr(importlib.import_module(module_name), attribute or "agent")
+    if not module_name:
+        raise ValueError(f"--app {path!r}: expected module:attribute (e.g. myagents:agent)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--app {path!r}: cannot import {module_name!r}: {exc}") from exc
+    found = getattr(module, attribute or "agent", None)
+    if found is None:
+        raise ValueError(f"--app {path!r}: {module_name} has no attribute {attribute or 'agent'!r}")
     if not isinstance(found, Agent):
-        raise TypeError(f"{path} is a {type(found).__name__}, not an fsm_celery Agent")
+        raise ValueError(f"--app {path!r} is a {type(found).__name__}, not an fsm_celery Agent")
     return found
 
 

@@ -69,6 +69,10 @@ def load_file(path: str | Path) -> MachineDefinition:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise DefinitionError([Problem(f"cannot read: {exc.strerror}", str(path))]) from exc
+    except UnicodeDecodeError as exc:
+        raise DefinitionError(
+            [Problem(f"not UTF-8 text (byte {exc.start}): save it as UTF-8", str(path))]
+        ) from exc
     return load_text(text, str(path))
 
 

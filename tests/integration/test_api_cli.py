@@ -131,7 +131,7 @@ def test_cli_validate_names_file_state_and_field(tmp_path: Path) -> None:
         "  - {name: END, terminal: completed}\n"
     )
     result = CliRunner().invoke(cli.main, ["definitions", "validate", str(bad)])
-    assert result.exit_code == 1
+    assert result.exit_code == 3  # bad configuration
     assert f"{bad}: state A: field timeout: timeout must be positive" in result.output
     assert f"{bad}: state A: field on_success[0]: unknown target state 'B'" in result.output
 
@@ -167,3 +167,17 @@ def test_cli_rejected_lists_reasons(fsm: FsmEnv, run) -> None:  # type: ignore[n
         assert time.monotonic() < deadline, out
         time.sleep(0.1)
     assert json.loads(run("stats").output)["rejected"]["malformed_json"] >= 1
+
+
+def test_cli_schedules_list_pause_resume_and_show_the_audit(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
+    ref = "cto_infrastructure_check/every-15-minutes"
+    listed = run("schedules")
+    assert listed.exit_code == 0 and ref in listed.output and "*/15 * * * *" in listed.output
+    paused = run("schedules", "pause", ref, "--reason", "incident 12", "--actor", "carol")
+    assert paused.exit_code == 0 and f"{ref}  paused" in paused.output
+    assert " paused " in run("schedules", "list").output
+    assert run("schedules", "resume", "cto_infrastructure_check", "--actor", "carol").exit_code == 0
+    shown = run("schedules", "show", ref).output
+    assert "pause    by carol  (incident 12)" in shown and "resume   by carol" in shown
+    missing = run("schedules", "pause", "nope/x")
+    assert missing.exit_code == 1 and "no schedule 'nope/x'" in missing.output
