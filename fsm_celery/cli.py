@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -490,8 +491,21 @@ def demo(path: str | None) -> None:
     """Run machines end to end on SQLite with in-process workers and mock agents."""
     from fsm_celery.demo import run_demo
 
-    if not run_demo(path or get_settings().definitions, click.echo):
+    if not run_demo(path or get_settings().definitions):
         sys.exit(1)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite the files init writes.")
+def init(directory: Path, force: bool) -> None:
+    """Write a starter deployment in DIRECTORY: definitions/ (the shipped ones, to edit) and a
+    .env with every main setting and a freshly generated task token secret."""
+    from fsm_celery.init import init as write
+
+    for path in write(directory, force):
+        click.echo(f"wrote {path}")
+    click.echo(f"next: cd {directory}; set -a; . ./.env; set +a; fsm-celery doctor")
 
 
 @main.command("ack-bridge")

@@ -11,22 +11,32 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
 from fsm_celery import wiring
 from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
-from fsm_celery.client import Client
+from fsm_celery.client import Client, MachineInfo
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import task_channel
 from fsm_celery.engine import Inbound, MachineEngine
+from fsm_celery.pipeline.orchestrator import PIPELINE, as_node, default_agents, pipeline_context
+from fsm_celery.pipeline.state import TaskState
 from fsm_celery.store.db import upgrade
 
-Out = Callable[[str], None]
 TERMINAL = {"completed", "failed", "cancelled"}
 THINK = (0.02, 0.15)  # seconds a mock agent works on a task
+STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
 
-def run_demo(definitions: str | Path, out: Out = print, timeout: float = 60.0) -> bool:
-    """Run four machines to their end with mock agents; True when all of them finished."""
+def run_demo(
+    definitions: str | Path, console: Console | None = None, timeout: float = 60.0
+) -> bool:
+    """Run a machine of every shipped definition to its end with mock agents, showing their
+    progress live and a summary; True when all of them finished."""
+    console = console or Console()
     from celery.contrib.testing.worker import start_worker
 
     from fsm_celery.worker import tasks
@@ -49,8 +59,12 @@ def run_demo(definitions: str | Path, out: Out = print, timeout: float = 60.0) -
         upgrade(engine.db)
         tasks.install_engine(engine)
         client = wiring.client(settings, engine)
-        for machine_type, version, _ in client.load_definitions():
-            out(f"loaded definition {machine_type} v{version}")
+        loaded = client.load_definitions()
+        console.print(
+            "loaded "
+            + ", ".join(f"{machine_type} v{version}" for machine_type, version, _ in loaded),
+            soft_wrap=True,
+        )
         # what the ack bridge does in production, in the inline mode
         apply = wiring.ack_handler(settings, inline=True, engine=engine)
         steady = _agent(bus, settings, MockScript(seed=7, think=THINK), apply)
@@ -79,11 +93,16 @@ def run_demo(definitions: str | Path, out: Out = print, timeout: float = 60.0) -
                     "cto_fix_bug", {"projectName": "sla-api", "githubIssue": 740}, steady
                 ),
                 client.start_machine("cto_infrastructure_check", {}, steady),
+                client.start_machine(
+                    PIPELINE,
+                    pipeline_context(TaskState(query="durable workflows for AI agents")),
+                    steady,
+                ),
             ]
             scanning = threading.Event()
             scanner = threading.Thread(target=_scan, args=(engine, scanning), daemon=True)
             scanner.start()  # timeouts and retry delays, as beat's scan does in production
-            done = _follow(client, ids, out, timeout)
+            done = _follow(client, ids, console, timeout)
             scanning.set()
             scanner.join(5)
         bus.close()
@@ -100,37 +119,77 @@ def _agent(
     bus: MemoryBus, settings: Settings, mock: MockScript, send: Callable[[list[Inbound]], object]
 ) -> uuid.UUID:
     agent_id = uuid.uuid4()
+    research = {state: as_node(agent) for state, agent in default_agents().items()}
 
     def handle(message: str) -> None:
         task = json.loads(message)
         time.sleep(mock.think_seconds(task["machineId"], task["attempt"]))
-        send([Inbound(json.dumps(mock.answer(task)), agent_id)])
+        ack = mock.answer(task)
+        if task["machineType"] == PIPELINE and task["state"] in research:
+            ack["output"] = research[task["state"]](task["context"])  # the research agents
+        send([Inbound(json.dumps(ack), agent_id)])
 
     bus.subscribe(task_channel(str(agent_id), settings.channel_prefix), handle)
     return agent_id
 
 
-def _follow(client: Client, ids: list[uuid.UUID], out: Out, timeout: float) -> bool:
+def _follow(client: Client, ids: list[uuid.UUID], console: Console, timeout: float) -> bool:
+    """Print each transition as it is recorded, under a live table of the machines; then the
+    summary. Without a terminal, rich prints the lines and the tables once, unanimated."""
     names = {mid: f"{client.get_machine(mid).type}#{n}" for n, mid in enumerate(ids, 1)}
     shown = dict.fromkeys(ids, 0)
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        for mid in ids:
-            rows = client.history(mid)
-            for row in rows[shown[mid] :]:
-                mark = "ok  " if row.success else "FAIL"
-                note = f"  ({row.error_message})" if row.error_message else ""
-                out(
-                    f"{time.monotonic() - started:6.2f}s  {names[mid]:28} {mark} "
-                    f"{row.from_state or '(start)':>15} -> {row.to_state}{note}"
-                )
-            shown[mid] = len(rows)
-        machines = [client.get_machine(mid) for mid in ids]
-        if all(m.status in TERMINAL for m in machines):
-            out("")
+    ended: dict[uuid.UUID, float] = {}
+    machines: list[MachineInfo] = []
+    with Live(console=console, auto_refresh=False, transient=True) as live:
+        while time.monotonic() - started < timeout:
+            for mid in ids:
+                rows = client.history(mid)
+                for row in rows[shown[mid] :]:
+                    mark = "[green]ok  [/]" if row.success else "[red]FAIL[/]"
+                    note = f"  ({row.error_message})" if row.error_message else ""
+                    live.console.print(
+                        f"{time.monotonic() - started:6.2f}s  {names[mid]:28} {mark} "
+                        f"{row.from_state or '(start)':>15} -> {row.to_state}{note}",
+                        highlight=False,
+                        soft_wrap=True,  # a line per transition, however narrow the terminal
+                    )
+                shown[mid] = len(rows)
+            machines = [client.get_machine(mid) for mid in ids]
             for m in machines:
-                out(f"{names[m.id]:28} {m.status:10} after {shown[m.id] - 1} transitions")
-            return True
-        time.sleep(0.05)
-    out(f"demo timed out after {timeout:.0f}s")
-    return False
+                if m.status in TERMINAL:
+                    ended.setdefault(m.id, time.monotonic() - started)
+            live.update(_table(machines, names, shown, ended, started), refresh=True)
+            if all(m.status in TERMINAL for m in machines):
+                break
+            time.sleep(0.05)
+    console.print(_table(machines, names, shown, ended, started, title="Summary"))
+    done = all(m.status in TERMINAL for m in machines)
+    if not done:
+        console.print(f"[red]the demo timed out after {timeout:.0f}s[/]")
+    return done
+
+
+def _table(
+    machines: list[MachineInfo],
+    names: dict[uuid.UUID, str],
+    shown: dict[uuid.UUID, int],
+    ended: dict[uuid.UUID, float],
+    started: float,
+    title: str = "Machines",
+) -> Table:
+    table = Table(title=title)
+    for column in ("machine", "state", "status", "transitions", "seconds"):
+        table.add_column(
+            column, justify="right" if column in ("transitions", "seconds") else "left"
+        )
+    for m in machines:
+        seconds = ended.get(m.id, time.monotonic() - started)
+        table.add_row(
+            names[m.id],
+            m.current_state,
+            f"[{STATUS_STYLE.get(m.status, 'white')}]{m.status}[/]",
+            str(max(shown[m.id] - 1, 0)),
+            f"{seconds:.2f}",
+        )
+    return table

@@ -26,6 +26,9 @@ def test_demo_runs_every_machine_to_completion_without_servers() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert sum("completed  after" in line for line in lines) == 4
+    summary = lines[next(i for i, line in enumerate(lines) if "Summary" in line) :]
+    finished = [line for line in summary if "│ completed │" in line]
+    assert len(finished) == 5, done.stdout  # one machine of each shipped definition, and two
+    assert any("research_pipeline#5" in line for line in finished)
     assert any("RUN_TESTS -> WRITE_CODE  (injected failure in RUN_TESTS" in line for line in lines)
     assert any("ANALYZE_ISSUE -> CREATE_PROJECT" in line for line in lines)
