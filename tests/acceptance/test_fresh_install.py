@@ -1,8 +1,8 @@
 """A new user's first minutes: `pip install <checkout>` into a fresh virtualenv outside the
 repository, then `fsm-celery demo` runs to its summary with no service configured, and
-`fsm-celery init` writes a deployment folder. The virtualenv borrows this one's dependencies
-(a .pth file: pip, setuptools and the runtime dependencies) so that the test needs no network; fsm-celery itself is built and installed from
-the checkout, not linked to it."""
+`fsm-celery init` writes a deployment folder. The virtualenv borrows this one's pip, setuptools
+and runtime dependencies (a .pth file) so that the test needs no network; fsm-celery itself is
+built and installed from the checkout, not linked to it."""
 
 from __future__ import annotations
 
