@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
+from celery.bin.celery import celery as celery_cli
+
+from fsm_celery import cli as fsm_cli
+from fsm_celery.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -136,6 +142,78 @@ def test_env_example_lists_every_required_variable(compose: dict[str, Any]) -> N
     required = {m["name"] for m in references(compose) if m["op"] == ":?"}
     assert required, "expected the compose file to require its secrets"
     assert required <= listed, f"missing from .env.example: {sorted(required - listed)}"
+
+
+def test_every_command_the_project_image_runs_exists(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """A renamed subcommand or option fails here, not in an operator's `docker compose up`."""
+    checked = 0
+    for name, service in services.items():
+        if service.get("build") != ".":
+            continue
+        command = service["command"]
+        lines = shlex.split(command[2]) if command[:2] == ["sh", "-c"] else list(command)
+        for argv in _split_on_and(lines):
+            assert_runs(name, argv)
+            checked += 1
+        test = service.get("healthcheck", {}).get("test", [])
+        if test[:1] == ["CMD-SHELL"] and "celery" in test[1]:
+            assert_runs(name, shlex.split(test[1].split("|")[0]))
+            checked += 1
+    assert checked >= 6
+
+
+def test_every_fsm_variable_the_file_sets_is_a_setting(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    known = {f"FSM_{name.upper()}" for name in Settings.model_fields}
+    for name, service in services.items():
+        for key in environment(service):
+            if key.startswith("FSM_"):
+                assert key in known, f"{name}: {key} is not a setting (fsm_celery/config.py)"
+
+
+def _split_on_and(argv: list[str]) -> Iterator[list[str]]:
+    part: list[str] = []
+    for word in argv:
+        if word == "&&":
+            yield part
+            part = []
+        else:
+            part.append(word)
+    yield part
+
+
+def assert_runs(service: str, argv: list[str]) -> None:
+    """argv names a command of fsm-celery, or of Celery's CLI with the project's app, with
+    options those commands take."""
+    program, *rest = argv
+    if program == "fsm-celery":
+        group: click.Command = fsm_cli.main
+    elif program == "celery":
+        assert rest[:2] == ["-A", "fsm_celery"], f"{service}: {argv} does not load fsm_celery"
+        rest = rest[2:]
+        group = celery_cli
+    else:
+        raise AssertionError(f"{service}: {program} is neither fsm-celery nor celery")
+    context = click.Context(group)
+    words = list(rest)
+    while isinstance(group, click.Group) and words and words[0] in group.list_commands(context):
+        group = group.get_command(context, words.pop(0))  # type: ignore[assignment]
+    assert not isinstance(group, click.Group) or (
+        program == "celery" and group is not celery_cli
+    ), f"{service}: {argv} names no command"
+    accepted = {opt for param in group.params for opt in getattr(param, "opts", [])}
+    if any(param.name == "tornado_argv" for param in group.params):  # Flower's own options
+        import flower.options  # noqa: F401  (defines them)
+        from tornado.options import options
+
+        accepted |= {f"--{name}" for name in options._options}
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("-"):
+            assert flag in accepted, f"{service}: {argv}: {flag} is not an option of it"
 
 
 def strings(node: Any) -> Iterator[str]:
