@@ -57,7 +57,11 @@ class Doctor:
                 try:
                     yield check()
                 except Exception as exc:
-                    yield Result(name, False, _one_line(exc), _fix_for(exc, fix))
+                    if _missing_table(exc):
+                        detail = f"the schema is missing ({_driver_message(exc)})"
+                        yield Result(name, False, detail, "run: fsm-celery db upgrade")
+                    else:
+                        yield Result(name, False, _one_line(exc), _fix_for(exc, fix))
         finally:
             if self._db is not None:
                 self._db.dispose()
@@ -238,6 +242,12 @@ def _fix_for(exc: Exception, fix: str) -> str:
     return fix
 
 
+def _missing_table(exc: Exception) -> bool:
+    """A query met a table that the migrations have not created (yet)."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "pgcode", None) == "42P01" or "no such table" in str(orig)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -245,9 +255,14 @@ def _text(value: Any) -> str:
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, FsmError):
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    orig = getattr(exc, "orig", None)  # SQLAlchemy's wrapper: the driver's message
+    return f"{type(exc).__name__}: {_driver_message(exc)}".rstrip(": ")
+
+
+def _driver_message(exc: BaseException) -> str:
+    """The first line of what the driver said (SQLAlchemy wraps it), or of the error itself."""
+    orig = getattr(exc, "orig", None)
     text = str(orig if orig is not None else exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return text[0] if text else ""
 
 
 def run(settings: Settings, out: Callable[[str], None]) -> bool:

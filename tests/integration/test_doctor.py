@@ -95,6 +95,12 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         assert lines["database"].startswith("✘ database:")
         assert "is at migration 0005, the code needs 0006" in lines["database"]
         assert lines["database"].endswith("run: fsm-celery db upgrade")
+
+        command.downgrade(alembic_config(env.settings.database_url), "base")
+        status, lines = _doctor(env)
+        for name in ("definitions", "beat"):  # checks that read tables name the migration
+            assert lines[name].startswith(f"✘ {name}: the schema is missing (relation "), lines
+            assert lines[name].endswith("run: fsm-celery db upgrade"), lines
     finally:
         server.stop()
 
