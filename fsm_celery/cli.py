@@ -16,6 +16,7 @@ import click
 
 from fsm_celery.client import Client
 from fsm_celery.config import get_settings
+from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.errors import EPILOG, Exit, FailCleanly
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -422,13 +423,23 @@ def schedules_list(as_json: bool) -> None:
         rows = [{"schedule": i.key, **asdict(i)} for i in infos]
         click.echo(json.dumps(rows, indent=2, default=str))
         return
-    for i in infos:
-        state = "retired" if i.removed else "paused" if i.paused else "active"
-        last = f"{i.last_outcome} {i.last_tick_at:%Y-%m-%d %H:%M:%S}" if i.last_tick_at else "-"
-        click.echo(
-            f"{i.key:40} {i.cron:16} {i.timezone:12} {i.overlap:5} {state:7} "
-            f"next {i.next_run_at:%Y-%m-%d %H:%M:%S}  last {last}"
-        )
+    _echo_columns([_schedule_line(i) for i in infos])
+
+
+def _schedule_line(info: ScheduleInfo) -> list[str]:
+    state = "retired" if info.removed else "paused" if info.paused else "active"
+    last = "-"
+    if info.last_run_at is not None:
+        last = f"{info.last_outcome} {info.last_run_at:%Y-%m-%d %H:%M:%S}"
+    next_run = f"{info.next_run_at:%Y-%m-%d %H:%M:%S}"
+    return [info.key, info.cron, info.timezone, info.overlap, state, f"next {next_run}", last]
+
+
+def _echo_columns(rows: list[list[str]]) -> None:
+    """Print rows as aligned columns, each as wide as its widest cell."""
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 @schedules.command("show")
@@ -436,7 +447,9 @@ def schedules_list(as_json: bool) -> None:
 @click.option("--limit", type=click.IntRange(min=1, max=1000), default=20, show_default=True)
 def schedules_show(schedule: str, limit: int) -> None:
     """A schedule's latest runs and the changes made to it (who, when, why)."""
-    runs, events = _client().schedule_history(schedule, limit)
+    client = _client()
+    _echo_columns([_schedule_line(client.schedule(schedule))])
+    runs, events = client.schedule_history(schedule, limit)
     for r in runs:
         by = f"  by {r['actor']}" if r["actor"] else ""
         click.echo(

@@ -169,6 +169,10 @@ class Client:
         """Every schedule of the loaded definitions (retired ones too), with its latest run."""
         return self.engine.schedules.all()
 
+    def schedule(self, ref: str) -> ScheduleInfo:
+        """One schedule (TYPE/NAME, or TYPE when the type has one), with its latest run."""
+        return self.engine.schedules.one(ref)
+
     def pause_schedule(self, ref: str, actor: str, reason: str = "") -> ScheduleInfo:
         """Start no machine on the schedule's ticks (TYPE/NAME, or TYPE) until it is resumed."""
         return self.engine.schedules.pause(ref, actor, reason)

@@ -45,6 +45,7 @@ class ScheduleInfo:
     next_run_at: datetime
     last_tick_at: datetime | None
     last_machine_id: UUID | None
+    last_run_at: datetime | None  # the latest run, a tick's or a trigger's
     last_outcome: str | None
     last_detail: str | None
 
@@ -102,6 +103,11 @@ class Schedules:
     def all(self) -> list[ScheduleInfo]:
         with self._rt.db.connect() as conn:
             return [_info(row) for row in q.list_schedules_txn(conn)]
+
+    def one(self, ref: str) -> ScheduleInfo:
+        """The schedule named ref (TYPE/NAME, or TYPE), with its latest run."""
+        with self._rt.db.connect() as conn:
+            return _info(q.list_schedules_txn(conn, self._find(conn, ref).id)[0])
 
     def history(self, ref: str, limit: int = 20) -> tuple[Sequence[Any], Sequence[Any]]:
         """The schedule's latest runs and the latest changes made to it."""
@@ -190,6 +196,7 @@ def _info(row: Any) -> ScheduleInfo:
         next_run_at=row.next_run_at,
         last_tick_at=row.last_tick_at,
         last_machine_id=row.last_machine_id,
+        last_run_at=getattr(row, "last_run_at", None),
         last_outcome=getattr(row, "last_outcome", None),
         last_detail=getattr(row, "last_detail", None),
     )

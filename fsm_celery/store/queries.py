@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, Row, delete, func, insert, select, update
+from sqlalchemy import Connection, Row, delete, func, insert, select, true, update
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
@@ -526,8 +526,8 @@ def machine_status_txn(conn: Connection, machine_id: UUID) -> str | None:
     return status
 
 
-def list_schedules_txn(conn: Connection) -> Sequence[AnyRow]:
-    """Every schedule with its latest run (outcome, machine)."""
+def list_schedules_txn(conn: Connection, schedule_id: int | None = None) -> Sequence[AnyRow]:
+    """Every schedule with its latest run, a tick's or a trigger's (when, outcome, detail)."""
     latest = (
         select(
             schedule_runs.c.schedule_id,
@@ -539,6 +539,7 @@ def list_schedules_txn(conn: Connection) -> Sequence[AnyRow]:
     return conn.execute(
         select(
             schedules,
+            schedule_runs.c.tick_at.label("last_run_at"),
             schedule_runs.c.outcome.label("last_outcome"),
             schedule_runs.c.detail.label("last_detail"),
         )
@@ -549,6 +550,7 @@ def list_schedules_txn(conn: Connection) -> Sequence[AnyRow]:
                 & (schedule_runs.c.tick_at == latest.c.tick_at),
             )
         )
+        .where(schedules.c.id == schedule_id if schedule_id is not None else true())
         .order_by(schedules.c.machine_type, schedules.c.name)
     ).all()
 

@@ -155,6 +155,9 @@ def test_operators_pause_resume_and_trigger_and_each_change_is_audited(fsm: Fsm)
     assert schedules.run() == (0, [])  # paused: its ticks start nothing
     [machine] = schedules.trigger("sched_round", "bob", "check now")  # TYPE alone: its one
     assert fsm.machine(machine.machine_id).status == "running"
+    latest = schedules.one("sched_round")
+    assert (latest.last_outcome, latest.last_machine_id) == ("started", machine.machine_id)
+    assert latest.last_run_at == datetime(2026, 3, 2, 15, 30, tzinfo=UTC)  # the trigger's
 
     info = schedules.resume("sched_round/hourly", "alice")
     assert not info.paused

@@ -178,6 +178,7 @@ def test_cli_schedules_list_pause_resume_and_show_the_audit(fsm: FsmEnv, run) ->
     assert " paused " in run("schedules", "list").output
     assert run("schedules", "resume", "cto_infrastructure_check", "--actor", "carol").exit_code == 0
     shown = run("schedules", "show", ref).output
+    assert shown.splitlines()[0].startswith(ref) and "  active  next " in shown.splitlines()[0]
     assert "pause    by carol  (incident 12)" in shown and "resume   by carol" in shown
     missing = run("schedules", "pause", "nope/x")
     assert missing.exit_code == 1 and "no schedule 'nope/x'" in missing.output
