@@ -29,9 +29,16 @@ Reliability choices:
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from fsm_celery.config import get_settings
 
-_settings = get_settings()
+try:
+    _settings = get_settings()
+except ValidationError as exc:  # `celery -A fsm_celery worker` with a bad FSM_* setting
+    from fsm_celery.errors import fail
+
+    fail(exc)
 
 broker_url = _settings.celery_broker_url
 broker_connection_retry_on_startup = True

@@ -60,9 +60,10 @@ def _refuse_a_guessable_secret(**_: Any) -> None:
     """A worker or beat signs task tokens: it does not start with a secret anyone could know."""
     problem = get_settings().secret_problem()
     if problem is not None:
+        from fsm_celery.errors import fail
         from fsm_celery.exceptions import InsecureSecret
 
-        raise SystemExit(f"fsm-celery: {InsecureSecret(problem)}")
+        fail(InsecureSecret(problem))
 
 
 @worker_process_init.connect

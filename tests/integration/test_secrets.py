@@ -41,10 +41,30 @@ def test_a_long_running_process_refuses_a_guessable_secret(
     env = {**os.environ, "FSM_TASK_TOKEN_SECRET": UNFIT[secret]}
     argv = PROCESSES[process] + (["-s", str(tmp_path / "beat")] if process == "beat" else [])
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
+    assert done.returncode == 3  # bad configuration, as for every fsm-celery command
     assert "Traceback" not in done.stderr
     assert "FSM_TASK_TOKEN_SECRET" in done.stderr
     assert "token_hex(32)" in done.stderr  # how to set one
+
+
+@pytest.mark.parametrize(
+    ("process", "setting", "value", "says"),
+    [
+        ("worker", "FSM_MAX_PAYLOAD_BYTES", "abc", "FSM_MAX_PAYLOAD_BYTES"),
+        ("beat", "FSM_DATABASE_URL", "not a url", "postgresql://"),
+        ("worker", "FSM_REDIS_URL", "http://127.0.0.1:6379", "redis://"),
+    ],
+)
+def test_a_celery_process_with_a_bad_setting_says_which_in_one_line(
+    process: str, setting: str, value: str, says: str, tmp_path: Path
+) -> None:
+    argv = PROCESSES[process] + (["-s", str(tmp_path / "beat")] if process == "beat" else [])
+    env = {**os.environ, setting: value}
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {setting}: ") and says in line, line
 
 
 def test_the_first_secret_signs_and_every_one_is_accepted() -> None:
