@@ -5,9 +5,9 @@ from __future__ import annotations
 import queue
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from fsm_celery.core.messages import task_channel
+from fsm_celery.core.messages import StateEvent, events_channel, task_channel
 
 Handler = Callable[[str], None]
 
@@ -31,6 +31,11 @@ class MemoryBus:
     def dispatch_many(self, messages: list[tuple[str, str]]) -> None:
         for agent, message in messages:
             self.publish(task_channel(agent, self._prefix), message)
+
+    def announce(self, events: Sequence[StateEvent]) -> None:
+        channel = events_channel(self._prefix)
+        for event in events:
+            self.publish(channel, event.to_wire())
 
     def subscribe(self, channel: str, handler: Handler) -> None:
         """Call handler with every message on channel, one at a time, on a thread of its own."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Sequence
 
 import redis
 
-from fsm_celery.core.messages import task_channel, task_stream
+from fsm_celery.core.messages import StateEvent, events_channel, task_channel, task_stream
+
+log = logging.getLogger(__name__)
 
 STREAM_MAXLEN = 10_000  # tasks kept per agent stream (approximate trimming)
 STREAM_TTL_SECONDS = 7 * 24 * 3600  # a stream nobody writes to for a week is dropped
@@ -44,6 +48,19 @@ class RedisDispatcher:
                     pipe.expire(stream, STREAM_TTL_SECONDS)
                     self._renewed[stream] = now
         pipe.execute()
+
+    def announce(self, events: Sequence[StateEvent]) -> None:
+        """PUBLISH each event on the events channel, all in one round trip."""
+        if not events:
+            return
+        channel = events_channel(self._prefix)
+        pipe = self._client.pipeline(transaction=False)
+        for event in events:
+            pipe.publish(channel, event.to_wire())
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("%d transition events not announced: %s", len(events), exc)
 
 
 def connect(url: str) -> redis.Redis:

@@ -19,6 +19,8 @@ ACK_CHANNEL = "channel:state:ack"
 TASK_STREAM = "stream:agent:{agent}"
 ACK_STREAM = "stream:state:ack"
 AGENT_ACK_STREAM = "stream:state:ack:{agent}"
+EVENTS_CHANNEL = "channel:state:events"
+EVENT_ERROR_CHARS = 1000  # an event names its error; the history row keeps all of it
 
 # Numbers are bounded here, at parse time, to the columns that store them: a number that passed
 # the schema but not the database would fail the transaction after its batch was dispatched.
@@ -108,6 +110,34 @@ class AgentStatus(_Message):
     hostname: str | None = Field(default=None, max_length=255)
 
 
+class StateEvent(_Message):
+    """Engine → whoever listens on channel:state:events (the dashboard, notifications, your
+    tools): a machine started or moved. Sent once its transaction committed; pub/sub, so a
+    listener that is away misses it (the history in PostgreSQL is the record)."""
+
+    type: Literal["state_event"] = "state_event"
+    machine_id: UUID
+    machine_type: str
+    agent_type: str
+    agent_id: UUID | None = None
+    event: str = Field(
+        description="what moved it: start, ack, timeout, handback, dispatch_error, or an "
+        "operator's pause, resume, cancel, retry, force"
+    )
+    from_state: str | None = None
+    to_state: str
+    status: str = Field(description="the machine's status after it: running, paused, ...")
+    attempt: int = Field(description="the attempt it ended (0: the start)")
+    success: bool
+    error: str | None = Field(default=None, max_length=EVENT_ERROR_CHARS)
+    actor: str | None = None
+    at: datetime
+
+    def to_wire(self) -> str:
+        """The JSON text, every key present (null when empty): one shape for listeners."""
+        return self.model_dump_json(by_alias=True)
+
+
 MachineMessage = StateAck | StateHeartbeat | StateHandBack
 AnyAgentMessage = StateAck | StateHeartbeat | StateHandBack | AgentStatus
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
@@ -182,6 +212,11 @@ def agent_ack_stream(agent: str, prefix: str = "") -> str:
     return prefix + AGENT_ACK_STREAM.format(agent=agent)
 
 
+def events_channel(prefix: str = "") -> str:
+    """The pub/sub channel every committed transition is announced on."""
+    return prefix + EVENTS_CHANNEL
+
+
 def task_token(secret: str, machine_id: UUID | str, state: str, attempt: int) -> str:
     """An HMAC that binds an ack to one machine, state and attempt."""
     body = f"{machine_id}|{state}|{attempt}".encode()
@@ -206,6 +241,7 @@ def message_schemas() -> dict[str, dict[str, Any]]:
         "state_heartbeat": StateHeartbeat.model_json_schema(by_alias=True),
         "state_handback": StateHandBack.model_json_schema(by_alias=True),
         "agent_status": AgentStatus.model_json_schema(by_alias=True),
+        "state_event": StateEvent.model_json_schema(by_alias=True),
     }
 
 

@@ -50,22 +50,25 @@ class Admin:
     ) -> Next:
         """Create a running machine in its initial state; its one Step is that state, to enter
         (the machine's id is the step's)."""
-        with self._rt.db.begin() as conn:
-            step = self.start_txn(conn, machine_type, context, agent_id, github_issue)
+        writes = Writes(self._rt.clock())
+        with self._rt.transaction(writes) as conn:
+            step = self.start_txn(conn, writes, machine_type, context, agent_id, github_issue)
         return [step]
 
     def start_txn(
         self,
         conn: Connection,
+        writes: Writes,
         machine_type: str,
         context: Mapping[str, Any] | None = None,
         agent_id: UUID | str | None = None,
         github_issue: int | None = None,
     ) -> Step:
-        """start, in the caller's transaction (a schedule's tick is recorded in the same)."""
+        """start, in the caller's transaction (a schedule's tick is recorded in the same): the
+        machine is written at once, its start event queued on writes."""
         context = _checked_context(context, self._rt.settings.max_context_bytes)
         agent = _agent_uuid(agent_id)
-        now = self._rt.clock()
+        now = writes.now
         machine_id = uuid.uuid4()
         issue = github_issue if github_issue is not None else context.get("githubIssue")
         version, definition = self._rt.catalog.latest(conn, machine_type)
@@ -88,14 +91,16 @@ class Admin:
             state_retries=0,
             dispatch_due_at=now,
         )
+        started = _started(machine)
         q.insert_machine_txn(conn, machine)
-        q.insert_transitions_txn(conn, [_started(machine)])
+        q.insert_transitions_txn(conn, [started])
+        writes.announce(started, machine_type, definition.agent_type, machine.status)
         return Step(machine_id, 1, 0.0, definition.initial_state, machine_type)
 
     def command(self, machine_id: UUID, command: Command) -> Next:
         """Apply an operator's command; raises CommandRefused when it does not apply."""
         writes = Writes(self._rt.clock())
-        with self._rt.db.begin() as conn:
+        with self._rt.transaction(writes) as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
             if row is None:
                 raise MachineNotFound(str(machine_id))
@@ -116,7 +121,7 @@ class Admin:
     def set_budget(self, machine_id: UUID, budget: Budget, actor: str) -> Next:
         """Change the machine's budget; one paused for its budget resumes if now within it."""
         writes = Writes(self._rt.clock())
-        with self._rt.db.begin() as conn:
+        with self._rt.transaction(writes) as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
             if row is None:
                 raise MachineNotFound(str(machine_id))

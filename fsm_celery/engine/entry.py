@@ -33,7 +33,7 @@ class Entry:
         scan enters it when due). A state that cannot be sent fails its attempt; what that
         leads to after a retry delay is returned."""
         writes = Writes(self._rt.clock())
-        with self._rt.db.begin() as conn:
+        with self._rt.transaction(writes) as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
             if row is None or not _awaits_dispatch(row, attempt):
                 return []

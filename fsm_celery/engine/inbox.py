@@ -67,7 +67,7 @@ class Inbox:
                 writes.reject(RejectReason.BAD_TOKEN, BAD_TOKEN, item.raw, **intake.where(message))
             else:
                 parsed.append((message, item))
-        with self._rt.db.begin() as conn:
+        with self._rt.transaction(writes) as conn:
             self._record_statuses(conn, statuses.values(), writes)
             rows = q.lock_machines_txn(conn, (m.machine_id for m, _ in parsed))
             senders = _Senders(conn)

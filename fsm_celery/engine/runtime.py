@@ -3,9 +3,11 @@ settings, the clock, and the machine definitions."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine
 
@@ -15,6 +17,9 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import Limits
 from fsm_celery.exceptions import UnknownMachineType
 from fsm_celery.store import queries as q
+
+if TYPE_CHECKING:
+    from fsm_celery.engine.writes import Writes
 
 
 def utcnow() -> datetime:
@@ -69,3 +74,11 @@ class Runtime:
     def __post_init__(self) -> None:
         self.catalog = Catalog(self.db, self.clock)
         self.limits = Limits(self.settings.max_context_bytes, self.settings.max_handbacks)
+
+    @contextmanager
+    def transaction(self, writes: Writes) -> Iterator[Connection]:
+        """A transaction of a use case; once it commits, the transitions it wrote are announced
+        (never before: a listener must not see a move that was rolled back)."""
+        with self.db.begin() as conn:
+            yield conn
+        self.dispatcher.announce(writes.events)

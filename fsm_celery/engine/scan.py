@@ -35,7 +35,7 @@ class Scan:
         """
         writes = Writes(self._rt.clock())
         grace = timedelta(seconds=self._rt.settings.dispatch_grace_seconds)
-        with self._rt.db.begin() as conn:
+        with self._rt.transaction(writes) as conn:
             overdue = q.lock_overdue_txn(conn, writes.now, limit)
             for row in overdue:
                 _contained(row, self._time_out, conn, row, writes)

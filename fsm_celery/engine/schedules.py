@@ -24,6 +24,7 @@ from fsm_celery.core.transition import MachineStatus
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.steps import Next
+from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import FsmError, InvalidActor, ScheduleNotFound
 from fsm_celery.store import queries as q
 
@@ -62,15 +63,16 @@ class Schedules:
     def run(self, limit: int = 100) -> tuple[int, Next]:
         """Start a machine for each schedule whose tick is due: how many schedules were due, and
         the machines' first states to enter. A tick missed while no beat ran is run once."""
-        now = self._rt.clock()
+        writes = Writes(self._rt.clock())
+        now = writes.now
         next_states: Next = []
-        with self._rt.db.begin() as conn:
+        with self._rt.transaction(writes) as conn:
             rows = q.lock_due_schedules_txn(conn, now, limit)
             for row in rows:
                 tick, following = due(row.cron, row.timezone, row.next_run_at, now)
                 update: dict[str, Any] = {"next_run_at": following, "last_tick_at": tick}
                 if q.claim_tick_txn(conn, row.id, tick, "started"):
-                    started = self._tick(conn, row, tick)
+                    started = self._tick(conn, writes, row, tick)
                     if started is not None:
                         next_states += started
                         update["last_machine_id"] = started[0].machine_id
@@ -78,7 +80,7 @@ class Schedules:
             q.touch_txn(conn, "schedules", now)
         return len(rows), next_states
 
-    def _tick(self, conn: Connection, row: q.AnyRow, tick: datetime) -> Next | None:
+    def _tick(self, conn: Connection, writes: Writes, row: q.AnyRow, tick: datetime) -> Next | None:
         """Start the tick's machine (None: skipped, or failed; the run row says which)."""
         if row.overlap == Overlap.SKIP and row.last_machine_id is not None:
             status = q.machine_status_txn(conn, row.last_machine_id)
@@ -88,7 +90,7 @@ class Schedules:
                 return None
         try:
             with conn.begin_nested():  # a failure of this schedule leaves the others' ticks
-                step = self._admin.start_txn(conn, row.machine_type, row.context)
+                step = self._admin.start_txn(conn, writes, row.machine_type, row.context)
         except sqlalchemy.exc.OperationalError:
             raise
         except (FsmError, sqlalchemy.exc.SQLAlchemyError) as exc:
@@ -142,10 +144,11 @@ class Schedules:
     def trigger(self, ref: str, actor: str, reason: str = "") -> Next:
         """Start a machine of the schedule now, whatever its ticks, overlap and pause."""
         _check_actor(actor)
-        now = self._rt.clock()
-        with self._rt.db.begin() as conn:
+        writes = Writes(self._rt.clock())
+        now = writes.now
+        with self._rt.transaction(writes) as conn:
             row = self._find(conn, ref)
-            step = self._admin.start_txn(conn, row.machine_type, row.context)
+            step = self._admin.start_txn(conn, writes, row.machine_type, row.context)
             q.claim_tick_txn(conn, row.id, now, "started")
             q.settle_tick_txn(conn, row.id, now, "started", step.machine_id, "triggered", actor)
             q.update_schedule_txn(conn, row.id, last_machine_id=step.machine_id)

@@ -10,7 +10,7 @@ from uuid import UUID
 
 from sqlalchemy import Connection
 
-from fsm_celery.core.messages import INT32_MAX
+from fsm_celery.core.messages import EVENT_ERROR_CHARS, INT32_MAX, StateEvent
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
 from fsm_celery.core.usage import Budget, Usage
 from fsm_celery.engine.steps import Next, Step
@@ -63,6 +63,7 @@ class Writes:
     delays: dict[UUID, float] = field(default_factory=dict)
     types: dict[UUID, str] = field(default_factory=dict)
     entered: set[UUID] = field(default_factory=set)
+    events: list[StateEvent] = field(default_factory=list)  # announced once committed
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
@@ -133,6 +134,28 @@ class Writes:
                 tokens_used=t.usage.tokens,
                 cost=t.usage.cost,
                 created_at=self.now,
+            )
+        )
+        self.announce(self.history[-1], row.type, row.agent_type, t.status.value)
+
+    def announce(self, history: History, machine_type: str, agent_type: str, status: str) -> None:
+        """Queue the event of a history row, to be announced once the transaction commits."""
+        error = history.error_message
+        self.events.append(
+            StateEvent.model_construct(
+                machine_id=history.machine_id,
+                machine_type=machine_type,
+                agent_type=agent_type,
+                agent_id=history.agent_id,
+                event=history.event,
+                from_state=history.from_state,
+                to_state=history.to_state,
+                status=status,
+                attempt=history.attempt,
+                success=history.success,
+                error=error[:EVENT_ERROR_CHARS] if error is not None else None,
+                actor=history.actor,
+                at=history.created_at,
             )
         )
 

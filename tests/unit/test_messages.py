@@ -285,10 +285,11 @@ def test_schemas_cover_every_message_type() -> None:
         "state_heartbeat",
         "state_handback",
         "agent_status",
+        "state_event",
     }
 
 
-@pytest.mark.parametrize("message", ["state_task", "state_ack", "state_handback"])
+@pytest.mark.parametrize("message", ["state_task", "state_ack", "state_handback", "state_event"])
 def test_schema_property_names_are_camel_case(message: str) -> None:
     schema = message_schemas()[message]
     names = list(schema["properties"]) + list(schema["required"])

@@ -79,6 +79,7 @@ def _row(**overrides: Any) -> Any:
     values = {
         "id": uuid.uuid4(),
         "type": "t",
+        "agent_type": "worker",
         "current_state": "A",
         "status": "running",
         "attempt": 1,
@@ -125,6 +126,29 @@ def test_next_holds_the_states_moved_to_and_not_entered() -> None:
     assert (move.dispatch_due_at, move.entered_at, move.deadline_at) == (None, NOW, NOW)
     assert writes.dispatches == {}  # a machine moved and entered is written by one UPDATE
     assert [h.to_state for h in writes.history] == ["B", "A", "C", "END"]
+
+
+def test_each_transition_queues_its_event_as_its_history_row_says() -> None:
+    writes = Writes(NOW)
+    row = _row(agent_id=uuid.uuid4())
+    writes.transition(row, _moved(row, "END", MachineStatus.COMPLETED), "ack", actor="op")
+    [event] = writes.events
+    [history] = writes.history
+    assert (event.machine_id, event.machine_type, event.agent_type, event.agent_id) == (
+        row.id,
+        "t",
+        "worker",
+        row.agent_id,
+    )
+    assert (event.from_state, event.to_state, event.status, event.attempt, event.event) == (
+        "A",
+        "END",
+        "completed",
+        history.attempt,
+        "ack",
+    )
+    assert (event.actor, event.at, event.success) == ("op", NOW, True)
+    assert '"fromState":"A"' in event.to_wire() and '"error":null' in event.to_wire()
 
 
 def test_entering_a_machine_not_moved_records_a_dispatch_of_its_own() -> None:
