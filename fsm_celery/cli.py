@@ -543,3 +543,35 @@ def ack_bridge(processes: int, inline: bool) -> None:
 
     run_bridge(processes, inline or get_settings().transition_mode == "inline")
     click.echo("ack bridge stopped")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Server processes (each holds one subscription to the live feed).",
+)
+def dashboard(host: str, port: int, workers: int) -> None:
+    """Serve the HTTP API (/api, /openapi.json), the dashboard's pages and the GitHub webhook.
+
+    Needs FSM_ADMIN_TOKEN and/or FSM_VIEWER_TOKEN (or FSM_PUBLIC_READS); serve it behind TLS
+    (FSM_SECURE_COOKIES=true) when it is reached from elsewhere.
+    """
+    import uvicorn
+
+    from fsm_celery.http import create_app
+
+    create_app()  # refuse bad settings here, in one line, before the server starts
+    uvicorn.run(
+        "fsm_celery.http:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        proxy_headers=True,
+        log_level="info",
+    )

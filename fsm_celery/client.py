@@ -15,13 +15,25 @@ from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
+from fsm_celery.core import github
 from fsm_celery.core.admin import Action, Command
-from fsm_celery.core.loader import definition_files, load_all
+from fsm_celery.core.definition import MachineDefinition, validate
+from fsm_celery.core.loader import definition_files, load_all, parse_definition
 from fsm_celery.core.usage import Budget
 from fsm_celery.engine import MachineEngine, Next
+from fsm_celery.engine.github import Delivered
 from fsm_celery.engine.schedules import ScheduleInfo
-from fsm_celery.exceptions import InvalidActor, InvalidAgentId, MachineNotFound
+from fsm_celery.exceptions import (
+    DefinitionError,
+    FsmError,
+    InvalidActor,
+    InvalidAgentId,
+    MachineNotFound,
+    UnknownMachineType,
+)
 from fsm_celery.store import queries as q
+from fsm_celery.store import reads
+from fsm_celery.store.reads import Cursor, MachineFilter
 
 log = logging.getLogger(__name__)
 ACTOR_CHARS = 100  # state_transitions.actor
@@ -60,6 +72,11 @@ class MachineInfo:
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 
+    @property
+    def cursor(self) -> Cursor:
+        """Where the page after this machine starts (newest first)."""
+        return (self.created_at, self.id)
+
 
 @dataclass(frozen=True)
 class TransitionRecord:
@@ -89,6 +106,43 @@ class TransitionRecord:
         return _jsonable(asdict(self))
 
 
+@dataclass(frozen=True)
+class AgentInfo:
+    """An agent as it last reported, and the unfinished machines assigned to it now."""
+
+    id: UUID
+    agent_type: str
+    status: str
+    concurrency: int
+    running: int
+    hostname: str | None
+    started_at: datetime
+    last_seen_at: datetime
+    working_on: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class DefinitionVersion:
+    """One stored version of a machine type, parsed, with what the static checker finds."""
+
+    type: str
+    version: int
+    created_at: datetime
+    definition: MachineDefinition
+    problems: list[str]
+    versions: list[int]  # every version of the type, newest first
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    """One machine of a bulk command: done, or why not."""
+
+    machine_id: UUID
+    ok: bool
+    status: str | None = None
+    error: str | None = None
+
+
 class Client:
     """Starts and inspects machines. Entering states is handed to `enqueue` (Celery, normally)."""
 
@@ -116,19 +170,41 @@ class Client:
     ) -> UUID:
         """Start a machine of the type; returns its id once its first state is enqueued."""
         first = self.engine.admin.start(machine_type, context, agent_id, github_issue)
-        machine_id = first[0].machine_id
+        self._hand_on(first)
+        return first[0].machine_id
+
+    def _hand_on(self, started: Next) -> None:
+        """Enqueue the first states of machines just started; when the broker is down, leave
+        them to the scan: the machines are committed with their dispatch due, and raising would
+        invite a caller to start them twice."""
         try:
-            self.enqueue(first)
+            self.enqueue(started)
         except Exception:
-            # The machine is committed with its dispatch due: the scan enters its first
-            # state once the broker is back. Raising would invite a caller to start it twice.
             log.warning(
                 "machine %s started but not enqueued (the broker is unreachable); the scan "
                 "will dispatch it",
-                machine_id,
+                ", ".join(str(step.machine_id) for step in started),
                 exc_info=log.isEnabledFor(logging.INFO),  # the traceback with -v
             )
-        return machine_id
+
+    def github_delivery(self, delivery: str, event: str, payload: Any) -> Delivered:
+        """Carry out a GitHub webhook delivery (its signature already checked): start the
+        machine an issue asks for, once however often the delivery comes."""
+        settings = self.engine.settings
+        wanted = github.decide(
+            event,
+            payload,
+            build_type=settings.github_build_type,
+            bug_type=settings.github_bug_type,
+            bug_label=settings.github_bug_label,
+        )
+        action = payload.get("action") if isinstance(payload, dict) else None
+        done = self.engine.github.deliver(
+            delivery, event, wanted, action if isinstance(action, str) else None
+        )
+        if done.next:
+            self._hand_on(done.next)
+        return done
 
     def pause(self, machine_id: UUID | str, actor: str, reason: str = "") -> MachineInfo:
         """Stop dispatching: acks for the running attempt will be refused."""
@@ -231,6 +307,80 @@ class Client:
                 conn, agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
             )
         return [MachineInfo.from_row(r) for r in rows]
+
+    def find_machines(
+        self, where: MachineFilter, limit: int = 50, after: Cursor | None = None
+    ) -> list[MachineInfo]:
+        """A page of the machines the filter selects, newest first, after the cursor."""
+        with self.engine.db.connect() as conn:
+            rows = reads.find_machines_txn(conn, where, limit, after)
+        return [MachineInfo.from_row(r) for r in rows]
+
+    def bulk(
+        self, action: Action, where: MachineFilter, actor: str, reason: str = "", limit: int = 100
+    ) -> list[BulkResult]:
+        """Command every machine the filter selects (newest first, at most limit), each in its
+        own transaction: one refused does not stop the others."""
+        _check_actor(actor)
+        with self.engine.db.connect() as conn:
+            ids = reads.machine_ids_txn(conn, where, limit)
+        results = []
+        for mid in ids:
+            try:
+                info = self._command(mid, Command(action, actor, reason))
+            except FsmError as exc:
+                results.append(BulkResult(mid, False, error=str(exc)))
+            else:
+                results.append(BulkResult(mid, True, status=info.status))
+        return results
+
+    def agents_at_work(self) -> list[AgentInfo]:
+        """Every agent with its status, when it was last seen, and what it works on now."""
+        with self.engine.db.connect() as conn:
+            listed, work = reads.agents_at_work_txn(conn)
+        doing: dict[UUID, list[dict[str, Any]]] = {}
+        for w in work:
+            doing.setdefault(w.agent_id, []).append(_jsonable(dict(w._mapping)))
+        return [
+            AgentInfo(
+                id=a.id,
+                agent_type=a.agent_type,
+                status=a.status,
+                concurrency=a.concurrency,
+                running=a.running,
+                hostname=a.hostname,
+                started_at=a.started_at,
+                last_seen_at=a.last_seen_at,
+                working_on=doing.get(a.id, []),
+            )
+            for a in listed
+        ]
+
+    def definition_versions(self) -> list[dict[str, Any]]:
+        """Every stored version of every machine type (newest first per type)."""
+        with self.engine.db.connect() as conn:
+            rows = reads.definition_versions_txn(conn)
+        return [_jsonable(dict(r._mapping)) for r in rows]
+
+    def definition(self, machine_type: str, version: int | None = None) -> DefinitionVersion:
+        """One version of a machine type (the latest by default), and its checker's problems."""
+        with self.engine.db.connect() as conn:
+            row = reads.definition_body_txn(conn, machine_type, version)
+            versions = [
+                r.version for r in reads.definition_versions_txn(conn) if r.type == machine_type
+            ]
+        if row is None:
+            raise UnknownMachineType(machine_type)
+        source = f"{machine_type} v{row.version}"
+        definition = parse_definition(row.body, source, check=False)
+        try:  # checked when it was loaded; a newer checker may find more
+            validate(definition, source)
+            problems: list[str] = []
+        except DefinitionError as exc:
+            problems = [str(p) for p in exc.problems]
+        return DefinitionVersion(
+            machine_type, row.version, row.created_at, definition, problems, versions
+        )
 
     def history(self, machine_id: UUID | str) -> list[TransitionRecord]:
         """The machine's transitions in attempt order (MachineNotFound if no such machine)."""

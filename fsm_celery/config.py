@@ -145,6 +145,50 @@ class Settings(BaseSettings):
     agent_retention_days: float = Field(
         default=7.0, gt=0, description="How long an agent that stopped reporting is listed."
     )
+    admin_token: str = Field(
+        default="",
+        description="Bearer tokens of the HTTP API's and dashboard's admins (read and act), "
+        "comma-separated (rotate by prepending), each at least 32 bytes; unset, nobody acts.",
+    )
+    viewer_token: str = Field(
+        default="",
+        description="Bearer tokens of viewers (read only), comma-separated, each at least "
+        "32 bytes.",
+    )
+    public_reads: bool = Field(
+        default=False,
+        description="Serve the dashboard's pages and the API's reads without a token (acting "
+        "still needs an admin's).",
+    )
+    session_secret: str = Field(
+        default="",
+        description="Signs the dashboard's session cookies; unset, derived from "
+        "FSM_TASK_TOKEN_SECRET.",
+    )
+    secure_cookies: bool = Field(
+        default=False,
+        description="Send the session cookie over HTTPS only (set it when the dashboard is "
+        "served over TLS).",
+    )
+    max_request_bytes: int = Field(
+        default=1_048_576, gt=0, description="The largest HTTP request body accepted."
+    )
+    github_webhook_secret: str = Field(
+        default="",
+        description="The secret of the GitHub webhook (POST /webhooks/github checks "
+        "X-Hub-Signature-256 with it); unset, the webhook answers 503 and starts nothing.",
+    )
+    github_build_type: str = Field(
+        default="cto_build_project",
+        description="The machine type an issue assigned on GitHub starts.",
+    )
+    github_bug_type: str = Field(
+        default="cto_fix_bug",
+        description="The machine type an issue opened with the bug label starts.",
+    )
+    github_bug_label: str = Field(
+        default="bug", description="The label that makes an opened issue a bug."
+    )
 
     @field_validator("database_url")
     @classmethod
@@ -193,6 +237,30 @@ class Settings(BaseSettings):
         problem = self.secret_problem()
         if problem is not None:
             raise InsecureSecret(problem)
+
+    @property
+    def admin_tokens(self) -> tuple[str, ...]:
+        return _listed(self.admin_token)
+
+    @property
+    def viewer_tokens(self) -> tuple[str, ...]:
+        return _listed(self.viewer_token)
+
+    def dashboard_problem(self) -> str | None:
+        """Why the HTTP API and dashboard cannot be served with these settings, or None."""
+        for name, tokens in (
+            ("FSM_ADMIN_TOKEN", self.admin_tokens),
+            ("FSM_VIEWER_TOKEN", self.viewer_tokens),
+        ):
+            if any(len(t.encode()) < MIN_SECRET_BYTES for t in tokens):
+                return f"{name} holds a token shorter than {MIN_SECRET_BYTES} bytes"
+        if not (self.admin_tokens or self.viewer_tokens or self.public_reads):
+            return "neither FSM_ADMIN_TOKEN nor FSM_VIEWER_TOKEN is set (and reads are not public)"
+        return None
+
+
+def _listed(value: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in value.split(",") if t.strip())
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")

@@ -23,7 +23,7 @@ EPILOG = (
     "(FSM_* settings, definitions, schema), 4 PostgreSQL or Redis unreachable. "
     "Errors are one line; -v adds the traceback."
 )
-SECRET_FIELDS = ("url", "secret")  # settings whose values an error message does not repeat
+SECRET_FIELDS = ("url", "secret", "token")  # settings whose values an error message does not repeat
 
 
 class FailCleanly(click.Group):
@@ -54,14 +54,19 @@ def describe(exc: BaseException) -> tuple[str, Exit]:
     import redis
     import sqlalchemy.exc
 
-    from fsm_celery.exceptions import DefinitionError, FsmError, InsecureSecret
+    from fsm_celery.exceptions import (
+        DefinitionError,
+        FsmError,
+        InsecureDashboard,
+        InsecureSecret,
+    )
 
     if isinstance(exc, pydantic.ValidationError) and exc.title == "Settings":
         return _settings_error(exc), Exit.CONFIG
     if isinstance(exc, DefinitionError):
         more = f" (and {len(exc.problems) - 1} more problems)" if len(exc.problems) > 1 else ""
         return f"{exc.problems[0]}{more}", Exit.CONFIG
-    if isinstance(exc, InsecureSecret):
+    if isinstance(exc, InsecureSecret | InsecureDashboard):
         return str(exc), Exit.CONFIG
     if isinstance(exc, FsmError):
         return _first_line(exc), Exit.FAILED

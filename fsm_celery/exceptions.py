@@ -2,6 +2,7 @@
 
 FsmError                      root of everything this package raises
 ├── InsecureSecret            the task token secret is the default, empty or too short
+├── InsecureDashboard         the HTTP API would serve without tokens, or with short ones
 ├── DefinitionError           a machine definition is invalid (carries every problem)
 └── MachineError              an operation on a machine instance was refused
     ├── UnknownMachineType    no definition is loaded for that type
@@ -29,6 +30,18 @@ class InsecureSecret(FsmError):
             f"{problem}: anyone could forge acks. Set it to at least 32 random bytes, e.g. "
             "export FSM_TASK_TOKEN_SECRET="
             "$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+        )
+
+
+class InsecureDashboard(FsmError):
+    """The HTTP API and dashboard were asked to serve without a token anyone needs to know."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            f"{problem}: set FSM_ADMIN_TOKEN (and FSM_VIEWER_TOKEN) to 32+ random bytes each, "
+            "e.g. $(python3 -c 'import secrets; print(secrets.token_urlsafe(32))'), or "
+            "FSM_PUBLIC_READS=true to serve reads to anyone"
         )
 
 

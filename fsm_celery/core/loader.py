@@ -41,15 +41,19 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def parse_definition(data: Any, source: str = "<definition>") -> MachineDefinition:
-    """Build and validate a definition from already-parsed data."""
+def parse_definition(
+    data: Any, source: str = "<definition>", *, check: bool = True
+) -> MachineDefinition:
+    """Build a definition from already-parsed data, and validate it (unless not check: the
+    caller reports the static checker's problems itself)."""
     if not isinstance(data, dict):
         raise DefinitionError([Problem("a definition must be a mapping", source)])
     try:
         definition = MachineDefinition.model_validate(data)
     except ValidationError as exc:
         raise DefinitionError([_problem(err, data, source) for err in exc.errors()]) from exc
-    validate(definition, source)
+    if check:
+        validate(definition, source)
     return definition
 
 

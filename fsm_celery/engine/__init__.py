@@ -8,6 +8,7 @@ definitions), and each answering with a Next (fsm_celery.engine.steps):
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
 - `schedules`: start machines on their definitions' cron ticks (engine/schedules.py);
+- `github`: start machines for GitHub issues, once per delivery (engine/github.py);
 - `catalog`: the machine definitions (engine/runtime.py).
 
 The decisions are fsm_celery.core's; what a transaction writes is an engine.writes.Writes,
@@ -25,6 +26,7 @@ from fsm_celery.channel import Dispatcher
 from fsm_celery.config import Settings
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.runtime import Runtime, utcnow
 from fsm_celery.engine.scan import Scan
@@ -52,6 +54,7 @@ class MachineEngine:
         self.inbox = Inbox(self.runtime, self.entry)
         self.scan = Scan(self.runtime, self.entry)
         self.schedules = Schedules(self.runtime, self.admin)
+        self.github = GitHub(self.runtime, self.admin)
 
     @property
     def db(self) -> Engine:

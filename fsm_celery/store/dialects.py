@@ -35,6 +35,11 @@ class Dialect(Protocol):
         """An INSERT that can turn into an update on conflict (an upsert)."""
         ...
 
+    def lock_key(self, conn: Connection, key: str) -> None:
+        """Hold a lock named key until the transaction ends (two transactions that take the
+        same key run one after the other)."""
+        ...
+
 
 def of(conn: Connection) -> Dialect:
     """The statements for the connection's database."""

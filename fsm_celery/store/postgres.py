@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from pydantic_core import to_json
-from sqlalchemy import Connection, CursorResult, Row, Table
+from sqlalchemy import Connection, CursorResult, Row, Table, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -56,6 +56,9 @@ class PostgreSQL:
 
     def insert(self, table: Table) -> Insert:
         return pg_insert(table)
+
+    def lock_key(self, conn: Connection, key: str) -> None:
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": key})
 
 
 POSTGRESQL = PostgreSQL()

@@ -44,6 +44,9 @@ class SQLite:
     def insert(self, table: Table) -> Insert:
         return sqlite_insert(table)
 
+    def lock_key(self, conn: Connection, key: str) -> None:
+        """Nothing to take: a write transaction holds the whole database (BEGIN IMMEDIATE)."""
+
 
 @cache
 def _update(table: Table, names: tuple[str, ...]) -> Update:

@@ -13,6 +13,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -27,6 +28,8 @@ metadata = MetaData()
 Json = JSON().with_variant(JSONB(), "postgresql")
 BigId = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
 RUNNING = text("status = 'running'")
+AT_WORK = text("status IN ('running', 'paused')")
+PENDING = text("status = 'pending'")
 NOW = text("CURRENT_TIMESTAMP")  # portable: PostgreSQL and SQLite
 
 
@@ -92,6 +95,11 @@ machines = Table(
         sqlite_where=RUNNING,
     ),
     Index("idx_machines_deadline", "deadline_at", postgresql_where=RUNNING, sqlite_where=RUNNING),
+    # the dashboard's lists, newest first, and what each agent works on now
+    Index("idx_machines_created", "created_at", "id"),
+    Index("idx_machines_status_created", "status", "created_at"),
+    Index("idx_machines_agent_id_created", "agent_id", "created_at"),
+    Index("idx_machines_at_work", "agent_id", postgresql_where=AT_WORK, sqlite_where=AT_WORK),
 )
 
 transitions = Table(
@@ -207,4 +215,64 @@ liveness = Table(
     metadata,
     Column("name", String(50), primary_key=True),
     Column("at", DateTime(timezone=True), nullable=False),
+)
+
+# GitHub webhook deliveries seen (X-GitHub-Delivery): a redelivery starts nothing twice.
+github_deliveries = Table(
+    "github_deliveries",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("event", String(50), nullable=False),
+    Column("action", String(50)),
+    Column("repository", String(200)),
+    Column("issue", Integer),
+    Column("outcome", String(20), nullable=False),  # started, running, ignored
+    Column("machine_id", Uuid),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+
+# Outgoing webhooks of machines that ended, written with the transition that ended them and
+# delivered by beat's job, retried with backoff (the outbox: a down receiver blocks nothing).
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("machine_id", Uuid, nullable=False),
+    Column("url", Text, nullable=False),
+    Column("event", String(20), nullable=False),
+    Column("payload", Json, nullable=False),
+    Column("status", String(12), nullable=False),  # pending, delivered, failed
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False),
+    Column("last_error", Text),
+    _created(),
+    Column("delivered_at", DateTime(timezone=True)),
+    Index(
+        "idx_notifications_due", "next_attempt_at", postgresql_where=PENDING, sqlite_where=PENDING
+    ),
+    Index("idx_notifications_machine", "machine_id"),
+)
+
+# Attempts per machine type, state and duration bucket, folded from the history by beat's job
+# (fsm_celery.store.rollup), so that statistics never scan the history.
+state_stats = Table(
+    "state_stats",
+    metadata,
+    Column("machine_type", String(50), primary_key=True),
+    Column("state", String(50), primary_key=True),
+    Column("bucket", SmallInteger, primary_key=True),
+    Column("attempts", BigInteger, nullable=False),
+    Column("successes", BigInteger, nullable=False),
+    Column("duration_ms", BigInteger, nullable=False),
+)
+
+# How far each fold has read (history ids), and the id it waits to be sure of.
+rollups = Table(
+    "rollups",
+    metadata,
+    Column("name", String(50), primary_key=True),
+    Column("last_id", BigInteger, nullable=False),
+    Column("pending_id", BigInteger),
+    Column("pending_snapshot", String(200)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
 )

@@ -1,0 +1,105 @@
+"""What a GitHub webhook delivery asks for (pure): its signature checked, and an `issues` event
+turned into the machine to start, or the reason it starts none.
+
+- `assigned`: the issue was given to someone → the build machine (the seed's BUILD_PROJECT
+  "trigger: new issue assigned");
+- `opened` with the bug label → the bug-fix machine.
+Everything else is acknowledged and ignored. The payload is GitHub's (documented at "Webhook
+events and payloads", issues); only the fields used are read, each checked and bounded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from fsm_celery.core.messages import INT32_MAX
+
+TITLE_CHARS = 500
+NAME_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Start a machine of this type for this issue, unless one is running for it already."""
+
+    machine_type: str
+    repository: str
+    issue: int
+    context: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Ignored:
+    reason: str
+
+
+def signature_matches(secret: str, body: bytes, header: str | None) -> bool:
+    """Whether X-Hub-Signature-256 is the HMAC-SHA256 of the body under the secret (in
+    constant time)."""
+    if not secret or not header or not header.startswith("sha256="):
+        return False
+    expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected.encode(), header.removeprefix("sha256=").encode())
+
+
+def decide(
+    event: str, payload: Any, *, build_type: str, bug_type: str, bug_label: str
+) -> Trigger | Ignored:
+    """The machine an `issues` delivery starts, or why it starts none."""
+    if event != "issues":
+        return Ignored(f"event {event[:50]!r} starts nothing")
+    if not isinstance(payload, dict):
+        return Ignored("the payload is not a JSON object")
+    action = payload.get("action")
+    issue = payload.get("issue")
+    repository = payload.get("repository")
+    if not isinstance(issue, dict) or not isinstance(repository, dict):
+        return Ignored("the payload has no issue or repository")
+    number = issue.get("number")
+    name = repository.get("full_name")
+    if not isinstance(number, int) or isinstance(number, bool) or not 0 < number <= INT32_MAX:
+        return Ignored("issue.number is not an issue number")
+    if not isinstance(name, str) or not 0 < len(name) <= NAME_CHARS:
+        return Ignored("repository.full_name is not a repository name")
+    if action == "assigned":
+        machine_type = build_type
+    elif action == "opened" and bug_label in _labels(issue):
+        machine_type = bug_type
+    else:
+        return Ignored(f"issues action {str(action)[:50]!r} starts nothing")
+    return Trigger(machine_type, name, number, _context(payload, issue, name, number))
+
+
+def _labels(issue: dict[str, Any]) -> set[str]:
+    labels = issue.get("labels")
+    if not isinstance(labels, list):
+        return set()
+    return {
+        label["name"]
+        for label in labels
+        if isinstance(label, dict) and isinstance(label.get("name"), str)
+    }
+
+
+def _context(
+    payload: dict[str, Any], issue: dict[str, Any], repo: str, number: int
+) -> dict[str, Any]:
+    context: dict[str, Any] = {"repository": repo, "githubIssue": number}
+    for key, value, most in (
+        ("issueTitle", issue.get("title"), TITLE_CHARS),
+        ("issueUrl", issue.get("html_url"), NAME_CHARS * 2),
+        ("assignee", _login(payload.get("assignee")), NAME_CHARS),
+        ("sender", _login(payload.get("sender")), NAME_CHARS),
+    ):
+        if isinstance(value, str) and value:
+            context[key] = value[:most]
+    return context
+
+
+def _login(user: Any) -> str | None:
+    if isinstance(user, dict) and isinstance(user.get("login"), str):
+        return str(user["login"])
+    return None

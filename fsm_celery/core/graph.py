@@ -1,0 +1,100 @@
+"""A definition as a graph: its states as nodes and its edges, as data (the dashboard lays it
+out with dagre) and as Graphviz DOT text (for anyone who renders with Graphviz). Pure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fsm_celery.core.definition import MachineDefinition
+
+SUCCESS, GUARDED, FAILURE, LOOP_EXHAUSTED = "success", "guarded", "failure", "loop_exhausted"
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    description: str
+    initial: bool
+    terminal: str | None  # completed, failed, or None
+    timeout_seconds: float
+    max_retries: int
+    required_output: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Link:
+    source: str
+    target: str
+    kind: str  # success, guarded, failure, loop_exhausted
+    label: str  # the guard, "loop", or "" (failure edges are drawn as such)
+
+
+@dataclass(frozen=True)
+class Graph:
+    nodes: tuple[Node, ...]
+    links: tuple[Link, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": [asdict(n) for n in self.nodes],
+            "links": [asdict(link) for link in self.links],
+        }
+
+
+def graph(definition: MachineDefinition) -> Graph:
+    """The states and every edge between them, in definition order."""
+    nodes = tuple(
+        Node(
+            id=s.name,
+            description=s.description,
+            initial=s.name == definition.initial_state,
+            terminal=s.terminal.value if s.terminal is not None else None,
+            timeout_seconds=s.timeout_seconds,
+            max_retries=s.max_retries,
+            required_output=s.required_output,
+        )
+        for s in definition.states
+    )
+    links: list[Link] = []
+    for state in definition.states:
+        for edge in state.on_success:
+            kind = GUARDED if edge.when else SUCCESS
+            label = edge.when or ""
+            if edge.loop:
+                label = f"{label} (loop)".strip()
+            links.append(Link(state.name, edge.target, kind, label))
+        if state.on_failure is not None:
+            links.append(Link(state.name, state.on_failure.target, FAILURE, "failure"))
+        if any(e.loop for e in state.edges):  # past the loop bound the machine goes here
+            links.append(
+                Link(state.name, definition.on_loop_exhausted, LOOP_EXHAUSTED, "loops spent")
+            )
+    return Graph(nodes, tuple(links))
+
+
+def to_dot(definition: MachineDefinition) -> str:
+    """The definition as a Graphviz digraph (`dot -Tsvg` draws it)."""
+    g = graph(definition)
+    lines = [f"digraph {_quote(definition.type)} {{", "  rankdir=TB;", "  node [shape=box];"]
+    for node in g.nodes:
+        style = ["rounded"]
+        if node.terminal is not None:
+            style.append("bold")
+        shape = f'style="{",".join(style)}"' + (", penwidth=2" if node.initial else "")
+        lines.append(f"  {_quote(node.id)} [{shape}];")
+    for link in g.links:
+        attrs = []
+        if link.label:
+            attrs.append(f"label={_quote(link.label)}")
+        if link.kind in (FAILURE, LOOP_EXHAUSTED):
+            attrs.append("style=dashed")
+        suffix = f" [{', '.join(attrs)}]" if attrs else ""
+        lines.append(f"  {_quote(link.source)} -> {_quote(link.target)}{suffix};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text)  # a DOT string: double quotes, backslash escapes

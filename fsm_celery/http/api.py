@@ -1,0 +1,241 @@
+"""The HTTP API under /api: machines, agents, definitions, statistics, schedules, rejected
+messages, and the live feed. Reads need a viewer (or public reads); everything that acts needs
+an admin, and records who and why. Each route is one call of the Python client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import PlainTextResponse
+from sse_starlette.sse import EventSourceResponse
+
+from fsm_celery.client import Client, MachineInfo
+from fsm_celery.core.admin import Action
+from fsm_celery.core.graph import graph, to_dot
+from fsm_celery.http.auth import Principal, admin, viewer
+from fsm_celery.http.hub import RESYNC, EventHub
+from fsm_celery.http.models import (
+    BudgetRequest,
+    BulkRequest,
+    CommandRequest,
+    ForceRequest,
+    StartRequest,
+    decode_cursor,
+    encode_cursor,
+    machine_filter,
+)
+from fsm_celery.store.reads import MachineFilter
+
+router = APIRouter(prefix="/api")
+Viewer = Annotated[Principal, Depends(viewer)]
+Admin = Annotated[Principal, Depends(admin)]
+PING_SECONDS = 15
+
+
+def client(request: Request) -> Client:
+    found: Client = request.app.state.client
+    return found
+
+
+Fsm = Annotated[Client, Depends(client)]
+
+
+def _actor(who: Principal, given: str | None) -> str:
+    return given or who.name
+
+
+def _machine(info: MachineInfo) -> dict[str, Any]:
+    return info.to_dict()
+
+
+@router.get("/machines", summary="Machines, newest first, filtered; a page at a time")
+def list_machines(
+    fsm: Fsm,
+    _: Viewer,
+    where: Annotated[MachineFilter, Depends(machine_filter)],
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> dict[str, Any]:
+    found = fsm.find_machines(where, limit + 1, decode_cursor(cursor))
+    page, more = found[:limit], len(found) > limit
+    return {
+        "items": [_machine(m) for m in page],
+        "next": encode_cursor(page[-1].cursor) if more else None,
+    }
+
+
+@router.post("/machines", status_code=201, summary="Start a machine")
+def start_machine(fsm: Fsm, _: Admin, body: StartRequest) -> dict[str, Any]:
+    machine_id = fsm.start_machine(body.type, body.context, body.agent_id, body.github_issue)
+    return {"machine": _machine(fsm.get_machine(machine_id))}
+
+
+@router.post(
+    "/machines/bulk", summary="Pause, resume, cancel or retry every machine a filter selects"
+)
+def bulk(fsm: Fsm, who: Admin, body: BulkRequest) -> dict[str, Any]:
+    results = fsm.bulk(
+        Action(body.action),
+        body.filter.to_filter(),
+        _actor(who, body.actor),
+        body.reason,
+        body.limit,
+    )
+    return {
+        "done": sum(r.ok for r in results),
+        "refused": sum(not r.ok for r in results),
+        "results": [{**asdict(r), "machine_id": str(r.machine_id)} for r in results],
+    }
+
+
+@router.get("/machines/{machine_id}", summary="One machine: context, usage, budget, history")
+def get_machine(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
+    info = fsm.get_machine(machine_id)
+    return {
+        "machine": _machine(info),
+        "history": [h.to_dict() for h in fsm.history(machine_id)],
+    }
+
+
+def _command(action: Action):  # type: ignore[no-untyped-def]
+    def command(fsm: Fsm, who: Admin, machine_id: UUID, body: CommandRequest) -> dict[str, Any]:
+        act = getattr(fsm, action.value)
+        return {"machine": _machine(act(machine_id, _actor(who, body.actor), body.reason))}
+
+    command.__doc__ = f"{action.value.capitalize()} the machine (admin)."
+    return command
+
+
+for _action in (Action.PAUSE, Action.RESUME, Action.CANCEL, Action.RETRY):
+    router.add_api_route(
+        f"/machines/{{machine_id}}/{_action.value}",
+        _command(_action),
+        methods=["POST"],
+        summary=f"{_action.value.capitalize()} a machine",
+        name=f"{_action.value}_machine",
+    )
+
+
+@router.post("/machines/{machine_id}/force", summary="Move a machine to a state")
+def force(fsm: Fsm, who: Admin, machine_id: UUID, body: ForceRequest) -> dict[str, Any]:
+    info = fsm.force(machine_id, body.state, _actor(who, body.actor), body.reason)
+    return {"machine": _machine(info)}
+
+
+@router.put("/machines/{machine_id}/budget", summary="Set a machine's budget (null: no limit)")
+def set_budget(fsm: Fsm, who: Admin, machine_id: UUID, body: BudgetRequest) -> dict[str, Any]:
+    info = fsm.set_budget(machine_id, _actor(who, body.actor), body.tokens, body.cost)
+    return {"machine": _machine(info)}
+
+
+@router.get("/agents", summary="Agents: status, last seen, what each works on now")
+def list_agents(fsm: Fsm, _: Viewer) -> dict[str, Any]:
+    agents = [asdict(a) | {"id": str(a.id)} for a in fsm.agents_at_work()]
+    for a in agents:
+        for key in ("started_at", "last_seen_at"):
+            a[key] = a[key].isoformat()
+    return {"items": agents}
+
+
+@router.get("/definitions", summary="Every version of every machine type")
+def list_definitions(fsm: Fsm, _: Viewer) -> dict[str, Any]:
+    return {"items": fsm.definition_versions()}
+
+
+@router.get("/definitions/{machine_type}", summary="One version: states, edges, graph, check")
+def get_definition(
+    fsm: Fsm,
+    _: Viewer,
+    machine_type: Annotated[str, Path(max_length=50)],
+    version: Annotated[int | None, Query(ge=1)] = None,
+) -> dict[str, Any]:
+    found = fsm.definition(machine_type, version)
+    return {
+        "type": found.type,
+        "version": found.version,
+        "versions": found.versions,
+        "created_at": found.created_at.isoformat(),
+        "valid": not found.problems,
+        "problems": found.problems,
+        "definition": found.definition.to_json(),
+        "graph": graph(found.definition).to_dict(),
+        "dot": to_dot(found.definition),
+    }
+
+
+@router.get(
+    "/definitions/{machine_type}/graph.dot",
+    summary="One version drawn as Graphviz DOT",
+    response_class=PlainTextResponse,
+)
+def definition_dot(
+    fsm: Fsm,
+    _: Viewer,
+    machine_type: str,
+    version: Annotated[int | None, Query(ge=1)] = None,
+) -> Response:
+    text = to_dot(fsm.definition(machine_type, version).definition)
+    return PlainTextResponse(text, media_type="text/vnd.graphviz")
+
+
+@router.get("/stats", summary="Machines by status, type and agent type; durations; rejections")
+def stats(fsm: Fsm, _: Viewer) -> dict[str, Any]:
+    return fsm.stats()
+
+
+@router.get("/rejected", summary="The latest rejected messages, newest first")
+def rejected(
+    fsm: Fsm,
+    _: Viewer,
+    machine_id: UUID | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    return {"items": fsm.rejected(machine_id, limit)}
+
+
+@router.get("/schedules", summary="Every schedule with its next tick and latest run")
+def list_schedules(fsm: Fsm, _: Viewer) -> dict[str, Any]:
+    return {"items": [asdict(s) | {"schedule": s.key} for s in fsm.schedules()]}
+
+
+@router.post(
+    "/schedules/{machine_type}/{name}/{action}",
+    summary="Pause, resume or trigger a schedule",
+)
+def schedule_action(
+    fsm: Fsm,
+    who: Admin,
+    machine_type: str,
+    name: str,
+    action: Annotated[str, Path(pattern="^(pause|resume|trigger)$")],
+    body: CommandRequest | None = None,
+) -> dict[str, Any]:
+    body = body or CommandRequest()
+    ref, actor = f"{machine_type}/{name}", _actor(who, body.actor)
+    if action == "trigger":
+        return {"machine_id": str(fsm.trigger_schedule(ref, actor, body.reason))}
+    info = getattr(fsm, f"{action}_schedule")(ref, actor, body.reason)
+    return {"schedule": asdict(info) | {"schedule": info.key}}
+
+
+@router.get("/events", summary="The live feed: each transition as a server-sent event")
+async def events(
+    request: Request, _: Viewer, machine_id: UUID | None = None
+) -> EventSourceResponse:
+    hub: EventHub = request.app.state.hub
+
+    async def stream() -> AsyncIterator[dict[str, str]]:
+        async with hub.listen(str(machine_id) if machine_id else None) as listener:
+            yield {"event": "hello", "data": "{}"}
+            while True:
+                text = await listener.queue.get()
+                if text == RESYNC:
+                    yield {"event": RESYNC, "data": "{}"}
+                else:
+                    yield {"event": "transition", "data": text}
+
+    return EventSourceResponse(stream(), ping=PING_SECONDS, send_timeout=30)

@@ -1,0 +1,47 @@
+"""POST /webhooks/github: a GitHub webhook (content type application/json), its signature
+(X-Hub-Signature-256 under FSM_GITHUB_WEBHOOK_SECRET) checked before anything is read."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Request
+
+from fsm_celery.client import Client
+from fsm_celery.core.github import signature_matches
+
+router = APIRouter()
+DELIVERY_CHARS = 64
+
+
+@router.post("/webhooks/github", summary="GitHub webhook: issues start machines")
+async def github_webhook(
+    request: Request,
+    x_github_event: Annotated[str, Header(max_length=50)],
+    x_github_delivery: Annotated[str, Header(min_length=1, max_length=DELIVERY_CHARS)],
+    x_hub_signature_256: Annotated[str | None, Header(max_length=100)] = None,
+) -> dict[str, Any]:
+    secret = request.app.state.settings.github_webhook_secret
+    if not secret:
+        raise HTTPException(503, "the GitHub webhook is off: set FSM_GITHUB_WEBHOOK_SECRET")
+    body = await request.body()
+    if not signature_matches(secret, body, x_hub_signature_256):
+        raise HTTPException(401, "X-Hub-Signature-256 does not match the body and the secret")
+    if x_github_event == "ping":
+        return {"outcome": "pong"}
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise HTTPException(
+            400, "the body is not JSON (the webhook's content type must be application/json)"
+        ) from exc
+    fsm: Client = request.app.state.client
+    from starlette.concurrency import run_in_threadpool
+
+    done = await run_in_threadpool(fsm.github_delivery, x_github_delivery, x_github_event, payload)
+    return {
+        "outcome": done.outcome,
+        "machine_id": str(done.machine_id) if done.machine_id else None,
+        "detail": done.detail,
+    }

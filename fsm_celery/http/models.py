@@ -1,0 +1,117 @@
+"""The HTTP API's request bodies and query filters: bounded to what the columns hold, so that
+bad input is a 422 naming the field, never a database error."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from fastapi import HTTPException, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from fsm_celery.core.messages import INT32_MAX, INT64_MAX
+from fsm_celery.core.transition import MachineStatus
+from fsm_celery.store.reads import Cursor, MachineFilter
+
+Name = Annotated[str, Field(min_length=1, max_length=50)]
+Actor = Annotated[str, Field(min_length=1, max_length=100)]
+Reason = Annotated[str, Field(max_length=2000)]
+Issue = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StartRequest(_Body):
+    type: Name
+    context: dict[str, Any] = Field(default_factory=dict)
+    agent_id: UUID | None = None
+    github_issue: Issue | None = None
+
+
+class CommandRequest(_Body):
+    reason: Reason = ""
+    actor: Actor | None = Field(default=None, description="who; by default the signed-in name")
+
+
+class ForceRequest(CommandRequest):
+    state: Name
+
+
+class BudgetRequest(_Body):
+    tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    cost: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    actor: Actor | None = None
+
+
+class FilterBody(_Body):
+    status: MachineStatus | None = None
+    type: Name | None = None
+    agent_type: Annotated[str, Field(max_length=10)] | None = None
+    agent_id: UUID | None = None
+    github_issue: Issue | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    def to_filter(self) -> MachineFilter:
+        return MachineFilter(
+            status=self.status.value if self.status else None,
+            machine_type=self.type,
+            agent_type=self.agent_type,
+            agent_id=self.agent_id,
+            github_issue=self.github_issue,
+            created_after=self.created_after,
+            created_before=self.created_before,
+        )
+
+
+class BulkRequest(_Body):
+    action: Literal["pause", "resume", "cancel", "retry"]
+    filter: FilterBody
+    reason: Reason = ""
+    actor: Actor | None = None
+    limit: int = Field(default=100, ge=1, le=1000, description="the most machines acted on")
+
+
+def machine_filter(
+    status: MachineStatus | None = None,
+    type: Annotated[str | None, Query(max_length=50)] = None,
+    agent_type: Annotated[str | None, Query(max_length=10)] = None,
+    agent_id: UUID | None = None,
+    github_issue: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+) -> MachineFilter:
+    """The list's filters, from the query string."""
+    return FilterBody(
+        status=status,
+        type=type,
+        agent_type=agent_type,
+        agent_id=agent_id,
+        github_issue=github_issue,
+        created_after=created_after,
+        created_before=created_before,
+    ).to_filter()
+
+
+def encode_cursor(cursor: Cursor) -> str:
+    created_at, machine_id = cursor
+    raw = json.dumps([created_at.isoformat(), str(machine_id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str | None) -> Cursor | None:
+    """The cursor a previous page gave (400 when it is not one)."""
+    if not text:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        created_at, machine_id = json.loads(raw)
+        return datetime.fromisoformat(created_at), UUID(machine_id)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise HTTPException(400, f"cursor {text[:60]!r} is not one a page gave") from exc

@@ -1,0 +1,189 @@
+"""The dashboard's pages, rendered on the server: machines (with the agents at work), one
+machine (its definition drawn, its history), definitions, sign in and out. The browser script
+(static/dashboard.js) makes them live from /api/events and sends admins' actions to /api."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from fsm_celery.client import Client
+from fsm_celery.core.graph import graph
+from fsm_celery.core.transition import MachineStatus
+from fsm_celery.http.auth import Auth, Principal, csrf_token, principal
+from fsm_celery.http.models import decode_cursor, encode_cursor, machine_filter
+from fsm_celery.store.reads import MachineFilter
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+PAGE = 50
+STATUSES = [s.value for s in MachineStatus]
+
+
+def reader(request: Request, who: Annotated[Principal, Depends(principal)]) -> Principal:
+    """Who reads the page; a visitor who may not is sent to sign in."""
+    if who.role is None and not request.app.state.auth.public_reads:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        raise HTTPException(303, "sign in", headers={"location": f"/login?{_next(target)}"})
+    return who
+
+
+Reader = Annotated[Principal, Depends(reader)]
+
+
+def _client(request: Request) -> Client:
+    found: Client = request.app.state.client
+    return found
+
+
+def _render(request: Request, name: str, who: Principal | None, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request,
+        name,
+        {"who": who, "csrf": csrf_token(request), "statuses": STATUSES, **context},
+    )
+
+
+@router.get("/", response_class=HTMLResponse)
+def machines_page(
+    request: Request,
+    who: Reader,
+    where: Annotated[MachineFilter, Depends(machine_filter)],
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> HTMLResponse:
+    fsm = _client(request)
+    found = fsm.find_machines(where, PAGE + 1, decode_cursor(cursor))
+    page = found[:PAGE]
+    filters = {k: v for k, v in request.query_params.items() if k != "cursor" and v}
+    more = None
+    if len(found) > PAGE:
+        more = "/?" + urlencode({**filters, "cursor": encode_cursor(page[-1].cursor)})
+    types = sorted({d["type"] for d in fsm.definition_versions()})
+    return _render(
+        request,
+        "machines.html",
+        who,
+        machines=page,
+        agents=fsm.agents_at_work(),
+        filters=filters,
+        types=types,
+        more=more,
+    )
+
+
+@router.get("/machines/{machine_id}", response_class=HTMLResponse)
+def machine_page(request: Request, who: Reader, machine_id: UUID) -> HTMLResponse:
+    fsm = _client(request)
+    info = fsm.get_machine(machine_id)
+    history = fsm.history(machine_id)
+    definition = fsm.definition(info.type, info.definition_version)
+    drawing = {
+        "graph": graph(definition.definition).to_dict(),
+        "current": info.current_state,
+        "status": info.status,
+        "visited": [[h.from_state, h.to_state] for h in history if h.from_state],
+    }
+    return _render(
+        request,
+        "machine.html",
+        who,
+        machine=info,
+        history=history,
+        states=[s.name for s in definition.definition.states],
+        drawing=json.dumps(drawing),
+        context=json.dumps(info.context, indent=2, sort_keys=True),
+    )
+
+
+@router.get("/definitions", response_class=HTMLResponse)
+def definitions_page(request: Request, who: Reader) -> HTMLResponse:
+    return _render(
+        request, "definitions.html", who, versions=_client(request).definition_versions()
+    )
+
+
+@router.get("/definitions/{machine_type}", response_class=HTMLResponse)
+def definition_page(
+    request: Request,
+    who: Reader,
+    machine_type: str,
+    version: Annotated[int | None, Query(ge=1)] = None,
+) -> HTMLResponse:
+    found = _client(request).definition(machine_type, version)
+    drawing: dict[str, Any] = {
+        "graph": graph(found.definition).to_dict(),
+        "current": None,
+        "visited": [],
+    }
+    return _render(
+        request,
+        "definition.html",
+        who,
+        found=found,
+        drawing=json.dumps(drawing),
+        body=json.dumps(found.definition.to_json(), indent=2),
+    )
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str = "/") -> HTMLResponse:
+    return _render(request, "login.html", None, next=_safe_next(next), failed=False)
+
+
+@router.post("/login", response_model=None)
+def login(
+    request: Request,
+    token: Annotated[str, Form(max_length=1000)],
+    csrf: Annotated[str, Form(max_length=100)],
+    name: Annotated[str, Form(max_length=100)] = "",
+    next: Annotated[str, Form(max_length=2000)] = "/",
+) -> Response:
+    if csrf != csrf_token(request):
+        raise HTTPException(403, "the sign-in form expired: load it again")
+    auth: Auth = request.app.state.auth
+    role = auth.open_session(request, token.strip(), name.strip() or "")
+    if role is None:
+        response = _render(request, "login.html", None, next=_safe_next(next), failed=True)
+        response.status_code = 401
+        return response
+    if not name.strip():
+        request.session["name"] = role.name.lower()
+    return RedirectResponse(_safe_next(next), status_code=303)
+
+
+@router.post("/logout")
+def logout(request: Request, csrf: Annotated[str, Form(max_length=100)]) -> RedirectResponse:
+    if csrf != csrf_token(request):
+        raise HTTPException(403, "the sign-out form expired: load it again")
+    request.session.clear()
+    return RedirectResponse("/login", status_code=303)
+
+
+def error_page(request: Request, status: int, message: str) -> Response:
+    if status in (301, 302, 303, 307):
+        return Response(status_code=status)
+    response = templates.TemplateResponse(
+        request,
+        "error.html",
+        {"who": None, "csrf": "", "status": status, "message": message, "statuses": STATUSES},
+        status_code=status,
+    )
+    return response
+
+
+def _safe_next(target: str) -> str:
+    """Only a path of this site (no //host, no scheme): a sign-in cannot send you elsewhere."""
+    if not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def _next(target: str) -> str:
+    return urlencode({"next": target})

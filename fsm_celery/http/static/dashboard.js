@@ -1,0 +1,221 @@
+// The dashboard's pages, live: one EventSource on /api/events moves rows, badges, the graph
+// and the timeline as transitions commit; admins' buttons ask for confirmation (and a reason)
+// and send the action to /api with the session's CSRF token.
+"use strict";
+
+const csrf = () => document.querySelector('meta[name="csrf-token"]').content;
+const isAdmin = () => document.body.dataset.admin === "true";
+const time = (iso) => new Date(iso).toISOString().slice(11, 19);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+function badge(status) {
+  return el("span", { class: `badge status-${status}` }, status);
+}
+
+async function send(method, url, body) {
+  const response = await fetch(url, {
+    method,
+    headers: { "content-type": "application/json", "x-csrf-token": csrf() },
+    body: JSON.stringify(body),
+    credentials: "same-origin",
+  });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(data.error ? data.error.message : response.statusText);
+  return data;
+}
+
+// -- confirmation dialog ----------------------------------------------------------------
+
+function confirmAction({ title, text, fields, run }) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-title").textContent = title;
+  document.getElementById("confirm-text").textContent = text;
+  const holder = document.getElementById("confirm-fields");
+  holder.replaceChildren(...(fields || []));
+  const reason = document.getElementById("confirm-reason");
+  reason.value = "";
+  const error = document.getElementById("confirm-error");
+  error.hidden = true;
+  const form = document.getElementById("confirm-form");
+  form.onsubmit = async (event) => {
+    event.preventDefault();
+    try {
+      await run(reason.value, form);
+      dialog.close();
+    } catch (exc) {
+      error.textContent = exc.message;
+      error.hidden = false;
+    }
+  };
+  document.getElementById("confirm-cancel").onclick = () => dialog.close();
+  dialog.showModal();
+}
+
+// -- one machine's page -------------------------------------------------------------------
+
+function machinePage(section) {
+  const id = section.dataset.machine;
+  const graphBox = document.getElementById("graph");
+  const drawing = JSON.parse(graphBox.dataset.drawing);
+  const graph = new MachineGraph(graphBox, drawing);
+  const visited = drawing.visited.slice();
+
+  if (isAdmin()) wireActions(id);
+
+  return (event) => {
+    if (event.machineId !== id) return;
+    document.getElementById("m-state").textContent = event.toState;
+    const status = document.getElementById("m-status");
+    status.replaceWith(Object.assign(badge(event.status), { id: "m-status" }));
+    if (event.fromState) visited.push([event.fromState, event.toState]);
+    graph.update(event.toState, event.status, visited);
+    const line = el("div", { class: "line" },
+      el("time", { datetime: event.at }, time(event.at)), " ",
+      el("b", {}, `#${event.attempt} ${event.event}`), " ",
+      event.fromState ? `${event.fromState} → ` : "", el("b", {}, event.toState),
+      event.actor ? el("span", { class: "muted" }, ` by ${event.actor}`) : "");
+    const item = el("li", { class: `event ev-${event.event} ${event.success ? "ok" : "failed"} new` }, line);
+    if (event.error) item.append(el("div", { class: "error" }, event.error));
+    document.getElementById("timeline").prepend(item);
+  };
+}
+
+function wireActions(id) {
+  const box = document.getElementById("actions");
+  const states = JSON.parse(box.dataset.states);
+  box.addEventListener("click", (click) => {
+    const action = click.target.dataset.action;
+    if (!action) return;
+    const fields = [];
+    if (action === "force") {
+      const select = el("select", { name: "state", id: "confirm-state" },
+        ...states.map((s) => el("option", { value: s }, s)));
+      fields.push(el("label", {}, "State ", select));
+    }
+    if (action === "budget") {
+      fields.push(el("label", {}, "Tokens ", el("input", { name: "tokens", inputmode: "numeric", placeholder: "no limit" })));
+      fields.push(el("label", {}, "Cost ", el("input", { name: "cost", inputmode: "decimal", placeholder: "no limit" })));
+    }
+    confirmAction({
+      title: `${action[0].toUpperCase()}${action.slice(1)} this machine?`,
+      text: `It is recorded in the history, with your name and reason.`,
+      fields,
+      run: async (reason, form) => {
+        if (action === "budget") {
+          const number = (name) => (form.elements[name].value === "" ? null : Number(form.elements[name].value));
+          await send("PUT", `/api/machines/${id}/budget`, { tokens: number("tokens"), cost: number("cost") });
+          location.reload();
+          return;
+        }
+        const body = { reason };
+        if (action === "force") body.state = form.elements.state.value;
+        await send("POST", `/api/machines/${id}/${action}`, body);
+      },
+    });
+  });
+}
+
+// -- the machines list ----------------------------------------------------------------------
+
+function machinesPage(table) {
+  const filters = JSON.parse(table.dataset.filters || "{}");
+  const body = table.tBodies[0];
+  const matches = (event) =>
+    (!filters.status || filters.status === event.status) &&
+    (!filters.type || filters.type === event.machineType) &&
+    (!filters.agent_type || filters.agent_type === event.agentType) &&
+    !filters.github_issue && !filters.agent_id && !filters.created_before && !filters.cursor;
+
+  if (isAdmin()) wireBulk(filters);
+
+  return (event) => {
+    let row = body.querySelector(`tr[data-machine="${event.machineId}"]`);
+    if (!row && event.event === "start" && matches(event)) {
+      body.querySelector("tr.empty")?.remove();
+      row = el("tr", { "data-machine": event.machineId, "data-type": event.machineType },
+        el("td", { class: "mono" }, el("a", { href: `/machines/${event.machineId}` }, event.machineId.slice(0, 8))),
+        el("td", {}, event.machineType), el("td", { class: "state" }), el("td", { class: "status" }),
+        el("td", { class: "attempt" }), el("td", {}, ""), el("td", {}, el("time", { datetime: event.at }, event.at.slice(0, 19).replace("T", " "))),
+        el("td", { class: "updated" }));
+      body.prepend(row);
+    }
+    if (row) {
+      row.querySelector(".state").textContent = event.toState;
+      row.querySelector(".status").replaceChildren(badge(event.status));
+      row.querySelector(".attempt").textContent = event.attempt + (event.status === "running" ? 1 : 0);
+      row.querySelector(".updated").replaceChildren(el("time", { datetime: event.at }, time(event.at)));
+      row.classList.remove("flash");
+      void row.offsetWidth;
+      row.classList.add("flash");
+    }
+    updateAgent(event);
+  };
+}
+
+function updateAgent(event) {
+  if (!event.agentId) return;
+  const cell = document.querySelector(`tr[data-agent="${event.agentId}"] .work`);
+  if (!cell) return;
+  cell.querySelector(`[data-work="${event.machineId}"]`)?.remove();
+  if (event.status === "running" || event.status === "paused") {
+    cell.querySelector(".idle")?.remove();
+    cell.prepend(el("a", { href: `/machines/${event.machineId}`, "data-work": event.machineId },
+      `${event.machineType} · `, el("b", {}, event.toState)));
+  } else if (!cell.querySelector("a")) {
+    cell.replaceChildren(el("span", { class: "muted idle" }, "idle"));
+  }
+}
+
+function wireBulk(filters) {
+  for (const button of document.querySelectorAll("[data-bulk]")) {
+    button.addEventListener("click", () => {
+      const action = button.dataset.bulk;
+      const described = Object.entries(filters).filter(([k]) => k !== "cursor").map(([k, v]) => `${k}=${v}`).join(", ") || "every machine";
+      confirmAction({
+        title: `${action[0].toUpperCase()}${action.slice(1)} all matching machines?`,
+        text: `Acts on up to 1,000 machines matching: ${described}.`,
+        run: async (reason) => {
+          const filter = {};
+          for (const key of ["status", "type", "agent_type", "agent_id", "github_issue"]) {
+            if (filters[key]) filter[key] = key === "github_issue" ? Number(filters[key]) : filters[key];
+          }
+          const result = await send("POST", "/api/machines/bulk", { action, filter, reason, limit: 1000 });
+          alert(`${result.done} done, ${result.refused} refused`);
+        },
+      });
+    });
+  }
+}
+
+// -- the live feed --------------------------------------------------------------------------
+
+function listen(handle, machineId) {
+  const live = document.getElementById("live");
+  const url = machineId ? `/api/events?machine_id=${machineId}` : "/api/events";
+  const source = new EventSource(url, { withCredentials: true });
+  source.addEventListener("hello", () => live.classList.add("on"));
+  source.addEventListener("transition", (message) => handle(JSON.parse(message.data)));
+  source.addEventListener("resync", () => location.reload());
+  source.onerror = () => live.classList.remove("on");
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const machine = document.getElementById("machine");
+  if (machine) {
+    listen(machinePage(machine), machine.dataset.machine);
+    return;
+  }
+  const table = document.getElementById("machines");
+  if (table) listen(machinesPage(table));
+  const graphBox = document.getElementById("graph");
+  if (graphBox) new MachineGraph(graphBox, JSON.parse(graphBox.dataset.drawing));
+});

@@ -1,0 +1,62 @@
+"""The GitHub webhook's rows: each delivery seen once, and the machines running for an issue.
+Each helper takes the connection and never commits."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from sqlalchemy import Connection, select, update
+
+from fsm_celery.store import dialects
+from fsm_celery.store.tables import github_deliveries, machines
+
+UNFINISHED = ("running", "paused")
+
+
+def claim_delivery_txn(conn: Connection, delivery: str, event: str, action: str | None) -> bool:
+    """Record the delivery; False when it was recorded already (GitHub sent it again)."""
+    statement = (
+        dialects.of(conn)
+        .insert(github_deliveries)
+        .values(id=delivery, event=event[:50], action=(action or "")[:50], outcome="received")
+        .on_conflict_do_nothing()
+    )
+    return conn.execute(statement).rowcount == 1
+
+
+def settle_delivery_txn(
+    conn: Connection,
+    delivery: str,
+    outcome: str,
+    repository: str | None = None,
+    issue: int | None = None,
+    machine_id: UUID | None = None,
+) -> None:
+    conn.execute(
+        update(github_deliveries)
+        .where(github_deliveries.c.id == delivery)
+        .values(outcome=outcome, repository=repository, issue=issue, machine_id=machine_id)
+    )
+
+
+def lock_issue_txn(conn: Connection, repository: str, issue: int) -> None:
+    """Take the issue's lock: two deliveries for one issue start at most one machine."""
+    dialects.of(conn).lock_key(conn, f"github:{repository}#{issue}")
+
+
+def running_for_issue_txn(
+    conn: Connection, machine_type: str, repository: str, issue: int
+) -> UUID | None:
+    """An unfinished machine of the type started for the issue of that repository, if any."""
+    rows = conn.execute(
+        select(machines.c.id, machines.c.context).where(
+            machines.c.type == machine_type,
+            machines.c.github_issue == issue,
+            machines.c.status.in_(UNFINISHED),
+        )
+    ).all()
+    for row in rows:
+        if row.context.get("repository") == repository:
+            found: UUID = row.id
+            return found
+    return None

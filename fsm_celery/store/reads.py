@@ -1,0 +1,121 @@
+"""What the HTTP API and the dashboard read: machines filtered and paged, agents with what
+they work on now, definitions' versions. Each helper takes a connection and never commits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from sqlalchemy import Connection, Select, func, select, tuple_
+
+from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.tables import agents, definitions, machines
+
+UNFINISHED = ("running", "paused")
+
+
+@dataclass(frozen=True)
+class MachineFilter:
+    """Which machines: every field given must match (created_* bound created_at)."""
+
+    status: str | None = None
+    machine_type: str | None = None
+    agent_type: str | None = None
+    agent_id: UUID | None = None
+    github_issue: int | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    def apply(self, query: Select[tuple[object, ...]]) -> Select[tuple[object, ...]]:
+        c = machines.c
+        for column, value in (
+            (c.status, self.status),
+            (c.type, self.machine_type),
+            (c.agent_type, self.agent_type),
+            (c.agent_id, self.agent_id),
+            (c.github_issue, self.github_issue),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        if self.created_after is not None:
+            query = query.where(c.created_at >= self.created_after)
+        if self.created_before is not None:
+            query = query.where(c.created_at < self.created_before)
+        return query
+
+
+Cursor = tuple[datetime, UUID]  # the last machine of a page: (created_at, id)
+
+
+def find_machines_txn(
+    conn: Connection, where: MachineFilter, limit: int, after: Cursor | None = None
+) -> Sequence[AnyRow]:
+    """A page of machines, newest first, after the cursor (keyset: no OFFSET to walk)."""
+    query = where.apply(select(machines))
+    if after is not None:
+        query = query.where(tuple_(machines.c.created_at, machines.c.id) < tuple_(*after))
+    order = (machines.c.created_at.desc(), machines.c.id.desc())
+    return conn.execute(query.order_by(*order).limit(limit)).all()
+
+
+def machine_ids_txn(conn: Connection, where: MachineFilter, limit: int) -> list[UUID]:
+    """The ids of the machines the filter selects, newest first, at most limit."""
+    query = where.apply(select(machines.c.id))
+    order = (machines.c.created_at.desc(), machines.c.id.desc())
+    return [row.id for row in conn.execute(query.order_by(*order).limit(limit))]
+
+
+def agents_at_work_txn(conn: Connection) -> tuple[Sequence[AnyRow], Sequence[AnyRow]]:
+    """Every agent, and the unfinished machines assigned to one (what it works on now)."""
+    listed = conn.execute(
+        select(agents).order_by(agents.c.agent_type, agents.c.last_seen_at.desc())
+    ).all()
+    work = conn.execute(
+        select(
+            machines.c.id,
+            machines.c.type,
+            machines.c.agent_id,
+            machines.c.current_state,
+            machines.c.status,
+            machines.c.attempt,
+            machines.c.entered_at,
+            machines.c.progress,
+        )
+        .where(machines.c.agent_id.is_not(None), machines.c.status.in_(UNFINISHED))
+        .order_by(machines.c.updated_at.desc())
+    ).all()
+    return listed, work
+
+
+def definition_versions_txn(conn: Connection) -> Sequence[AnyRow]:
+    """Every stored definition version (without its body), by type then newest first."""
+    return conn.execute(
+        select(
+            definitions.c.type,
+            definitions.c.version,
+            definitions.c.agent_type,
+            definitions.c.description,
+            definitions.c.initial_state,
+            definitions.c.created_at,
+            func.count(machines.c.id).label("machines"),
+        )
+        .select_from(
+            definitions.outerjoin(
+                machines,
+                (machines.c.type == definitions.c.type)
+                & (machines.c.definition_version == definitions.c.version),
+            )
+        )
+        .group_by(definitions.c.id)
+        .order_by(definitions.c.type, definitions.c.version.desc())
+    ).all()
+
+
+def definition_body_txn(conn: Connection, machine_type: str, version: int | None) -> AnyRow | None:
+    """One version's stored row (the latest when version is None), or None."""
+    query = select(definitions).where(definitions.c.type == machine_type)
+    if version is not None:
+        query = query.where(definitions.c.version == version)
+    return conn.execute(query.order_by(definitions.c.version.desc()).limit(1)).first()
