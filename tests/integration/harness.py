@@ -47,6 +47,10 @@ from tests.secret import TEST_SECRET
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_DEFINITIONS = ROOT / "tests" / "fixtures" / "definitions"
 LOGS = Path(os.environ.get("FSM_TEST_LOGS", "/tmp/fsm-celery-test-logs"))
+# The HTTP API's credentials in every test deployment (32+ bytes, as the settings demand).
+ADMIN_TOKEN = "test-admin-token-" + "a" * 32
+VIEWER_TOKEN = "test-viewer-token-" + "v" * 32
+WEBHOOK_SECRET = "test-github-webhook-secret"
 TERMINAL = {"completed", "failed", "cancelled"}
 
 
@@ -275,6 +279,26 @@ class FsmEnv:
         proc.wait_for_log("Visit me at")
         return proc, port
 
+    def start_dashboard(self) -> tuple[Proc, str]:
+        """A real `fsm-celery dashboard` on 127.0.0.1, returned with its base URL once it
+        serves (tokens ADMIN_TOKEN and VIEWER_TOKEN)."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        argv = [sys.executable, "-m", "fsm_celery", "dashboard", "--port", str(port)]
+        proc = self._spawn("dashboard", argv)
+        proc.wait_for_log("Application startup complete")
+        return proc, f"http://127.0.0.1:{port}"
+
+    def api(self) -> Any:
+        """The HTTP API in this process (FastAPI's TestClient: the real app, its real database
+        and Redis, without a socket); use it as a context manager to run the live feed."""
+        from fastapi.testclient import TestClient
+
+        from fsm_celery.http import create_app
+
+        return TestClient(create_app(self.settings, self.client), raise_server_exceptions=False)
+
     def stop_all(self) -> None:
         for proc in self.procs:
             proc.stop()
@@ -328,6 +352,11 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
     """A fresh environment with its own database copied from the template."""
     tag = f"{name}_{os.getpid()}"
     database_url = copy_database(pg_url, template, f"fsm_test_{tag}")
+    http = {
+        "admin_token": ADMIN_TOKEN,
+        "viewer_token": VIEWER_TOKEN,
+        "github_webhook_secret": WEBHOOK_SECRET,
+    }
     settings = Settings(
         database_url=database_url,
         redis_url=redis_url,
@@ -335,7 +364,7 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
         channel_prefix=f"{tag}:",
         task_token_secret=TEST_SECRET,
         definitions_path=str(SHIPPED_DEFINITIONS),
-        **overrides,
+        **{**http, **overrides},
     )
     client = wiring.client(settings)
     client.load_definitions(str(SHIPPED_DEFINITIONS))
