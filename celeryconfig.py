@@ -73,6 +73,8 @@ beat_schedule = {
     # The definitions' schedules (fsm-celery schedules): a machine per due cron tick. Any number
     # of beats may run: a tick starts one machine (its row's primary key in PostgreSQL).
     "fsm-schedules": {"task": "fsm.run_schedules", "schedule": _settings.schedule_interval_seconds},
+    # The statistics' counters (GET /api/stats, fsm-celery stats) keep up with the history.
+    "fsm-fold-stats": {"task": "fsm.fold_stats", "schedule": _settings.stats_interval_seconds},
     # Rejected messages and silent agents past their retention, a few thousand rows at a time.
     "fsm-prune": {"task": "fsm.prune", "schedule": 60.0},
 }

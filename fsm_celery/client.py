@@ -392,24 +392,9 @@ class Client:
         return [TransitionRecord.from_row(r) for r in rows]
 
     def stats(self) -> dict[str, Any]:
-        """Machines per type and status, and rejected messages per reason."""
-        with self.engine.db.connect() as conn:
-            machines: dict[str, dict[str, int]] = {}
-            for row in q.status_counts_txn(conn):
-                machines.setdefault(row.type, {})[row.status] = row.total
-            rejected = {row.reason: row.total for row in q.rejection_counts_txn(conn)}
-            usage = {
-                by: {
-                    str(row.key): {
-                        "tokens": int(row.tokens or 0),
-                        "cost": float(row.cost or 0),
-                        "attempts": row.attempts,
-                    }
-                    for row in q.usage_by_txn(conn, column)
-                }
-                for by, column in (("by_type", "type"), ("by_agent", "agent_id"))
-            }
-        return {"machines": machines, "rejected": rejected, "usage": usage}
+        """Machines by status, type and agent type; attempts per state (success rate, p50 and
+        p95 durations); completion rate per type; usage per type and agent; rejections."""
+        return self.engine.stats.read()
 
     def rejected(
         self, machine_id: UUID | str | None = None, limit: int = 100

@@ -114,6 +114,11 @@ class Settings(BaseSettings):
         gt=0,
         description="How often beat looks for due schedule ticks (a tick is late by at most this).",
     )
+    stats_interval_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often beat folds new history rows into the statistics' counters.",
+    )
     max_context_bytes: int = Field(
         default=524_288, gt=0, description="The largest machine context stored."
     )

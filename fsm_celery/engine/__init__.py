@@ -8,6 +8,7 @@ definitions), and each answering with a Next (fsm_celery.engine.steps):
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
 - `schedules`: start machines on their definitions' cron ticks (engine/schedules.py);
+- `stats`: fold the history into counters, and read them (engine/stats.py);
 - `github`: start machines for GitHub issues, once per delivery (engine/github.py);
 - `catalog`: the machine definitions (engine/runtime.py).
 
@@ -31,6 +32,7 @@ from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.runtime import Runtime, utcnow
 from fsm_celery.engine.scan import Scan
 from fsm_celery.engine.schedules import Schedules
+from fsm_celery.engine.stats import Stats
 from fsm_celery.engine.steps import Inbound, Next, Scanned, Step
 
 __all__ = ["Inbound", "MachineEngine", "Next", "Scanned", "Step"]
@@ -55,6 +57,7 @@ class MachineEngine:
         self.scan = Scan(self.runtime, self.entry)
         self.schedules = Schedules(self.runtime, self.admin)
         self.github = GitHub(self.runtime, self.admin)
+        self.stats = Stats(self.runtime)
 
     @property
     def db(self) -> Engine:

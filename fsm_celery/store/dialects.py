@@ -35,6 +35,14 @@ class Dialect(Protocol):
         """An INSERT that can turn into an update on conflict (an upsert)."""
         ...
 
+    def snapshot(self, conn: Connection) -> str:
+        """Which transactions are in flight now, to be asked later whether they all ended."""
+        ...
+
+    def ended(self, conn: Connection, snapshot: str) -> bool:
+        """Whether every transaction in flight at the snapshot has committed or rolled back."""
+        ...
+
     def lock_key(self, conn: Connection, key: str) -> None:
         """Hold a lock named key until the transaction ends (two transactions that take the
         same key run one after the other)."""

@@ -57,6 +57,19 @@ class PostgreSQL:
     def insert(self, table: Table) -> Insert:
         return pg_insert(table)
 
+    def snapshot(self, conn: Connection) -> str:
+        return str(conn.execute(text("SELECT pg_current_snapshot()::text")).scalar_one())
+
+    def ended(self, conn: Connection, snapshot: str) -> bool:
+        ended = conn.execute(
+            text(
+                "SELECT pg_snapshot_xmin(pg_current_snapshot()) "
+                ">= pg_snapshot_xmax(CAST(:snapshot AS pg_snapshot))"
+            ),
+            {"snapshot": snapshot},
+        ).scalar_one()
+        return bool(ended)
+
     def lock_key(self, conn: Connection, key: str) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": key})
 

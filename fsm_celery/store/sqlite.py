@@ -44,6 +44,13 @@ class SQLite:
     def insert(self, table: Table) -> Insert:
         return sqlite_insert(table)
 
+    def snapshot(self, conn: Connection) -> str:
+        """One writer at a time: what a reader sees has committed, in id order."""
+        return ""
+
+    def ended(self, conn: Connection, snapshot: str) -> bool:
+        return True
+
     def lock_key(self, conn: Connection, key: str) -> None:
         """Nothing to take: a write transaction holds the whole database (BEGIN IMMEDIATE)."""
 

@@ -266,6 +266,16 @@ state_stats = Table(
     Column("duration_ms", BigInteger, nullable=False),
 )
 
+# Attempts, tokens and cost per agent, folded from the history with state_stats.
+agent_usage = Table(
+    "agent_usage",
+    metadata,
+    Column("agent_id", Uuid, primary_key=True),
+    Column("attempts", BigInteger, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("cost", Float, nullable=False),
+)
+
 # How far each fold has read (history ids), and the id it waits to be sure of.
 rollups = Table(
     "rollups",

@@ -135,6 +135,13 @@ def run_schedules() -> int:
     return due
 
 
+@app.task(name="fsm.fold_stats", **RETRY)
+def fold_stats() -> int:
+    """Fold the attempts recorded since the last fold into the statistics' counters (beat,
+    every few seconds); how many."""
+    return engine().stats.fold()
+
+
 @app.task(name="fsm.prune", **RETRY)
 def prune() -> None:
     """Delete rejected messages and silent agents past their retention (beat, every minute)."""

@@ -78,6 +78,13 @@ def upgrade() -> None:
         sa.Column("duration_ms", sa.BigInteger, nullable=False),
     )
     op.create_table(
+        "agent_usage",
+        sa.Column("agent_id", sa.Uuid, primary_key=True),
+        sa.Column("attempts", sa.BigInteger, nullable=False),
+        sa.Column("tokens", sa.BigInteger, nullable=False),
+        sa.Column("cost", sa.Float, nullable=False),
+    )
+    op.create_table(
         "rollups",
         sa.Column("name", sa.String(50), primary_key=True),
         sa.Column("last_id", sa.BigInteger, nullable=False),
@@ -89,6 +96,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("rollups")
+    op.drop_table("agent_usage")
     op.drop_table("state_stats")
     op.drop_index("idx_notifications_machine", "notifications")
     op.drop_index("idx_notifications_due", "notifications")

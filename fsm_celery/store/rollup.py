@@ -1,0 +1,159 @@
+"""The statistics' rows: attempts folded from the history into state_stats and agent_usage,
+the fold's watermark, and what is not folded yet (the tail). Each helper takes the connection
+and never commits; fsm_celery.engine.stats owns the transactions and explains the watermark."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from uuid import UUID
+
+from sqlalchemy import Connection, func, select, update
+
+from fsm_celery.store import dialects
+from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.tables import (
+    agent_usage,
+    machines,
+    rejected_messages,
+    rollups,
+    state_stats,
+    transitions,
+)
+
+HISTORY = "history"
+ATTEMPTS = ("ack", "timeout")  # the history rows that end an agent's attempt
+
+
+def watermark_txn(conn: Connection) -> AnyRow:
+    """The fold's row, locked (made on first use): one fold at a time."""
+    conn.execute(
+        dialects.of(conn)
+        .insert(rollups)
+        .values(name=HISTORY, last_id=0)
+        .on_conflict_do_nothing(index_elements=["name"])
+    )
+    row: AnyRow = conn.execute(
+        select(rollups).where(rollups.c.name == HISTORY).with_for_update()
+    ).one()
+    return row
+
+
+def folded_through_txn(conn: Connection) -> int:
+    """The last history id folded (0: none yet)."""
+    last = conn.execute(select(rollups.c.last_id).where(rollups.c.name == HISTORY)).scalar()
+    return int(last or 0)
+
+
+def set_watermark_txn(conn: Connection, **fields: object) -> None:
+    """Set the watermark's fields: last_id (folded through), or pending_id, pending_snapshot and
+    updated_at (noted then)."""
+    conn.execute(update(rollups).where(rollups.c.name == HISTORY).values(**fields))
+
+
+def last_history_id_txn(conn: Connection) -> int:
+    return int(conn.execute(select(func.max(transitions.c.id))).scalar() or 0)
+
+
+def attempts_txn(conn: Connection, after: int, upto: int | None, limit: int) -> Sequence[AnyRow]:
+    """The attempts recorded after history id `after` (up to `upto`), oldest first, with their
+    machine's type."""
+    query = (
+        select(
+            transitions.c.id,
+            machines.c.type,
+            transitions.c.from_state,
+            transitions.c.success,
+            transitions.c.duration_ms,
+            transitions.c.agent_id,
+            transitions.c.tokens_used,
+            transitions.c.cost,
+        )
+        .select_from(transitions.join(machines, machines.c.id == transitions.c.machine_id))
+        .where(transitions.c.id > after, transitions.c.event.in_(ATTEMPTS))
+        .order_by(transitions.c.id)
+        .limit(limit)
+    )
+    if upto is not None:
+        query = query.where(transitions.c.id <= upto)
+    return conn.execute(query).all()
+
+
+def add_state_stats_txn(
+    conn: Connection, rows: Iterable[tuple[str, str, int, int, int, int]]
+) -> None:
+    """Add (type, state, bucket, attempts, successes, duration_ms) to the stored counters."""
+    values = [
+        {
+            "machine_type": t,
+            "state": s,
+            "bucket": b,
+            "attempts": a,
+            "successes": ok,
+            "duration_ms": ms,
+        }
+        for t, s, b, a, ok, ms in rows
+    ]
+    if not values:
+        return
+    insert = dialects.of(conn).insert(state_stats)
+    conn.execute(
+        insert.on_conflict_do_update(
+            index_elements=["machine_type", "state", "bucket"],
+            set_={
+                "attempts": state_stats.c.attempts + insert.excluded.attempts,
+                "successes": state_stats.c.successes + insert.excluded.successes,
+                "duration_ms": state_stats.c.duration_ms + insert.excluded.duration_ms,
+            },
+        ),
+        values,
+    )
+
+
+def add_agent_usage_txn(conn: Connection, rows: Iterable[tuple[UUID, int, int, float]]) -> None:
+    """Add (agent, attempts, tokens, cost) to the stored counters."""
+    values = [{"agent_id": a, "attempts": n, "tokens": t, "cost": c} for a, n, t, c in rows]
+    if not values:
+        return
+    insert = dialects.of(conn).insert(agent_usage)
+    conn.execute(
+        insert.on_conflict_do_update(
+            index_elements=["agent_id"],
+            set_={
+                "attempts": agent_usage.c.attempts + insert.excluded.attempts,
+                "tokens": agent_usage.c.tokens + insert.excluded.tokens,
+                "cost": agent_usage.c.cost + insert.excluded.cost,
+            },
+        ),
+        values,
+    )
+
+
+def state_stats_txn(conn: Connection) -> Sequence[AnyRow]:
+    return conn.execute(select(state_stats)).all()
+
+
+def agent_usage_txn(conn: Connection) -> Sequence[AnyRow]:
+    return conn.execute(select(agent_usage)).all()
+
+
+def machine_counts_txn(conn: Connection) -> Sequence[AnyRow]:
+    """Machines counted, and their usage summed, by type, agent type and status."""
+    c = machines.c
+    return conn.execute(
+        select(
+            c.type,
+            c.agent_type,
+            c.status,
+            func.count().label("total"),
+            func.sum(c.tokens_used).label("tokens"),
+            func.sum(c.cost).label("cost"),
+        ).group_by(c.type, c.agent_type, c.status)
+    ).all()
+
+
+def rejection_counts_txn(conn: Connection) -> Sequence[AnyRow]:
+    return conn.execute(
+        select(rejected_messages.c.reason, func.count().label("total")).group_by(
+            rejected_messages.c.reason
+        )
+    ).all()

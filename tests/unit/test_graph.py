@@ -1,0 +1,39 @@
+"""A definition as a graph: every state a node, every edge a link, and DOT text (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.graph import FAILURE, GUARDED, LOOP_EXHAUSTED, SUCCESS, graph, to_dot
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS, definition_files, load_all
+
+SHIPPED = load_all(definition_files(str(SHIPPED_DEFINITIONS)))
+
+
+@pytest.mark.parametrize("definition", SHIPPED, ids=lambda d: d.type)
+def test_every_state_is_a_node_and_every_edge_a_link(definition: MachineDefinition) -> None:
+    g = graph(definition)
+    assert [n.id for n in g.nodes] == [s.name for s in definition.states]
+    assert [n.id for n in g.nodes if n.initial] == [definition.initial_state]
+    edges = {(s.name, e.target) for s in definition.states for e in s.edges}
+    assert edges <= {(link.source, link.target) for link in g.links}
+    names = {n.id for n in g.nodes}
+    assert all(link.source in names and link.target in names for link in g.links)
+
+
+def test_guards_loops_and_failures_are_told_apart() -> None:
+    research = next(d for d in SHIPPED if d.type == "research_pipeline")
+    kinds = {(link.source, link.target, link.kind) for link in graph(research).links}
+    assert ("REVIEWING", "COMPLETE", GUARDED) in kinds
+    assert ("PENDING", "RESEARCHING", SUCCESS) in kinds
+    assert ("PENDING", "FAILED", FAILURE) in kinds
+    assert ("REVIEWING", research.on_loop_exhausted, LOOP_EXHAUSTED) in kinds
+
+
+def test_dot_quotes_names_and_draws_failures_dashed() -> None:
+    bug = next(d for d in SHIPPED if d.type == "cto_fix_bug")
+    dot = to_dot(bug)
+    assert dot.startswith('digraph "cto_fix_bug" {') and dot.rstrip().endswith("}")
+    assert '"ANALYZE_BUG" -> "LOCATE_CODE";' in dot
+    assert 'label="failure", style=dashed' in dot
