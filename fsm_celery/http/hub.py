@@ -87,14 +87,15 @@ class EventHub:
         delay = 0.5
         while True:
             client = aioredis.Redis.from_url(self._url)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(self._channel)
                 delay = 0.5
                 for listener in list(self._listeners):  # events may have been missed
                     listener.queue.put_nowait(RESYNC)
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message is not None and message.get("type") == "message":
                         self.publish(message["data"])
             except asyncio.CancelledError:
                 raise
@@ -103,6 +104,8 @@ class EventHub:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
             finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
                 with contextlib.suppress(Exception):
                     await client.aclose()
 

@@ -1,0 +1,55 @@
+"""The live feed's fan-out: each page gets the events it wants, junk is dropped, and a page that
+falls behind is told to resync instead of holding anyone up (no Redis: publish is what the
+subscription calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fsm_celery.http.hub import QUEUE, RESYNC, EventHub
+
+
+def _event(machine: str, to: str = "B") -> str:
+    return json.dumps({"type": "state_event", "machineId": machine, "toState": to})
+
+
+def test_each_listener_gets_what_it_wants_and_junk_reaches_nobody() -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        hub = EventHub("redis://127.0.0.1:1/0", "events")
+        async with hub.listen() as everything, hub.listen("m1") as one:
+            for raw in [
+                _event("m1"),
+                _event("m2"),
+                "not json",
+                json.dumps({"type": "state_task", "machineId": "m1"}),
+                json.dumps({"type": "state_event", "machineId": 5}),
+                "[" * 10_000,
+                json.dumps({"type": "state_event", "machineId": "m1", "pad": "x" * 9000}),
+            ]:
+                hub.publish(raw)
+            return _drain(everything.queue), _drain(one.queue)
+
+    everything, one = asyncio.run(scenario())
+    assert everything == [_event("m1"), _event("m2")]
+    assert one == [_event("m1")]
+
+
+def test_a_listener_that_falls_behind_is_told_to_resync() -> None:
+    async def scenario() -> list[str]:
+        hub = EventHub("redis://127.0.0.1:1/0", "events")
+        async with hub.listen() as slow:
+            for i in range(QUEUE + 5):
+                hub.publish(_event(f"m{i}"))
+            assert hub.listeners == 1
+            return _drain(slow.queue)
+
+    received = asyncio.run(scenario())
+    assert RESYNC in received and len(received) <= QUEUE
+
+
+def _drain(queue: asyncio.Queue[str]) -> list[str]:
+    found = []
+    while not queue.empty():
+        found.append(queue.get_nowait())
+    return found
