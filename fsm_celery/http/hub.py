@@ -105,7 +105,7 @@ class EventHub:
                 delay = min(delay * 2, 10.0)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
                 with contextlib.suppress(Exception):
                     await client.aclose()
 
