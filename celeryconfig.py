@@ -75,6 +75,8 @@ beat_schedule = {
     "fsm-schedules": {"task": "fsm.run_schedules", "schedule": _settings.schedule_interval_seconds},
     # The statistics' counters (GET /api/stats, fsm-celery stats) keep up with the history.
     "fsm-fold-stats": {"task": "fsm.fold_stats", "schedule": _settings.stats_interval_seconds},
+    # Notifications of machines that ended: sent, retried with backoff, never in a transition.
+    "fsm-notify": {"task": "fsm.notify", "schedule": 1.0},
     # Rejected messages and silent agents past their retention, a few thousand rows at a time.
     "fsm-prune": {"task": "fsm.prune", "schedule": 60.0},
 }

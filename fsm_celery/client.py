@@ -19,6 +19,7 @@ from fsm_celery.core import github
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.definition import MachineDefinition, validate
 from fsm_celery.core.loader import definition_files, load_all, parse_definition
+from fsm_celery.core.messages import unstorable
 from fsm_celery.core.usage import Budget
 from fsm_celery.engine import MachineEngine, Next
 from fsm_celery.engine.github import Delivered
@@ -199,9 +200,9 @@ class Client:
             bug_label=settings.github_bug_label,
         )
         action = payload.get("action") if isinstance(payload, dict) else None
-        done = self.engine.github.deliver(
-            delivery, event, wanted, action if isinstance(action, str) else None
-        )
+        if not isinstance(action, str) or unstorable(action) is not None:
+            action = None
+        done = self.engine.github.deliver(delivery, event, wanted, action)
         if done.next:
             self._hand_on(done.next)
         return done

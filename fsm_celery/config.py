@@ -178,6 +178,22 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=1_048_576, gt=0, description="The largest HTTP request body accepted."
     )
+    notify_url: str = Field(
+        default="",
+        description="Where every machine that ends is POSTed (besides its definition's notify "
+        "url); unset, only definitions that say so notify.",
+    )
+    notify_secret: str = Field(
+        default="",
+        description="Signs notifications (X-FSM-Signature-256: HMAC-SHA256 of the body); "
+        "needed as soon as any notification is to be sent.",
+    )
+    notify_max_attempts: int = Field(
+        default=8, ge=1, le=100, description="Tries of a notification before it is failed."
+    )
+    notify_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=60, description="How long a notification's receiver may take."
+    )
     github_webhook_secret: str = Field(
         default="",
         description="The secret of the GitHub webhook (POST /webhooks/github checks "
@@ -204,6 +220,13 @@ class Settings(BaseSettings):
     @classmethod
     def _redis_url(cls, value: str) -> str:
         return _url_with_scheme(value, REDIS_SCHEMES, "FSM_REDIS_URL")
+
+    @field_validator("notify_url")
+    @classmethod
+    def _notify_url(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{mask(value)} is not an http:// or https:// URL")
+        return value
 
     @field_validator("broker_url")
     @classmethod

@@ -134,6 +134,19 @@ class StateDefinition(BaseModel):
         return min(now + self.heartbeat_window, entered_at + longest)
 
 
+class Notify(BaseModel):
+    """Where to POST when a machine of the type ends, and for which endings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(max_length=2000, pattern=r"^https?://[^\s]+$")
+    on: tuple[Literal["completed", "failed", "cancelled"], ...] = (
+        "completed",
+        "failed",
+        "cancelled",
+    )
+
+
 class MachineDefinition(BaseModel):
     """A machine type: its agent type, its states and its initial state."""
 
@@ -149,6 +162,8 @@ class MachineDefinition(BaseModel):
     states: tuple[StateDefinition, ...] = Field(min_length=1)
     # beat starts a machine of the type on each (fsm_celery.core.schedule)
     schedules: tuple[Schedule, ...] = Field(default=(), max_length=20)
+    # an outgoing webhook when a machine ends (fsm_celery.core.notify), besides FSM_NOTIFY_URL
+    notify: Notify | None = None
 
     _by_name: dict[str, StateDefinition] = PrivateAttr(default_factory=dict)
 

@@ -15,7 +15,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Any
 
-from fsm_celery.core.messages import INT32_MAX
+from fsm_celery.core.messages import INT32_MAX, unstorable
 
 TITLE_CHARS = 500
 NAME_CHARS = 200
@@ -53,6 +53,9 @@ def decide(
         return Ignored(f"event {event[:50]!r} starts nothing")
     if not isinstance(payload, dict):
         return Ignored("the payload is not a JSON object")
+    problem = unstorable(payload, "payload")
+    if problem is not None:  # a NUL character, say: nothing of it reaches the database
+        return Ignored(problem)
     action = payload.get("action")
     issue = payload.get("issue")
     repository = payload.get("repository")

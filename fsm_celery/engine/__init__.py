@@ -9,6 +9,7 @@ definitions), and each answering with a Next (fsm_celery.engine.steps):
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
 - `schedules`: start machines on their definitions' cron ticks (engine/schedules.py);
 - `stats`: fold the history into counters, and read them (engine/stats.py);
+- `notifier`: send the notifications of machines that ended (engine/notify.py);
 - `github`: start machines for GitHub issues, once per delivery (engine/github.py);
 - `catalog`: the machine definitions (engine/runtime.py).
 
@@ -29,6 +30,7 @@ from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
+from fsm_celery.engine.notify import Notifier
 from fsm_celery.engine.runtime import Runtime, utcnow
 from fsm_celery.engine.scan import Scan
 from fsm_celery.engine.schedules import Schedules
@@ -58,6 +60,7 @@ class MachineEngine:
         self.schedules = Schedules(self.runtime, self.admin)
         self.github = GitHub(self.runtime, self.admin)
         self.stats = Stats(self.runtime)
+        self.notifier = Notifier(self.runtime)
 
     @property
     def db(self) -> Engine:

@@ -16,6 +16,7 @@ from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import DispatchFailed, Machine, MachineStatus, Rejected, decide
+from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.steps import Next
 from fsm_celery.engine.writes import Writes, aware
@@ -86,6 +87,8 @@ class Entry:
         """
         self._rt.dispatcher.dispatch_many(writes.outbox)
         writes.write(conn)
+        if writes.ended:
+            outbox_txn(conn, self._rt, writes)
 
     def _task(
         self, row: q.AnyRow, state: StateDefinition, machine: Machine, now: datetime

@@ -18,6 +18,7 @@ from fsm_celery.store import queries as q
 from fsm_celery.store.rows import Beat, Dispatch, History, Move, Rejection
 
 KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or why it paused
+ENDED = (MachineStatus.COMPLETED, MachineStatus.FAILED, MachineStatus.CANCELLED)
 RUNNING = MachineStatus.RUNNING.value
 
 
@@ -64,6 +65,7 @@ class Writes:
     types: dict[UUID, str] = field(default_factory=dict)
     entered: set[UUID] = field(default_factory=set)
     events: list[StateEvent] = field(default_factory=list)  # announced once committed
+    ended: list[tuple[q.AnyRow, Transition]] = field(default_factory=list)  # to notify
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
@@ -137,6 +139,8 @@ class Writes:
             )
         )
         self.announce(self.history[-1], row.type, row.agent_type, t.status.value)
+        if t.status in ENDED:
+            self.ended.append((row, t))
 
     def announce(self, history: History, machine_type: str, agent_type: str, status: str) -> None:
         """Queue the event of a history row, to be announced once the transaction commits."""

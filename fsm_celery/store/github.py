@@ -47,16 +47,22 @@ def lock_issue_txn(conn: Connection, repository: str, issue: int) -> None:
 def running_for_issue_txn(
     conn: Connection, machine_type: str, repository: str, issue: int
 ) -> UUID | None:
-    """An unfinished machine of the type started for the issue of that repository, if any."""
-    rows = conn.execute(
-        select(machines.c.id, machines.c.context).where(
+    """An unfinished machine of the type that a delivery started for the repository's issue.
+
+    Found through the delivery's row, not the machine's context: agents' outputs merge into the
+    context and may well say `repository` too.
+    """
+    found: UUID | None = conn.execute(
+        select(machines.c.id)
+        .select_from(
+            github_deliveries.join(machines, machines.c.id == github_deliveries.c.machine_id)
+        )
+        .where(
+            github_deliveries.c.repository == repository,
+            github_deliveries.c.issue == issue,
             machines.c.type == machine_type,
-            machines.c.github_issue == issue,
             machines.c.status.in_(UNFINISHED),
         )
-    ).all()
-    for row in rows:
-        if row.context.get("repository") == repository:
-            found: UUID = row.id
-            return found
-    return None
+        .limit(1)
+    ).scalar()
+    return found

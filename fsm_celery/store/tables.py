@@ -229,6 +229,7 @@ github_deliveries = Table(
     Column("outcome", String(20), nullable=False),  # started, running, ignored
     Column("machine_id", Uuid),
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Index("idx_github_deliveries_issue", "repository", "issue"),
 )
 
 # Outgoing webhooks of machines that ended, written with the transition that ended them and

@@ -142,6 +142,13 @@ def fold_stats() -> int:
     return engine().stats.fold()
 
 
+@app.task(name="fsm.notify", **RETRY)
+def send_notifications() -> int:
+    """Send the notifications of machines that ended (beat, every second); how many went."""
+    delivered, _ = engine().notifier.deliver()
+    return delivered
+
+
 @app.task(name="fsm.prune", **RETRY)
 def prune() -> None:
     """Delete rejected messages and silent agents past their retention (beat, every minute)."""

@@ -74,6 +74,7 @@ function machinePage(section) {
   return (event) => {
     if (event.machineId !== id) return;
     document.getElementById("m-state").textContent = event.toState;
+    document.getElementById("m-attempt").textContent = event.attempt + 1;  // the event's ended
     const status = document.getElementById("m-status");
     status.replaceWith(Object.assign(badge(event.status), { id: "m-status" }));
     if (event.fromState) visited.push([event.fromState, event.toState]);
@@ -151,7 +152,7 @@ function machinesPage(table) {
     if (row) {
       row.querySelector(".state").textContent = event.toState;
       row.querySelector(".status").replaceChildren(badge(event.status));
-      row.querySelector(".attempt").textContent = event.attempt + (event.status === "running" ? 1 : 0);
+      row.querySelector(".attempt").textContent = event.attempt + 1;  // every move opens the next
       row.querySelector(".updated").replaceChildren(el("time", { datetime: event.at }, time(event.at)));
       row.classList.remove("flash");
       void row.offsetWidth;

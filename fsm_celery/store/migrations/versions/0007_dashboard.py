@@ -46,6 +46,7 @@ def upgrade() -> None:
         sa.Column("machine_id", sa.Uuid),
         sa.Column("received_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     )
+    op.create_index("idx_github_deliveries_issue", "github_deliveries", ["repository", "issue"])
     op.create_table(
         "notifications",
         sa.Column("id", BigId, primary_key=True),
@@ -101,6 +102,7 @@ def downgrade() -> None:
     op.drop_index("idx_notifications_machine", "notifications")
     op.drop_index("idx_notifications_due", "notifications")
     op.drop_table("notifications")
+    op.drop_index("idx_github_deliveries_issue", "github_deliveries")
     op.drop_table("github_deliveries")
     for name in (
         "idx_machines_at_work",

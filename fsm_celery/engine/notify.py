@@ -1,0 +1,119 @@
+"""Notifications when machines end: written with the transition that ended them (`outbox_txn`),
+sent afterwards by beat's job (`Notifier.deliver`), retried with backoff, and failed for good,
+with the receiver's last answer, after FSM_NOTIFY_MAX_ATTEMPTS tries.
+
+A try takes its notifications under a lease (their next try pushed past the send's timeout), in
+a transaction of its own, then sends them, then records what happened: no row lock is held
+while a receiver answers, and a job killed mid-send leaves them to the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import httpx
+from sqlalchemy import Connection
+
+from fsm_celery.core import notify
+from fsm_celery.core.retry import jitter_unit
+from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.writes import Writes
+from fsm_celery.store import notify as store
+from fsm_celery.store.queries import AnyRow
+
+log = logging.getLogger(__name__)
+SENDERS = 8  # receivers tried at once
+ANSWER_CHARS = 300  # of a receiver's answer kept as the error
+
+
+def outbox_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
+    """Queue a notification for each machine the transaction ended, where its definition or
+    FSM_NOTIFY_URL asks for one."""
+    rows = []
+    for row, t in writes.ended:
+        definition = runtime.catalog.version(conn, row.type, row.definition_version)
+        urls = notify.targets(definition.notify, runtime.settings.notify_url, t.status.value)
+        if not urls:
+            continue
+        message = notify.payload(
+            machine_id=row.id,
+            machine_type=row.type,
+            status=t.status.value,
+            state=t.to_state,
+            attempt=row.attempt,
+            error=t.error,
+            github_issue=row.github_issue,
+            context=dict(t.context),
+            at=writes.now,
+        )
+        rows += [
+            {
+                "machine_id": row.id,
+                "url": url,
+                "event": t.status.value,
+                "payload": message,
+                "next_attempt_at": writes.now,
+            }
+            for url in urls
+        ]
+    store.insert_notifications_txn(conn, rows)
+
+
+class Notifier:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    def deliver(self, limit: int = 50) -> tuple[int, int]:
+        """Send the notifications due now; how many were delivered and how many failed."""
+        settings = self._rt.settings
+        now = self._rt.clock()
+        lease = timedelta(seconds=2 * settings.notify_timeout_seconds + 5)
+        with self._rt.db.begin() as conn:
+            due = store.claim_due_txn(conn, now, limit, lease)
+        if not due:
+            return 0, 0
+        with (
+            httpx.Client(timeout=settings.notify_timeout_seconds, follow_redirects=False) as http,
+            ThreadPoolExecutor(min(SENDERS, len(due))) as pool,
+        ):
+            errors = list(pool.map(lambda row: self._send(http, row), due))
+        done = self._rt.clock()
+        delivered = 0
+        with self._rt.db.begin() as conn:
+            for row, error in zip(due, errors, strict=True):
+                delivered += error is None
+                store.settle_txn(conn, row.id, **self._outcome(row, error, done))
+        return delivered, len(due) - delivered
+
+    def _send(self, http: httpx.Client, row: AnyRow) -> str | None:
+        """POST one notification; None when the receiver took it (2xx), else what went wrong."""
+        secret = self._rt.settings.notify_secret
+        if not secret:
+            return "FSM_NOTIFY_SECRET is not set: notifications are sent signed only"
+        data = notify.body(row.payload)
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "fsm-celery",
+            "x-fsm-event": f"machine.{row.event}",
+            "x-fsm-delivery": str(row.id),
+            "x-fsm-signature-256": notify.signature(secret, data),
+        }
+        try:
+            response = http.post(row.url, content=data, headers=headers)
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"[:ANSWER_CHARS]
+        if 200 <= response.status_code < 300:
+            return None
+        return f"HTTP {response.status_code}: {response.text[:ANSWER_CHARS]}"
+
+    def _outcome(self, row: AnyRow, error: str | None, now: object) -> dict[str, object]:
+        tries = row.attempts + 1
+        if error is None:
+            return {"status": "delivered", "delivered_at": now, "last_error": None}
+        if tries >= self._rt.settings.notify_max_attempts:
+            log.warning("notification %s to %s failed for good: %s", row.id, row.url, error)
+            return {"status": "failed", "last_error": error}
+        delay = notify.retry_after(tries, jitter_unit(row.machine_id, int(row.id) * 100 + tries))
+        return {"last_error": error, "next_attempt_at": now + timedelta(seconds=delay)}  # type: ignore[operator]

@@ -1,0 +1,497 @@
+"""The dashboard in a real browser (Chromium driven by Playwright) against a real deployment: a
+Celery worker with beat, an ack bridge, a mock agent and the `fsm-celery dashboard` server, all
+separate processes on the suite's own PostgreSQL and Redis.
+
+It proves what a person at the dashboard sees and may do: the pages and the API are closed to
+visitors without a token (and a wrong token is refused); signed in, the machines list and a
+machine's page follow the machines live (new rows, moving state and status, the graph's current
+state and visited path, the growing timeline) without a reload; an admin's Force through the
+confirmation dialog moves the machine and is recorded with the signed-in name and the reason;
+a viewer sees no admin buttons and cannot act, even with the session's CSRF token. Screenshots
+of the machines list and of a machine's page are kept as test artifacts (FSM_TEST_ARTIFACTS,
+default test-artifacts/ in the checkout).
+
+The browser is Debian's chromium (/usr/bin/chromium), never a downloaded one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    Playwright,
+    expect,
+    sync_playwright,
+)
+
+from tests.integration.harness import (
+    ADMIN_TOKEN,
+    FIX_BUG_STATES,
+    ROOT,
+    VIEWER_TOKEN,
+    FsmEnv,
+)
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 30_000  # every browser wait is bounded by this
+ARTIFACTS = Path(os.environ.get("FSM_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+# The mock agent lingers in these states, so that a page sees the machine in them and moves on.
+SLOW = {"ANALYZE_BUG": 1.5, "WRITE_FIX": 1.5}
+FIX_BUG_CONTEXT = {"projectName": "sla-api", "githubIssue": 740, "projectPath": "/srv/sla-api"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# Installed in every page before its own scripts: records each value #graph's data-current
+# takes, with the state of the node marked current at that moment (graph.js sets both in
+# update()), so that a test can tell which states the page showed, in order.
+RECORD_GRAPH = """
+window.__graphSeen = [];
+new MutationObserver((records) => {
+  for (const r of records) {
+    const node = document.querySelector('#graph g.node.current');
+    window.__graphSeen.push([r.target.dataset.current, node ? node.dataset.state : null]);
+  }
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ['data-current']});
+"""
+
+# Records the state and status cells' values of one machine's row whenever they change.
+RECORD_ROW = """
+(id) => {
+  window.__rowSeen = [];
+  const record = () => {
+    const row = document.querySelector(`tr[data-machine="${id}"]`);
+    if (!row) return;
+    const seen = [row.querySelector('.state').textContent.trim(),
+                  row.querySelector('.status').textContent.trim()];
+    const last = window.__rowSeen[window.__rowSeen.length - 1];
+    if (!last || last[0] !== seen[0] || last[1] !== seen[1]) window.__rowSeen.push(seen);
+  };
+  new MutationObserver(record).observe(document.getElementById('machines'),
+    {subtree: true, childList: true, characterData: true});
+  record();
+}
+"""
+
+
+@dataclass
+class Dashboard:
+    env: FsmEnv
+    url: str
+
+    def at(self, path: str) -> str:
+        return self.url + path
+
+
+@pytest.fixture(scope="module")
+def dashboard(env_factory: Callable[..., FsmEnv]) -> Dashboard:
+    """One deployment for the module: worker (with beat), bridge, a slow mock `cto` agent, and
+    the dashboard server. Nobody serves the fixtures' `tester` agent type, so a test_pair
+    machine waits in FIRST until someone acts on it."""
+    env = env_factory("browser")
+    env.start_worker()
+    env.start_bridge()
+    slow = [arg for state, seconds in SLOW.items() for arg in ("--slow", f"{state}={seconds}")]
+    env.start_agent("--mock", "--agent-type", "cto", *slow)
+    env.wait_for_agents(1)
+    _, url = env.start_dashboard()
+    return Dashboard(env, url)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"the browser tests need Debian's chromium at {CHROMIUM}: "
+            "`sudo apt-get install --no-install-recommends chromium` (.ci/run installs it); "
+            "never `playwright install`"
+        )
+    with sync_playwright() as playwright:
+        launched = _launch(playwright)
+        yield launched
+        launched.close()
+
+
+def _launch(playwright: Playwright) -> Browser:
+    return playwright.chromium.launch(
+        executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+    )
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    """A fresh browser profile per test: no cookie carries over from another test."""
+    made = browser.new_context(viewport={"width": 1400, "height": 1000})
+    made.set_default_timeout(WAIT_MS)
+    made.set_default_navigation_timeout(WAIT_MS)
+    made.add_init_script(RECORD_GRAPH)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Page:
+    return context.new_page()
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def sign_in(page: Page, dashboard: Dashboard, token: str, name: str, then: str = "/") -> None:
+    """Sign in through the form, as a person does, and land on `then`."""
+    page.goto(dashboard.at(then))
+    expect(page).to_have_url(re.compile(r"/login\?"), timeout=WAIT_MS)
+    page.fill("input[name=token]", token)
+    page.fill("input[name=name]", name)
+    page.click("form[action='/login'] button[type=submit]")
+    expect(page).to_have_url(dashboard.at(then), timeout=WAIT_MS)
+
+
+def wait_live(page: Page) -> None:
+    """The page's event stream is connected (the server said hello)."""
+    expect(page.locator("#live")).to_have_class(re.compile(r"\bon\b"), timeout=WAIT_MS)
+
+
+def mark_loaded(page: Page) -> None:
+    """Mark this window: a reload would make a new one, without the mark."""
+    page.evaluate("window.__noReload = true")
+
+
+def assert_not_reloaded(page: Page) -> None:
+    assert page.evaluate("window.__noReload === true"), "the page was reloaded"
+
+
+def waiting_machine(env: FsmEnv) -> uuid.UUID:
+    """A test_pair machine, waiting in FIRST (nobody serves its agent type)."""
+    mid = env.client.start_machine("test_pair", {})
+    info = env.client.get_machine(mid)
+    assert (info.status, info.current_state) == ("running", "FIRST")
+    return mid
+
+
+def in_order(seen: list[str], path: list[str]) -> bool:
+    """Every state seen is on the path, in the path's order."""
+    position = {state: i for i, state in enumerate(path)}
+    indexes = [position.get(state, -1) for state in seen]
+    return -1 not in indexes and indexes == sorted(indexes)
+
+
+def collapsed(values: list[str]) -> list[str]:
+    return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
+
+
+def page_fetch(page: Page, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A request from the page's own script, with its session cookie and CSRF token."""
+    result: dict[str, Any] = page.evaluate(
+        """async ([method, path, body]) => {
+          const csrf = document.querySelector('meta[name="csrf-token"]').content;
+          const response = await fetch(path, {
+            method, credentials: 'same-origin', body: JSON.stringify(body),
+            headers: {'content-type': 'application/json', 'x-csrf-token': csrf},
+          });
+          return {status: response.status, body: await response.json().catch(() => null)};
+        }""",
+        [method, path, body],
+    )
+    return result
+
+
+# ---- the tests ----------------------------------------------------------------------------
+
+
+def test_without_a_token_pages_send_to_sign_in_a_wrong_token_is_refused_and_the_api_says_401(
+    dashboard: Dashboard, page: Page, context: BrowserContext
+) -> None:
+    mid = waiting_machine(dashboard.env)
+    for path in ("/", f"/machines/{mid}"):
+        answer = context.request.get(dashboard.at(path), max_redirects=0)
+        assert answer.status == 303, path
+        location = urlsplit(answer.headers["location"])
+        assert (location.path, parse_qs(location.query)) == ("/login", {"next": [path]})
+
+    page.goto(dashboard.at(f"/machines/{mid}"))
+    expect(page).to_have_url(re.compile(r"/login\?next="), timeout=WAIT_MS)
+    expect(page.locator("#login-error")).to_have_count(0)
+    page.fill("input[name=token]", "not-a-token-this-dashboard-knows-" + "x" * 20)
+    page.fill("input[name=name]", "Mallory")
+    with page.expect_response(
+        lambda r: r.request.method == "POST" and urlsplit(r.url).path == "/login"
+    ) as refused:
+        page.click("form[action='/login'] button[type=submit]")
+    assert refused.value.status == 401
+    expect(page.locator("#login-error")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#machines, #machine")).to_have_count(0)
+    assert page.evaluate("document.body.dataset.admin") == "false"
+
+    for path in ("/api/machines", f"/api/machines/{mid}", "/api/agents", "/api/events"):
+        answer = context.request.get(dashboard.at(path), max_redirects=0)
+        assert answer.status == 401, path
+        assert answer.json()["error"]["status"] == 401
+        assert answer.headers["www-authenticate"] == "Bearer"
+    wrong = context.request.get(
+        dashboard.at("/api/machines"), headers={"authorization": "Bearer wrong-token"}
+    )
+    assert wrong.status == 401
+    forced = context.request.post(
+        dashboard.at(f"/api/machines/{mid}/force"), data={"state": "SECOND", "reason": "x"}
+    )
+    assert forced.status == 401
+    assert dashboard.env.client.get_machine(mid).current_state == "FIRST"
+
+
+def test_a_machine_started_after_the_list_loaded_appears_and_moves_live_until_completed(
+    dashboard: Dashboard, page: Page
+) -> None:
+    env = dashboard.env
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada")
+    expect(page.locator("table#machines")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#agents")).to_be_visible(timeout=WAIT_MS)
+    wait_live(page)
+    mark_loaded(page)
+
+    mid = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
+    row = page.locator(f'table#machines tr[data-machine="{mid}"]')
+    expect(row).to_be_visible(timeout=WAIT_MS)
+    page.evaluate(RECORD_ROW, str(mid))
+    expect(row.locator(".status")).to_have_text("running", timeout=WAIT_MS)
+    expect(row.locator(".state")).to_have_text("WRITE_FIX", timeout=WAIT_MS)  # a slow state
+    expect(row.locator(".status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(row.locator(".state")).to_have_text("COMPLETE", timeout=WAIT_MS)
+    expect(row.locator("a")).to_have_attribute("href", f"/machines/{mid}")
+
+    assert_not_reloaded(page)
+    seen: list[list[str]] = page.evaluate("window.__rowSeen")
+    states = collapsed([state for state, _ in seen])
+    assert in_order(states, FIX_BUG_STATES), seen
+    assert len(states) >= 3, seen
+    assert seen[-1] == ["COMPLETE", "completed"], seen
+    assert {status for _, status in seen[:-1]} == {"running"}, seen
+    assert env.client.get_machine(mid).status == "completed"
+
+
+def test_a_machines_page_moves_the_graph_marks_the_path_and_grows_the_timeline_live(
+    dashboard: Dashboard, page: Page
+) -> None:
+    env = dashboard.env
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada")
+    mid = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
+    page.goto(dashboard.at(f"/machines/{mid}"))
+    graph = page.locator("#graph")
+    expect(graph.locator("g.node")).to_have_count(len(FIX_BUG_STATES) + 1, timeout=WAIT_MS)
+    wait_live(page)
+    mark_loaded(page)
+    loaded_with = page.locator("#timeline li").count()
+    assert loaded_with >= 1  # the start, at least
+
+    expect(graph).to_have_attribute("data-current", "WRITE_FIX", timeout=WAIT_MS)
+    expect(graph.locator("g.node.current")).to_have_attribute("data-state", "WRITE_FIX")
+    expect(page.locator("#m-state")).to_have_text("WRITE_FIX")
+    expect(page.locator("#m-status")).to_have_text("running")
+    expect(graph).to_have_attribute("data-current", "COMPLETE", timeout=WAIT_MS)
+    expect(page.locator("#m-status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(page.locator("#m-state")).to_have_text("COMPLETE")
+    current = graph.locator("g.node.current")
+    expect(current).to_have_count(1)
+    expect(current).to_have_attribute("data-state", "COMPLETE")
+
+    history = env.client.history(mid)
+    assert [h.to_state for h in history] == FIX_BUG_STATES
+    timeline = page.locator("#timeline li")
+    expect(timeline).to_have_count(len(history), timeout=WAIT_MS)  # grew to one item a row
+    assert len(history) > loaded_with
+    expect(timeline.first).to_contain_text("DEPLOY → COMPLETE")
+
+    for state in FIX_BUG_STATES:  # the path taken is marked, the failure state is not
+        expect(graph.locator(f'g.node[data-state="{state}"]')).to_have_class(
+            re.compile(r"\bvisited\b")
+        )
+    expect(graph.locator('g.node[data-state="FAILED"]')).not_to_have_class(
+        re.compile(r"\bvisited\b")
+    )
+    expect(graph.locator("g.edge.visited")).to_have_count(len(FIX_BUG_STATES) - 1)
+
+    assert_not_reloaded(page)
+    seen: list[list[str | None]] = page.evaluate("window.__graphSeen")
+    assert all(attribute == node for attribute, node in seen), seen  # always in step
+    states = collapsed([str(attribute) for attribute, _ in seen])
+    assert in_order(states, FIX_BUG_STATES), seen
+    assert len(states) >= 3, seen
+    assert "WRITE_FIX" in states, seen  # a slow state, seen while it lasted
+    assert states[-1] == "COMPLETE", seen
+
+
+def test_pages_updated_live_show_what_a_reload_of_them_shows(
+    dashboard: Dashboard, context: BrowserContext
+) -> None:
+    env = dashboard.env
+    listing = context.new_page()
+    sign_in(listing, dashboard, ADMIN_TOKEN, "Ada")
+    wait_live(listing)
+    mid = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
+    machine = context.new_page()
+    machine.goto(dashboard.at(f"/machines/{mid}"))
+    wait_live(machine)
+    mark_loaded(listing)
+    mark_loaded(machine)
+    row = f'tr[data-machine="{mid}"]'
+    expect(listing.locator(f"{row} .status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(machine.locator("#m-status")).to_have_text("completed", timeout=WAIT_MS)
+    assert_not_reloaded(listing)
+    assert_not_reloaded(machine)
+
+    def row_shows(page: Page) -> dict[str, str]:
+        return {c: page.locator(f"{row} .{c}").inner_text() for c in ("state", "status", "attempt")}
+
+    def machine_shows(page: Page) -> dict[str, Any]:
+        return {
+            "state": page.locator("#m-state").inner_text(),
+            "status": page.locator("#m-status").inner_text(),
+            "attempt": page.locator("#m-attempt").inner_text(),
+            "graph": page.locator("#graph").get_attribute("data-current"),
+            "timeline": page.locator("#timeline li").count(),
+        }
+
+    live_row, live_machine = row_shows(listing), machine_shows(machine)
+    listing.reload()
+    machine.reload()
+    expect(machine.locator("#graph")).to_have_attribute("data-current", "COMPLETE")
+    server = env.client.get_machine(mid)
+    assert row_shows(listing) == {
+        "state": "COMPLETE",
+        "status": "completed",
+        "attempt": str(server.attempt),
+    }
+    differences = [
+        f"{where} {key}: live {live[key]!r}, reloaded {reloaded[key]!r}"
+        for where, live, reloaded in (
+            ("the list's row", live_row, row_shows(listing)),
+            ("the machine's page", live_machine, machine_shows(machine)),
+        )
+        for key in live
+        if live[key] != reloaded[key]
+    ]
+    assert not differences, "; ".join(differences)
+
+
+def test_an_admin_forces_a_state_through_the_dialog_and_the_history_names_them_and_why(
+    dashboard: Dashboard, page: Page
+) -> None:
+    env = dashboard.env
+    mid = waiting_machine(env)
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada Lovelace", then=f"/machines/{mid}")
+    expect(page.locator("body")).to_have_attribute("data-admin", "true")
+    graph = page.locator("#graph")
+    expect(graph).to_have_attribute("data-current", "FIRST", timeout=WAIT_MS)
+    wait_live(page)
+    mark_loaded(page)
+
+    page.click("#actions button[data-action=force]")
+    dialog = page.locator("dialog#confirm")
+    expect(dialog).to_be_visible(timeout=WAIT_MS)
+    page.locator("dialog#confirm select[name=state]").select_option("SECOND")
+    reason = "the analysis was done by hand (browser test)"
+    page.fill("#confirm-reason", reason)
+    page.click("#confirm-ok")
+    expect(dialog).to_be_hidden(timeout=WAIT_MS)
+    expect(page.locator("#confirm-error")).to_be_hidden()
+
+    expect(graph).to_have_attribute("data-current", "SECOND", timeout=WAIT_MS)
+    expect(graph.locator("g.node.current")).to_have_attribute("data-state", "SECOND")
+    expect(page.locator("#m-state")).to_have_text("SECOND")
+    expect(page.locator("#m-status")).to_have_text("running")
+    expect(page.locator("#timeline li").first).to_contain_text("force")
+    expect(page.locator("#timeline li").first).to_contain_text("by Ada Lovelace")
+    expect(graph.locator('g.node[data-state="FIRST"]')).to_have_class(re.compile(r"\bvisited\b"))
+    assert_not_reloaded(page)
+
+    history = env.client.history(mid)
+    forced = history[-1]
+    assert (forced.event, forced.from_state, forced.to_state) == ("force", "FIRST", "SECOND")
+    assert (forced.actor, forced.reason) == ("Ada Lovelace", reason)
+    assert [h.event for h in history].count("force") == 1
+    info = env.client.get_machine(mid)
+    assert (info.status, info.current_state) == ("running", "SECOND")
+
+
+def test_a_viewer_sees_no_admin_buttons_and_cannot_act_even_with_the_sessions_csrf_token(
+    dashboard: Dashboard, page: Page, context: BrowserContext
+) -> None:
+    env = dashboard.env
+    mid = waiting_machine(env)
+    sign_in(page, dashboard, VIEWER_TOKEN, "Vera")
+    expect(page.locator("body")).to_have_attribute("data-admin", "false")
+    expect(page.locator(f'tr[data-machine="{mid}"]')).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("[data-bulk]")).to_have_count(0)
+
+    page.goto(dashboard.at(f"/machines/{mid}"))
+    expect(page.locator("#graph")).to_have_attribute("data-current", "FIRST", timeout=WAIT_MS)
+    expect(page.locator("#actions")).to_have_count(0)
+    expect(page.locator("[data-action]")).to_have_count(0)
+
+    for action, body in (
+        ("force", {"state": "SECOND", "reason": "a viewer tries"}),
+        ("cancel", {"reason": "a viewer tries"}),
+        ("pause", {"reason": "a viewer tries"}),
+    ):
+        answer = page_fetch(page, "POST", f"/api/machines/{mid}/{action}", body)
+        assert answer["status"] == 403, (action, answer)
+        assert "admin" in answer["body"]["error"]["message"], answer  # the role, not the CSRF
+    by_token = context.request.post(
+        dashboard.at(f"/api/machines/{mid}/force"),
+        data={"state": "SECOND", "reason": "a viewer's token tries"},
+        headers={"authorization": f"Bearer {VIEWER_TOKEN}"},
+    )
+    assert by_token.status == 403
+    started = page_fetch(page, "POST", "/api/machines", {"type": "test_pair", "context": {}})
+    assert started["status"] == 403, started
+
+    info = env.client.get_machine(mid)
+    assert (info.status, info.current_state) == ("running", "FIRST")
+    assert [h.event for h in env.client.history(mid)] == ["start"]
+    expect(page.locator("#m-state")).to_have_text("FIRST")
+
+
+def test_screenshots_of_the_machines_list_and_a_machines_page_are_kept_as_artifacts(
+    dashboard: Dashboard, page: Page
+) -> None:
+    env = dashboard.env
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    listing = ARTIFACTS / "dashboard-machines.png"
+    machine = ARTIFACTS / "dashboard-machine.png"
+    for old in (listing, machine):
+        old.unlink(missing_ok=True)
+
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada")
+    mid = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
+    page.goto(dashboard.at(f"/machines/{mid}"))
+    expect(page.locator("#m-status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(page.locator("#graph g.edge.visited")).to_have_count(len(FIX_BUG_STATES) - 1)
+    page.screenshot(path=str(machine), full_page=True)
+
+    page.goto(dashboard.at("/"))
+    expect(page.locator(f'tr[data-machine="{mid}"] .status')).to_have_text(
+        "completed", timeout=WAIT_MS
+    )
+    page.screenshot(path=str(listing), full_page=True)
+
+    for shot in (listing, machine):
+        data = shot.read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_MAGIC), shot
