@@ -32,6 +32,7 @@ from fsm_celery.exceptions import (
     MachineNotFound,
     UnknownMachineType,
 )
+from fsm_celery.store import notify as notify_store
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
 from fsm_celery.store.reads import Cursor, MachineFilter
@@ -357,6 +358,11 @@ class Client:
             for a in listed
         ]
 
+    def machine_types(self) -> list[str]:
+        """Every machine type with a loaded definition."""
+        with self.engine.db.connect() as conn:
+            return reads.machine_types_txn(conn)
+
     def definition_versions(self) -> list[dict[str, Any]]:
         """Every stored version of every machine type (newest first per type)."""
         with self.engine.db.connect() as conn:
@@ -367,9 +373,7 @@ class Client:
         """One version of a machine type (the latest by default), and its checker's problems."""
         with self.engine.db.connect() as conn:
             row = reads.definition_body_txn(conn, machine_type, version)
-            versions = [
-                r.version for r in reads.definition_versions_txn(conn) if r.type == machine_type
-            ]
+            versions = reads.versions_of_txn(conn, machine_type)
         if row is None:
             raise UnknownMachineType(machine_type)
         source = f"{machine_type} v{row.version}"
@@ -391,6 +395,12 @@ class Client:
             if not rows and q.get_machine_txn(conn, mid) is None:
                 raise MachineNotFound(str(machine_id))
         return [TransitionRecord.from_row(r) for r in rows]
+
+    def notifications(self, machine_id: UUID | str) -> list[dict[str, Any]]:
+        """The machine's notifications: where, whether delivered, tries, the last error."""
+        with self.engine.db.connect() as conn:
+            rows = notify_store.of_machine_txn(conn, _uuid(machine_id))
+        return [_jsonable(dict(r._mapping)) for r in rows]
 
     def stats(self) -> dict[str, Any]:
         """Machines by status, type and agent type; attempts per state (success rate, p50 and

@@ -4,6 +4,7 @@ an admin, and records who and why. Each route is one call of the Python client."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Annotated, Any
@@ -17,7 +18,7 @@ from fsm_celery.client import Client, MachineInfo
 from fsm_celery.core.admin import Action
 from fsm_celery.core.graph import graph, to_dot
 from fsm_celery.http.auth import Principal, admin, viewer
-from fsm_celery.http.hub import RESYNC, EventHub
+from fsm_celery.http.hub import MAX_FOLLOWED, RESYNC, EventHub, Interest
 from fsm_celery.http.models import (
     BudgetRequest,
     BulkRequest,
@@ -34,6 +35,8 @@ router = APIRouter(prefix="/api")
 Viewer = Annotated[Principal, Depends(viewer)]
 Admin = Annotated[Principal, Depends(admin)]
 PING_SECONDS = 15
+LINGER_SECONDS = 0.1  # a live page is sent at most ten messages a second
+BATCH = 1000  # events in one message at most
 
 
 def client(request: Request) -> Client:
@@ -92,12 +95,16 @@ def bulk(fsm: Fsm, who: Admin, body: BulkRequest) -> dict[str, Any]:
     }
 
 
-@router.get("/machines/{machine_id}", summary="One machine: context, usage, budget, history")
+@router.get(
+    "/machines/{machine_id}",
+    summary="One machine: context, usage, budget, history, notifications",
+)
 def get_machine(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
     info = fsm.get_machine(machine_id)
     return {
         "machine": _machine(info),
         "history": [h.to_dict() for h in fsm.history(machine_id)],
+        "notifications": fsm.notifications(machine_id),
     }
 
 
@@ -222,20 +229,38 @@ def schedule_action(
     return {"schedule": asdict(info) | {"schedule": info.key}}
 
 
-@router.get("/events", summary="The live feed: each transition as a server-sent event")
+@router.get("/events", summary="The live feed: transitions as server-sent events")
 async def events(
-    request: Request, _: Viewer, machine_id: UUID | None = None
+    request: Request,
+    _: Viewer,
+    machine_id: Annotated[list[UUID] | None, Query(max_length=MAX_FOLLOWED)] = None,
+    starts: bool = False,
+    type: Annotated[str | None, Query(max_length=50)] = None,
+    agent_type: Annotated[str | None, Query(max_length=10)] = None,
 ) -> EventSourceResponse:
+    """Each `transitions` event carries a JSON array of state_events (what arrived within a
+    tenth of a second). Ask for machines by id (repeat `machine_id`) and, with `starts`, for the
+    machines that start from now on (of `type`, `agent_type`), which are followed from then;
+    with neither, everything. `resync`: events were missed, reload what you show."""
     hub: EventHub = request.app.state.hub
+    interest = Interest(
+        machines=frozenset(str(m) for m in machine_id or ()),
+        starts=starts,
+        machine_type=type,
+        agent_type=agent_type,
+    )
 
     async def stream() -> AsyncIterator[dict[str, str]]:
-        async with hub.listen(str(machine_id) if machine_id else None) as listener:
+        async with hub.listen(interest) as listener:
             yield {"event": "hello", "data": "{}"}
             while True:
-                text = await listener.queue.get()
-                if text == RESYNC:
+                batch = [await listener.queue.get()]
+                await asyncio.sleep(LINGER_SECONDS)  # let a burst gather into one message
+                while not listener.queue.empty() and len(batch) < BATCH:
+                    batch.append(listener.queue.get_nowait())
+                if RESYNC in batch:
                     yield {"event": RESYNC, "data": "{}"}
                 else:
-                    yield {"event": "transition", "data": text}
+                    yield {"event": "transitions", "data": "[" + ",".join(batch) + "]"}
 
     return EventSourceResponse(stream(), ping=PING_SECONDS, send_timeout=30)

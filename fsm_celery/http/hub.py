@@ -1,10 +1,15 @@
-"""The live feed: one subscription to channel:state:events per dashboard process, fanned out to
-every connected page (server-sent events), so that a hundred pages cost one Redis subscription
-and no query of their own.
+"""The live feed: one subscription to channel:state:events per dashboard process, routed to the
+connected pages (server-sent events), so that a hundred pages cost one Redis subscription and
+no query of their own.
+
+A page says what it wants (`Interest`): the machines it shows, and the starts of new machines
+that its filters would show (which it then follows too); a tool may take everything. Events
+are routed by machine id, so a page costs nothing for the transitions of machines it does not
+show: at thousands of transitions a second, a list of fifty machines receives theirs alone.
 
 Each page has a bounded queue. A page that cannot keep up (its queue fills) is not waited for:
 it is told to resync (reload what it shows) and its queue starts afresh. What arrives on the
-channel is checked before it is passed on: only a bounded state_event with a machine id goes
+channel is checked before it is routed: only a bounded state_event with a machine id goes
 through, whatever else someone publishes there.
 """
 
@@ -14,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,31 +29,53 @@ import redis.asyncio as aioredis
 log = logging.getLogger(__name__)
 QUEUE = 1000  # events a page may fall behind by before it is told to resync
 MAX_EVENT_BYTES = 8192  # a state_event is a few hundred bytes
+MAX_FOLLOWED = 1000  # machines a page follows, those it asked for and those it saw start
 RESYNC = "resync"
+
+
+@dataclass(frozen=True)
+class Interest:
+    """What a page wants: these machines' events, and (starts) those of new machines of the
+    type and agent type given; everything when it names neither."""
+
+    machines: frozenset[str] = frozenset()
+    starts: bool = False
+    machine_type: str | None = None
+    agent_type: str | None = None
+
+    @property
+    def everything(self) -> bool:
+        return not self.machines and not self.starts
+
+    def wants_start(self, event: dict[str, Any]) -> bool:
+        return (self.machine_type is None or event.get("machineType") == self.machine_type) and (
+            self.agent_type is None or event.get("agentType") == self.agent_type
+        )
 
 
 @dataclass(eq=False)
 class Listener:
-    """One connected page: the events it wants (all, or one machine's) and its queue."""
+    """One connected page: what it wants, the machines it follows, and its queue."""
 
-    machine_id: str | None = None
+    interest: Interest
+    followed: set[str] = field(default_factory=set)
     queue: asyncio.Queue[str] = field(default_factory=lambda: asyncio.Queue(QUEUE))
-
-    def wants(self, event: dict[str, Any]) -> bool:
-        return self.machine_id is None or event.get("machineId") == self.machine_id
 
 
 class EventHub:
     def __init__(self, redis_url: str, channel: str) -> None:
         self._url = redis_url
         self._channel = channel
-        self._listeners: set[Listener] = set()
+        self._everything: set[Listener] = set()
+        self._starts: set[Listener] = set()
+        self._by_machine: dict[str, set[Listener]] = defaultdict(set)
+        self._count = 0
         self._task: asyncio.Task[None] | None = None
         self.received = 0
 
     @property
     def listeners(self) -> int:
-        return len(self._listeners)
+        return self._count
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="event-hub")
@@ -59,29 +87,60 @@ class EventHub:
                 await self._task
 
     @contextlib.asynccontextmanager
-    async def listen(self, machine_id: str | None = None) -> AsyncIterator[Listener]:
-        listener = Listener(machine_id)
-        self._listeners.add(listener)
+    async def listen(self, interest: Interest = Interest()) -> AsyncIterator[Listener]:
+        listener = Listener(interest)
+        self._add(listener)
         try:
             yield listener
         finally:
-            self._listeners.discard(listener)
+            self._remove(listener)
 
     def publish(self, raw: bytes | str) -> None:
-        """Pass one message of the channel on to the pages that want it."""
+        """Route one message of the channel to the pages that want it."""
+        if not self._count:
+            return  # nobody listens: not even worth reading
         event = _checked(raw)
         if event is None:
             return
         self.received += 1
+        machine = event["machineId"]
+        targets = set(self._everything)
+        targets.update(self._by_machine.get(machine, ()))
+        if event.get("event") == "start":
+            for listener in self._starts:
+                if listener.interest.wants_start(event) and self._follow(listener, machine):
+                    targets.add(listener)
         text = raw.decode() if isinstance(raw, bytes) else raw
-        for listener in list(self._listeners):
-            if not listener.wants(event):
-                continue
-            try:
-                listener.queue.put_nowait(text)
-            except asyncio.QueueFull:
-                _drain(listener.queue)
-                listener.queue.put_nowait(RESYNC)
+        for listener in targets:
+            _send(listener, text)
+
+    def _add(self, listener: Listener) -> None:
+        self._count += 1
+        interest = listener.interest
+        if interest.everything:
+            self._everything.add(listener)
+        if interest.starts:
+            self._starts.add(listener)
+        for machine in list(interest.machines)[:MAX_FOLLOWED]:
+            self._follow(listener, machine)
+
+    def _follow(self, listener: Listener, machine: str) -> bool:
+        if len(listener.followed) >= MAX_FOLLOWED:
+            return False
+        listener.followed.add(machine)
+        self._by_machine[machine].add(listener)
+        return True
+
+    def _remove(self, listener: Listener) -> None:
+        self._count -= 1
+        self._everything.discard(listener)
+        self._starts.discard(listener)
+        for machine in listener.followed:
+            followers = self._by_machine.get(machine)
+            if followers is not None:
+                followers.discard(listener)
+                if not followers:
+                    del self._by_machine[machine]
 
     async def _run(self) -> None:
         delay = 0.5
@@ -91,8 +150,8 @@ class EventHub:
             try:
                 await pubsub.subscribe(self._channel)
                 delay = 0.5
-                for listener in list(self._listeners):  # events may have been missed
-                    listener.queue.put_nowait(RESYNC)
+                for listener in self._all():  # events may have been missed meanwhile
+                    _send(listener, RESYNC)
                 while True:
                     message = await pubsub.get_message(timeout=5.0)
                     if message is not None and message.get("type") == "message":
@@ -109,6 +168,12 @@ class EventHub:
                 with contextlib.suppress(Exception):
                     await client.aclose()
 
+    def _all(self) -> set[Listener]:
+        found = self._everything | self._starts
+        for followers in self._by_machine.values():
+            found |= followers
+        return found
+
 
 def _checked(raw: bytes | str) -> dict[str, Any] | None:
     if len(raw) > MAX_EVENT_BYTES:
@@ -124,6 +189,11 @@ def _checked(raw: bytes | str) -> dict[str, Any] | None:
     return event
 
 
-def _drain(queue: asyncio.Queue[str]) -> None:
-    while not queue.empty():
-        queue.get_nowait()
+def _send(listener: Listener, text: str) -> None:
+    """Queue the text for the page; one that fell too far behind is told to resync instead."""
+    try:
+        listener.queue.put_nowait(text)
+    except asyncio.QueueFull:
+        while not listener.queue.empty():
+            listener.queue.get_nowait()
+        listener.queue.put_nowait(RESYNC)

@@ -65,7 +65,7 @@ def machines_page(
     more = None
     if len(found) > PAGE:
         more = "/?" + urlencode({**filters, "cursor": encode_cursor(page[-1].cursor)})
-    types = sorted({d["type"] for d in fsm.definition_versions()})
+    types = fsm.machine_types()
     return _render(
         request,
         "machines.html",
@@ -96,6 +96,7 @@ def machine_page(request: Request, who: Reader, machine_id: UUID) -> HTMLRespons
         who,
         machine=info,
         history=history,
+        notifications=fsm.notifications(machine_id),
         states=[s.name for s in definition.definition.states],
         drawing=json.dumps(drawing),
         context=json.dumps(info.context, indent=2, sort_keys=True),

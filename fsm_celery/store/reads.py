@@ -113,6 +113,22 @@ def definition_versions_txn(conn: Connection) -> Sequence[AnyRow]:
     ).all()
 
 
+def versions_of_txn(conn: Connection, machine_type: str) -> list[int]:
+    """The type's stored versions, newest first."""
+    query = (
+        select(definitions.c.version)
+        .where(definitions.c.type == machine_type)
+        .order_by(definitions.c.version.desc())
+    )
+    return [row.version for row in conn.execute(query)]
+
+
+def machine_types_txn(conn: Connection) -> list[str]:
+    """Every machine type with a stored definition, by name."""
+    query = select(definitions.c.type).distinct().order_by(definitions.c.type)
+    return [row.type for row in conn.execute(query)]
+
+
 def definition_body_txn(conn: Connection, machine_type: str, version: int | None) -> AnyRow | None:
     """One version's stored row (the latest when version is None), or None."""
     query = select(definitions).where(definitions.c.type == machine_type)

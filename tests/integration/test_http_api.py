@@ -442,8 +442,8 @@ def test_the_live_feed_carries_a_machines_transitions(http: Any) -> None:
             elif line.startswith("data:") and event == "hello" and not ready.is_set():
                 ready.set()
                 http.post(f"/api/machines/{machine['id']}/pause", json={}, headers=ADMIN)
-            elif line.startswith("data:") and event == "transition":
-                seen.append(json.loads(line.split(":", 1)[1]))
+            elif line.startswith("data:") and event == "transitions":
+                seen += json.loads(line.split(":", 1)[1])
                 break
     assert (seen[0]["machineId"], seen[0]["event"], seen[0]["status"]) == (
         machine["id"],

@@ -1,12 +1,22 @@
-"""The pure core imports with Redis, SQLAlchemy and Celery missing (run in a fresh interpreter
-in which importing any of them fails)."""
+"""The pure core imports with Redis, SQLAlchemy, Celery and the web stack missing (run in a
+fresh interpreter in which importing any of them fails)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-BLOCKED = ("redis", "sqlalchemy", "celery", "kombu", "psycopg2", "alembic")
+BLOCKED = (
+    "redis",
+    "sqlalchemy",
+    "celery",
+    "kombu",
+    "psycopg2",
+    "alembic",
+    "fastapi",
+    "starlette",
+    "httpx",
+)
 
 PROGRAM = f"""
 import importlib.abc, sys
@@ -20,7 +30,8 @@ class Missing(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Missing())
 import fsm_celery.core.transition, fsm_celery.core.messages, fsm_celery.core.loader
 import fsm_celery.core.admin, fsm_celery.core.intake, fsm_celery.core.retry
-import fsm_celery.core.usage, fsm_celery.core.prompt
+import fsm_celery.core.usage, fsm_celery.core.prompt, fsm_celery.core.graph
+import fsm_celery.core.stats, fsm_celery.core.github, fsm_celery.core.notify
 from fsm_celery import MachineStatus, FsmError
 assert not [m for m in sys.modules if m.split(".")[0] in {BLOCKED!r}]
 try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from fsm_celery.http.hub import QUEUE, RESYNC, EventHub
+from fsm_celery.http.hub import QUEUE, RESYNC, EventHub, Interest
 
 
 def _event(machine: str, to: str = "B") -> str:
@@ -17,7 +17,8 @@ def _event(machine: str, to: str = "B") -> str:
 def test_each_listener_gets_what_it_wants_and_junk_reaches_nobody() -> None:
     async def scenario() -> tuple[list[str], list[str]]:
         hub = EventHub("redis://127.0.0.1:1/0", "events")
-        async with hub.listen() as everything, hub.listen("m1") as one:
+        one_machine = Interest(machines=frozenset({"m1"}))
+        async with hub.listen() as everything, hub.listen(one_machine) as one:
             for raw in [
                 _event("m1"),
                 _event("m2"),
@@ -53,3 +54,35 @@ def _drain(queue: asyncio.Queue[str]) -> list[str]:
     while not queue.empty():
         found.append(queue.get_nowait())
     return found
+
+
+def _start(machine: str, machine_type: str) -> str:
+    return json.dumps(
+        {"type": "state_event", "machineId": machine, "event": "start", "machineType": machine_type}
+    )
+
+
+def test_a_page_gets_the_starts_its_filters_show_and_follows_those_machines() -> None:
+    async def scenario() -> list[str]:
+        hub = EventHub("redis://127.0.0.1:1/0", "events")
+        page = Interest(machines=frozenset({"shown"}), starts=True, machine_type="build")
+        async with hub.listen(page) as listener:
+            for raw in [
+                _event("elsewhere"),  # a machine the page does not show
+                _event("shown"),
+                _start("new", "build"),
+                _start("other", "bug"),  # not of the page's type
+                _event("new", "C"),  # followed since its start
+                _event("other", "C"),
+            ]:
+                hub.publish(raw)
+        assert hub.listeners == 0
+        return _drain(listener.queue)
+
+    assert asyncio.run(scenario()) == [_event("shown"), _start("new", "build"), _event("new", "C")]
+
+
+def test_nobody_listening_costs_no_parsing() -> None:
+    hub = EventHub("redis://127.0.0.1:1/0", "events")
+    hub.publish(_event("m1"))
+    assert hub.received == 0

@@ -162,6 +162,24 @@ function machinesPage(table) {
   };
 }
 
+// What the list page asks the feed for: the machines it shows, and the machines that start from
+// now on when its filters would show them (they are then followed too).
+function machinesInterest(table) {
+  const filters = JSON.parse(table.dataset.filters || "{}");
+  const query = new URLSearchParams();
+  const shown = [...table.querySelectorAll("tr[data-machine]")].map((row) => row.dataset.machine);
+  const worked = [...document.querySelectorAll("[data-work]")].map((link) => link.dataset.work);
+  for (const id of new Set([...shown, ...worked])) query.append("machine_id", id);
+  const showsNew = (!filters.status || filters.status === "running") && !filters.cursor &&
+    !filters.github_issue && !filters.agent_id && !filters.created_before;
+  if (showsNew) {
+    query.set("starts", "true");
+    if (filters.type) query.set("type", filters.type);
+    if (filters.agent_type) query.set("agent_type", filters.agent_type);
+  }
+  return query;
+}
+
 function updateAgent(event) {
   if (!event.agentId) return;
   const cell = document.querySelector(`tr[data-agent="${event.agentId}"] .work`);
@@ -199,12 +217,11 @@ function wireBulk(filters) {
 
 // -- the live feed --------------------------------------------------------------------------
 
-function listen(handle, machineId) {
+function listen(handle, query) {
   const live = document.getElementById("live");
-  const url = machineId ? `/api/events?machine_id=${machineId}` : "/api/events";
-  const source = new EventSource(url, { withCredentials: true });
+  const source = new EventSource(`/api/events?${query}`, { withCredentials: true });
   source.addEventListener("hello", () => live.classList.add("on"));
-  source.addEventListener("transition", (message) => handle(JSON.parse(message.data)));
+  source.addEventListener("transitions", (message) => JSON.parse(message.data).forEach(handle));
   source.addEventListener("resync", () => location.reload());
   source.onerror = () => live.classList.remove("on");
 }
@@ -212,11 +229,11 @@ function listen(handle, machineId) {
 document.addEventListener("DOMContentLoaded", () => {
   const machine = document.getElementById("machine");
   if (machine) {
-    listen(machinePage(machine), machine.dataset.machine);
+    listen(machinePage(machine), new URLSearchParams({ machine_id: machine.dataset.machine }));
     return;
   }
   const table = document.getElementById("machines");
-  if (table) listen(machinesPage(table));
+  if (table) listen(machinesPage(table), machinesInterest(table));
   const graphBox = document.getElementById("graph");
   if (graphBox) new MachineGraph(graphBox, JSON.parse(graphBox.dataset.drawing));
 });
