@@ -222,10 +222,13 @@ _admin_command("force", "Move a machine to TARGET state, whatever its status.", 
     "--tokens", type=click.IntRange(min=0, max=BIGINT_MAX), default=None, help="Token budget."
 )
 @click.option("--cost", type=click.FloatRange(min=0, max=1e15), default=None, help="Cost budget.")
+@click.option("--reason", default="", help="Why; kept with the change.")
 @_actor_option()
-def budget(machine_id: str, tokens: int | None, cost: float | None, actor: str) -> None:
+def budget(
+    machine_id: str, tokens: int | None, cost: float | None, reason: str, actor: str
+) -> None:
     """Set a machine's budget (unset: no limit); one paused over budget resumes within it."""
-    info = _client().set_budget(machine_id, actor, tokens=tokens, cost=cost)
+    info = _client().set_budget(machine_id, actor, tokens=tokens, cost=cost, reason=reason)
     click.echo(
         f"{info.id}  {info.status}  tokens {info.tokens_used}/{info.budget_tokens or '-'}"
         f"  cost {info.cost:g}/{info.budget_cost if info.budget_cost is not None else '-'}"

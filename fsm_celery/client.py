@@ -236,12 +236,21 @@ class Client:
         actor: str,
         tokens: int | None = None,
         cost: float | None = None,
+        reason: str = "",
     ) -> MachineInfo:
-        """Set the machine's budget (None: no limit); a machine paused over budget resumes."""
+        """Set the machine's budget (None: no limit), audited with who and why; a machine
+        paused over budget resumes."""
         _check_actor(actor)
         mid = _uuid(machine_id)
-        self.enqueue(self.engine.admin.set_budget(mid, Budget(tokens=tokens, cost=cost), actor))
+        budget = Budget(tokens=tokens, cost=cost)
+        self.enqueue(self.engine.admin.set_budget(mid, budget, actor, reason))
         return self.get_machine(mid)
+
+    def budget_changes(self, machine_id: UUID | str) -> list[dict[str, Any]]:
+        """Who changed the machine's budget, when, why, and from what."""
+        with self.engine.db.connect() as conn:
+            rows = q.budget_changes_txn(conn, _uuid(machine_id))
+        return [_jsonable(dict(r._mapping)) for r in rows]
 
     def schedules(self) -> list[ScheduleInfo]:
         """Every schedule of the loaded definitions (retired ones too), with its latest run."""

@@ -118,26 +118,38 @@ class Admin:
             self._entry.send_and_write(conn, writes)
         return writes.next()
 
-    def set_budget(self, machine_id: UUID, budget: Budget, actor: str) -> Next:
-        """Change the machine's budget; one paused for its budget resumes if now within it."""
+    def set_budget(self, machine_id: UUID, budget: Budget, actor: str, reason: str = "") -> Next:
+        """Change the machine's budget (audited: who, why, from what); one paused for its budget
+        resumes if now within it."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
             row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
             if row is None:
                 raise MachineNotFound(str(machine_id))
             q.set_budget_txn(conn, machine_id, budget.tokens, budget.cost)
+            q.record_budget_change_txn(
+                conn,
+                machine_id,
+                actor=actor,
+                reason=reason,
+                tokens=budget.tokens,
+                cost=budget.cost,
+                previous_tokens=row.budget_tokens,
+                previous_cost=row.budget_cost,
+                created_at=writes.now,
+            )
             machine = replace(snapshot(row), budget=budget)
             paused_for_budget = (row.error or "").startswith(BUDGET_EXCEEDED)
             if machine.status is not MachineStatus.PAUSED or not paused_for_budget:
                 return []
             if budget.exceeded_by(machine.usage) is not None:
                 return []
-            reason = f"budget raised to tokens={budget.tokens}, cost={budget.cost}"
-            command = Command(Action.RESUME, actor, reason)
+            why = f"budget raised to tokens={budget.tokens}, cost={budget.cost}"
+            command = Command(Action.RESUME, actor, f"{why}: {reason}" if reason else why)
             definition = self._rt.catalog.version(conn, row.type, row.definition_version)
             decision = decide_command(definition, machine, command)
             assert not isinstance(decision, Rejected)  # a paused machine can always resume
-            writes.transition(row, decision, "resume", actor=actor, reason=reason)
+            writes.transition(row, decision, "resume", actor=actor, reason=command.reason)
             self._entry.enter_due_txn(conn, {row.id: row}, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()

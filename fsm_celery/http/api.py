@@ -97,7 +97,7 @@ def bulk(fsm: Fsm, who: Admin, body: BulkRequest) -> dict[str, Any]:
 
 @router.get(
     "/machines/{machine_id}",
-    summary="One machine: context, usage, budget, history, notifications",
+    summary="One machine: context, usage, budget and its changes, history, notifications",
 )
 def get_machine(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
     info = fsm.get_machine(machine_id)
@@ -105,6 +105,7 @@ def get_machine(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
         "machine": _machine(info),
         "history": [h.to_dict() for h in fsm.history(machine_id)],
         "notifications": fsm.notifications(machine_id),
+        "budget_changes": fsm.budget_changes(machine_id),
     }
 
 
@@ -135,7 +136,7 @@ def force(fsm: Fsm, who: Admin, machine_id: UUID, body: ForceRequest) -> dict[st
 
 @router.put("/machines/{machine_id}/budget", summary="Set a machine's budget (null: no limit)")
 def set_budget(fsm: Fsm, who: Admin, machine_id: UUID, body: BudgetRequest) -> dict[str, Any]:
-    info = fsm.set_budget(machine_id, _actor(who, body.actor), body.tokens, body.cost)
+    info = fsm.set_budget(machine_id, _actor(who, body.actor), body.tokens, body.cost, body.reason)
     return {"machine": _machine(info)}
 
 

@@ -47,6 +47,7 @@ class BudgetRequest(_Body):
     tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
     cost: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     actor: Actor | None = None
+    reason: Reason = ""
 
 
 class FilterBody(_Body):

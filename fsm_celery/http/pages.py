@@ -97,6 +97,7 @@ def machine_page(request: Request, who: Reader, machine_id: UUID) -> HTMLRespons
         machine=info,
         history=history,
         notifications=fsm.notifications(machine_id),
+        budget_changes=fsm.budget_changes(machine_id),
         states=[s.name for s in definition.definition.states],
         drawing=json.dumps(drawing),
         context=json.dumps(info.context, indent=2, sort_keys=True),

@@ -29,6 +29,7 @@ from fsm_celery.store.rows import (
 )
 from fsm_celery.store.tables import (
     agents,
+    budget_changes,
     definitions,
     liveness,
     machines,
@@ -365,6 +366,19 @@ def set_budget_txn(
         .where(machines.c.id == machine_id)
         .values(budget_tokens=tokens, budget_cost=cost)
     )
+
+
+def record_budget_change_txn(conn: Connection, machine_id: UUID, **fields: object) -> None:
+    """Audit a budget change: actor, reason, the new and the previous limits."""
+    conn.execute(insert(budget_changes).values(machine_id=machine_id, **fields))
+
+
+def budget_changes_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
+    return conn.execute(
+        select(budget_changes)
+        .where(budget_changes.c.machine_id == machine_id)
+        .order_by(budget_changes.c.id)
+    ).all()
 
 
 def list_agents_txn(conn: Connection) -> Sequence[AnyRow]:

@@ -217,6 +217,22 @@ liveness = Table(
     Column("at", DateTime(timezone=True), nullable=False),
 )
 
+# Who changed a machine's budget, when and why (a budget change is not an attempt: no history row).
+budget_changes = Table(
+    "budget_changes",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("machine_id", Uuid, ForeignKey("state_machines.id"), nullable=False),
+    Column("actor", String(100), nullable=False),
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("tokens", BigInteger),
+    Column("cost", Float),
+    Column("previous_tokens", BigInteger),
+    Column("previous_cost", Float),
+    _created(),
+    Index("idx_budget_changes_machine", "machine_id"),
+)
+
 # GitHub webhook deliveries seen (X-GitHub-Delivery): a redelivery starts nothing twice.
 github_deliveries = Table(
     "github_deliveries",

@@ -287,10 +287,19 @@ def test_each_command_is_recorded_with_who_and_why(http: Any) -> None:
     assert act("pause", reason="look", actor="dana")["status"] == "paused"
     assert act("resume")["status"] == "running"
     assert act("force", state="TWO", reason="skip ahead")["current_state"] == "TWO"
-    budget = http.put(f"{path}/budget", json={"tokens": 500, "cost": 2.5}, headers=ADMIN)
+    body = {"tokens": 500, "cost": 2.5, "reason": "big job"}
+    budget = http.put(f"{path}/budget", json=body, headers=ADMIN)
     assert budget.json()["machine"]["budget_tokens"] == 500
     assert act("cancel", reason="done with it")["status"] == "cancelled"
-    history = http.get(path, headers=VIEWER).json()["history"]
+    shown = http.get(path, headers=VIEWER).json()
+    [change] = shown["budget_changes"]
+    assert (change["actor"], change["reason"], change["tokens"], change["previous_tokens"]) == (
+        "admin",
+        "big job",
+        500,
+        None,
+    )
+    history = shown["history"]
     assert [(h["event"], h["actor"], h["reason"]) for h in history[1:]] == [
         ("pause", "dana", "look"),
         ("resume", "admin", ""),

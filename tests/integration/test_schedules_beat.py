@@ -6,9 +6,9 @@ import itertools
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from sqlalchemy import select
 
@@ -43,9 +43,10 @@ def _wait_for_runs(env: FsmEnv, count: int, timeout: float = 60.0) -> None:
 
 
 def test_two_beats_start_exactly_one_machine_per_tick(
-    env_factory: Callable[..., FsmEnv],
+    env_factory: Callable[..., FsmEnv], request: pytest.FixtureRequest
 ) -> None:
     env = env_factory("two_beats", schedule_interval_seconds=0.2)
+    request.addfinalizer(env.stop_all)  # its beats tick five times a second: not for later tests
     env.client.engine.catalog.load(
         [
             parse_definition(
@@ -79,9 +80,10 @@ def test_two_beats_start_exactly_one_machine_per_tick(
 
 
 def test_skip_starts_no_machine_while_the_previous_one_runs(
-    env_factory: Callable[..., FsmEnv], tmp_path: Path
+    env_factory: Callable[..., FsmEnv], request: pytest.FixtureRequest
 ) -> None:
     env = env_factory("overlap_skip", schedule_interval_seconds=0.2)
+    request.addfinalizer(env.stop_all)
     body = yaml.safe_load((SHIPPED_DEFINITIONS / "cto_infrastructure_check.yaml").read_text())
     body["schedules"] = [{"name": "every-second", "cron": EVERY_SECOND}]  # overlap: skip
     env.client.engine.catalog.load([parse_definition(body)])

@@ -113,7 +113,7 @@ function wireActions(id) {
       run: async (reason, form) => {
         if (action === "budget") {
           const number = (name) => (form.elements[name].value === "" ? null : Number(form.elements[name].value));
-          await send("PUT", `/api/machines/${id}/budget`, { tokens: number("tokens"), cost: number("cost") });
+          await send("PUT", `/api/machines/${id}/budget`, { tokens: number("tokens"), cost: number("cost"), reason });
           location.reload();
           return;
         }

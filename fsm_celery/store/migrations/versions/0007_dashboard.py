@@ -36,6 +36,19 @@ def upgrade() -> None:
         sqlite_where=AT_WORK,
     )
     op.create_table(
+        "budget_changes",
+        sa.Column("id", BigId, primary_key=True),
+        sa.Column("machine_id", sa.Uuid, sa.ForeignKey("state_machines.id"), nullable=False),
+        sa.Column("actor", sa.String(100), nullable=False),
+        sa.Column("reason", sa.Text, nullable=False, server_default=""),
+        sa.Column("tokens", sa.BigInteger),
+        sa.Column("cost", sa.Float),
+        sa.Column("previous_tokens", sa.BigInteger),
+        sa.Column("previous_cost", sa.Float),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    )
+    op.create_index("idx_budget_changes_machine", "budget_changes", ["machine_id"])
+    op.create_table(
         "github_deliveries",
         sa.Column("id", sa.String(64), primary_key=True),
         sa.Column("event", sa.String(50), nullable=False),
@@ -102,6 +115,8 @@ def downgrade() -> None:
     op.drop_index("idx_notifications_machine", "notifications")
     op.drop_index("idx_notifications_due", "notifications")
     op.drop_table("notifications")
+    op.drop_index("idx_budget_changes_machine", "budget_changes")
+    op.drop_table("budget_changes")
     op.drop_index("idx_github_deliveries_issue", "github_deliveries")
     op.drop_table("github_deliveries")
     for name in (
