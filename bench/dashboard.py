@@ -51,9 +51,7 @@ import asyncio
 import contextlib
 import math
 import os
-import socket
 import statistics
-import sys
 import threading
 import time
 import uuid
@@ -81,7 +79,6 @@ from bench.common import (
 from bench.scale import fill
 from bench.throughput import run_engine, start_workers
 
-HOST = "127.0.0.1"
 VIEWER_TOKEN = "bench-dashboard-viewer-" + "b" * 32  # 32+ bytes, as the settings demand
 WARM_REQUESTS = 3
 FOLD_CALLS = 500  # bounds folding: each call folds up to 1,000,000 attempts
@@ -93,20 +90,11 @@ PAGE = 50  # the machines a live list page shows, and follows
 # ---- the dashboard process ----------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
 def start_dashboard(env: FsmEnv) -> tuple[psutil.Process, str]:
-    """The real `fsm-celery dashboard` (env: the deployment's settings, its tokens included),
-    once it serves; one of env.procs, so tear_down stops it."""
-    port = free_port()
-    argv = [sys.executable, "-m", "fsm_celery", "dashboard", "--host", HOST, "--port", str(port)]
-    proc = env._spawn("dashboard", argv)
-    proc.wait_for_log("Application startup complete", timeout=60)
-    return psutil.Process(proc.popen.pid), f"http://{HOST}:{port}"
+    """The real `fsm-celery dashboard` (the deployment's settings, its tokens included), once it
+    serves; one of env.procs, so tear_down stops it."""
+    proc, base = env.start_dashboard()
+    return psutil.Process(proc.popen.pid), base
 
 
 def tree(process: psutil.Process) -> list[psutil.Process]:
