@@ -120,6 +120,7 @@ class StateEvent(_Message):
     machine_type: str
     agent_type: str
     agent_id: UUID | None = None
+    github_issue: int | None = None
     event: str = Field(
         description="what moved it: start, ack, timeout, handback, dispatch_error, or an "
         "operator's pause, resume, cancel, retry, force"

@@ -94,7 +94,7 @@ class Admin:
         started = _started(machine)
         q.insert_machine_txn(conn, machine)
         q.insert_transitions_txn(conn, [started])
-        writes.announce(started, machine_type, definition.agent_type, machine.status)
+        writes.announce(started, machine, machine.status)
         return Step(machine_id, 1, 0.0, definition.initial_state, machine_type)
 
     def command(self, machine_id: UUID, command: Command) -> Next:

@@ -15,7 +15,7 @@ from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Tra
 from fsm_celery.core.usage import Budget, Usage
 from fsm_celery.engine.steps import Next, Step
 from fsm_celery.store import queries as q
-from fsm_celery.store.rows import Beat, Dispatch, History, Move, Rejection
+from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection
 
 KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or why it paused
 ENDED = (MachineStatus.COMPLETED, MachineStatus.FAILED, MachineStatus.CANCELLED)
@@ -138,19 +138,21 @@ class Writes:
                 created_at=self.now,
             )
         )
-        self.announce(self.history[-1], row.type, row.agent_type, t.status.value)
+        self.announce(self.history[-1], row, t.status.value)
         if t.status in ENDED:
             self.ended.append((row, t))
 
-    def announce(self, history: History, machine_type: str, agent_type: str, status: str) -> None:
-        """Queue the event of a history row, to be announced once the transaction commits."""
+    def announce(self, history: History, machine: q.AnyRow | NewMachine, status: str) -> None:
+        """Queue the event of a machine's history row, to be announced once the transaction
+        commits."""
         error = history.error_message
         self.events.append(
             StateEvent.model_construct(
                 machine_id=history.machine_id,
-                machine_type=machine_type,
-                agent_type=agent_type,
+                machine_type=machine.type,
+                agent_type=machine.agent_type,
                 agent_id=history.agent_id,
+                github_issue=machine.github_issue,
                 event=history.event,
                 from_state=history.from_state,
                 to_state=history.to_state,

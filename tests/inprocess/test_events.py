@@ -66,9 +66,9 @@ def test_each_transition_is_announced_once_in_order_as_its_history_row(
         (h.attempt, h.from_state, h.to_state, h.event) for h in history
     ]
     assert [e["status"] for e in events] == ["running"] * (len(events) - 1) + ["completed"]
-    assert {(e["machineId"], e["machineType"], e["agentType"]) for e in events} == {
-        (str(mid), "cto_fix_bug", "cto")
-    }
+    assert {
+        (e["machineId"], e["machineType"], e["agentType"], e["githubIssue"]) for e in events
+    } == {(str(mid), "cto_fix_bug", "cto", 7)}
     for event in events:
         StateEvent.model_validate_json(json.dumps(event))  # the published schema holds
 

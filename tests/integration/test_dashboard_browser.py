@@ -276,6 +276,8 @@ def test_a_machine_started_after_the_list_loaded_appears_and_moves_live_until_co
     expect(row.locator(".status")).to_have_text("completed", timeout=WAIT_MS)
     expect(row.locator(".state")).to_have_text("COMPLETE", timeout=WAIT_MS)
     expect(row.locator("a")).to_have_attribute("href", f"/machines/{mid}")
+    issue = str(FIX_BUG_CONTEXT["githubIssue"])
+    expect(row.locator("td").nth(5)).to_have_text(issue)  # the new row's issue, from its event
 
     assert_not_reloaded(page)
     seen: list[list[str]] = page.evaluate("window.__rowSeen")

@@ -80,6 +80,7 @@ def _row(**overrides: Any) -> Any:
         "id": uuid.uuid4(),
         "type": "t",
         "agent_type": "worker",
+        "github_issue": 12,
         "current_state": "A",
         "status": "running",
         "attempt": 1,
@@ -147,7 +148,7 @@ def test_each_transition_queues_its_event_as_its_history_row_says() -> None:
         history.attempt,
         "ack",
     )
-    assert (event.actor, event.at, event.success) == ("op", NOW, True)
+    assert (event.actor, event.at, event.success, event.github_issue) == ("op", NOW, True, 12)
     assert '"fromState":"A"' in event.to_wire() and '"error":null' in event.to_wire()
 
 

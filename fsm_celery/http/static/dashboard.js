@@ -145,7 +145,7 @@ function machinesPage(table) {
       row = el("tr", { "data-machine": event.machineId, "data-type": event.machineType },
         el("td", { class: "mono" }, el("a", { href: `/machines/${event.machineId}` }, event.machineId.slice(0, 8))),
         el("td", {}, event.machineType), el("td", { class: "state" }), el("td", { class: "status" }),
-        el("td", { class: "attempt" }), el("td", {}, ""), el("td", {}, el("time", { datetime: event.at }, event.at.slice(0, 19).replace("T", " "))),
+        el("td", { class: "attempt" }), el("td", {}, event.githubIssue ?? ""), el("td", {}, el("time", { datetime: event.at }, event.at.slice(0, 19).replace("T", " "))),
         el("td", { class: "updated" }));
       body.prepend(row);
     }
