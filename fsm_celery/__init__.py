@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fsm_celery.client import (
         Client,
-        MachineInfo,
-        TransitionRecord,
         default_client,
         get_machine,
         history,
@@ -30,17 +28,18 @@ if TYPE_CHECKING:
         MachineNotFound,
         UnknownMachineType,
     )
+    from fsm_celery.records import MachineInfo, TransitionRecord
 
 _HOME = {
     "Client": "fsm_celery.client",
     "DefinitionError": "fsm_celery.exceptions",
     "FsmError": "fsm_celery.exceptions",
     "MachineDefinition": "fsm_celery.core.definition",
-    "MachineInfo": "fsm_celery.client",
+    "MachineInfo": "fsm_celery.records",
     "MachineNotFound": "fsm_celery.exceptions",
     "MachineStatus": "fsm_celery.core.transition",
     "Settings": "fsm_celery.config",
-    "TransitionRecord": "fsm_celery.client",
+    "TransitionRecord": "fsm_celery.records",
     "UnknownMachineType": "fsm_celery.exceptions",
     "default_client": "fsm_celery.client",
     "get_machine": "fsm_celery.client",

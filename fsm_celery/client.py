@@ -1,4 +1,5 @@
-"""The Python client: start, inspect and command machines (the CLI runs on it too).
+"""The Python client: start, inspect and command machines (the CLI and the HTTP API run on it;
+what it returns is fsm_celery.records').
 
 `Client` works on the parts it is given (fsm_celery.wiring builds them from settings); the
 module's functions use the process's default client, built from FSM_* environment settings on
@@ -9,15 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from datetime import datetime
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
 from fsm_celery.core import github
 from fsm_celery.core.admin import Action, Command
-from fsm_celery.core.definition import MachineDefinition, validate
+from fsm_celery.core.definition import validate
 from fsm_celery.core.loader import definition_files, load_all, parse_definition
 from fsm_celery.core.messages import unstorable
 from fsm_celery.core.usage import Budget
@@ -32,6 +31,14 @@ from fsm_celery.exceptions import (
     MachineNotFound,
     UnknownMachineType,
 )
+from fsm_celery.records import (
+    AgentInfo,
+    BulkResult,
+    DefinitionVersion,
+    MachineInfo,
+    TransitionRecord,
+    jsonable,
+)
 from fsm_celery.store import notify as notify_store
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
@@ -40,109 +47,6 @@ from fsm_celery.store.reads import Cursor, MachineFilter
 log = logging.getLogger(__name__)
 ACTOR_CHARS = 100  # state_transitions.actor
 Enqueue = Callable[[Next], None]
-
-
-@dataclass(frozen=True)
-class MachineInfo:
-    """A machine instance as the API shows it."""
-
-    id: UUID
-    type: str
-    agent_type: str
-    agent_id: UUID | None
-    current_state: str
-    status: str
-    context: dict[str, Any]
-    attempt: int
-    github_issue: int | None
-    definition_version: int
-    deadline_at: datetime | None
-    heartbeat_at: datetime | None
-    progress: str | None
-    tokens_used: int
-    cost: float
-    budget_tokens: int | None
-    budget_cost: float | None
-    error: str | None
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def from_row(cls, row: q.AnyRow) -> MachineInfo:
-        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
-
-    def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
-
-    @property
-    def cursor(self) -> Cursor:
-        """Where the page after this machine starts (newest first)."""
-        return (self.created_at, self.id)
-
-
-@dataclass(frozen=True)
-class TransitionRecord:
-    """One history row: the outcome of one attempt (attempt 0 is the start)."""
-
-    attempt: int
-    event: str
-    from_state: str | None
-    to_state: str
-    success: bool
-    output: dict[str, Any] | None
-    error_message: str | None
-    duration_ms: int | None
-    actor: str | None
-    reason: str | None
-    progress: str | None
-    agent_id: UUID | None
-    tokens_used: int
-    cost: float
-    created_at: datetime
-
-    @classmethod
-    def from_row(cls, row: q.AnyRow) -> TransitionRecord:
-        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
-
-    def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
-
-
-@dataclass(frozen=True)
-class AgentInfo:
-    """An agent as it last reported, and the unfinished machines assigned to it now."""
-
-    id: UUID
-    agent_type: str
-    status: str
-    concurrency: int
-    running: int
-    hostname: str | None
-    started_at: datetime
-    last_seen_at: datetime
-    working_on: list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class DefinitionVersion:
-    """One stored version of a machine type, parsed, with what the static checker finds."""
-
-    type: str
-    version: int
-    created_at: datetime
-    definition: MachineDefinition
-    problems: list[str]
-    versions: list[int]  # every version of the type, newest first
-
-
-@dataclass(frozen=True)
-class BulkResult:
-    """One machine of a bulk command: done, or why not."""
-
-    machine_id: UUID
-    ok: bool
-    status: str | None = None
-    error: str | None = None
 
 
 class Client:
@@ -250,7 +154,7 @@ class Client:
         """Who changed the machine's budget, when, why, and from what."""
         with self.engine.db.connect() as conn:
             rows = q.budget_changes_txn(conn, _uuid(machine_id))
-        return [_jsonable(dict(r._mapping)) for r in rows]
+        return [jsonable(dict(r._mapping)) for r in rows]
 
     def schedules(self) -> list[ScheduleInfo]:
         """Every schedule of the loaded definitions (retired ones too), with its latest run."""
@@ -280,15 +184,15 @@ class Client:
         """The schedule's latest runs (tick, outcome, machine) and changes (who, what, why)."""
         runs, events = self.engine.schedules.history(ref, limit)
         return (
-            [_jsonable(dict(r._mapping)) for r in runs],
-            [_jsonable(dict(r._mapping)) for r in events],
+            [jsonable(dict(r._mapping)) for r in runs],
+            [jsonable(dict(r._mapping)) for r in events],
         )
 
     def agents(self) -> list[dict[str, Any]]:
         """Every agent that ever reported, with its status and when it was last seen."""
         with self.engine.db.connect() as conn:
             rows = q.list_agents_txn(conn)
-        return [_jsonable(dict(r._mapping)) for r in rows]
+        return [jsonable(dict(r._mapping)) for r in rows]
 
     def _command(self, machine_id: UUID | str, command: Command) -> MachineInfo:
         _check_actor(command.actor)
@@ -313,11 +217,8 @@ class Client:
         limit: int = 100,
     ) -> list[MachineInfo]:
         """Machines, newest first, filtered by agent type, status and machine type."""
-        with self.engine.db.connect() as conn:
-            rows = q.list_machines_txn(
-                conn, agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
-            )
-        return [MachineInfo.from_row(r) for r in rows]
+        where = MachineFilter(status=status, machine_type=machine_type, agent_type=agent_type)
+        return self.find_machines(where, limit)
 
     def find_machines(
         self, where: MachineFilter, limit: int = 50, after: Cursor | None = None
@@ -351,7 +252,7 @@ class Client:
             listed, work = reads.agents_at_work_txn(conn)
         doing: dict[UUID, list[dict[str, Any]]] = {}
         for w in work:
-            doing.setdefault(w.agent_id, []).append(_jsonable(dict(w._mapping)))
+            doing.setdefault(w.agent_id, []).append(jsonable(dict(w._mapping)))
         return [
             AgentInfo(
                 id=a.id,
@@ -376,7 +277,7 @@ class Client:
         """Every stored version of every machine type (newest first per type)."""
         with self.engine.db.connect() as conn:
             rows = reads.definition_versions_txn(conn)
-        return [_jsonable(dict(r._mapping)) for r in rows]
+        return [jsonable(dict(r._mapping)) for r in rows]
 
     def definition(self, machine_type: str, version: int | None = None) -> DefinitionVersion:
         """One version of a machine type (the latest by default), and its checker's problems."""
@@ -409,7 +310,7 @@ class Client:
         """The machine's notifications: where, whether delivered, tries, the last error."""
         with self.engine.db.connect() as conn:
             rows = notify_store.of_machine_txn(conn, _uuid(machine_id))
-        return [_jsonable(dict(r._mapping)) for r in rows]
+        return [jsonable(dict(r._mapping)) for r in rows]
 
     def stats(self) -> dict[str, Any]:
         """Machines by status, type and agent type; attempts per state (success rate, p50 and
@@ -423,7 +324,7 @@ class Client:
         mid = _uuid(machine_id) if machine_id is not None else None
         with self.engine.db.connect() as conn:
             rows = q.rejections_txn(conn, mid, limit)
-        return [_jsonable(dict(r._mapping)) for r in rows]
+        return [jsonable(dict(r._mapping)) for r in rows]
 
     def parked(self, limit: int = 100) -> list[dict[str, str]]:
         """Messages the bridge could neither apply nor record, newest first (dead letters)."""
@@ -452,13 +353,6 @@ def _uuid(value: UUID | str) -> UUID:
         return UUID(value)
     except ValueError:
         raise MachineNotFound(value) from None
-
-
-def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (str(v) if isinstance(v, UUID) else v.isoformat() if isinstance(v, datetime) else v)
-        for k, v in data.items()
-    }
 
 
 # the process's default client -----------------------------------------------------------

@@ -18,12 +18,13 @@ from rich.table import Table
 from fsm_celery import wiring
 from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
-from fsm_celery.client import Client, MachineInfo
+from fsm_celery.client import Client
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import task_channel
 from fsm_celery.engine import Inbound, MachineEngine
 from fsm_celery.pipeline.orchestrator import PIPELINE, as_node, default_agents, pipeline_context
 from fsm_celery.pipeline.state import TaskState
+from fsm_celery.records import MachineInfo
 from fsm_celery.store.db import upgrade
 
 TERMINAL = {"completed", "failed", "cancelled"}

@@ -149,10 +149,10 @@ class Doctor:
         return Result("workers", True, f"{len(names)} answering ({', '.join(names[:3])}…)")
 
     def beat(self) -> Result:
-        from fsm_celery.store import queries as q
+        from fsm_celery.store import schedules as schedule_store
 
         with self._database().connect() as conn:
-            last = q.last_run_txn(conn, "scan")
+            last = schedule_store.last_run_txn(conn, "scan")
         if last is None:
             return Result("beat", False, "no scan ever ran", "start it: celery -A fsm_celery beat")
         if last.tzinfo is None:

@@ -17,6 +17,7 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import Limits
 from fsm_celery.exceptions import UnknownMachineType
 from fsm_celery.store import queries as q
+from fsm_celery.store import schedules as schedule_store
 
 if TYPE_CHECKING:
     from fsm_celery.engine.writes import Writes
@@ -42,7 +43,7 @@ class Catalog:
         with self._db.begin() as conn:
             for definition in definitions:
                 loaded.append((definition.type, *q.save_definition_txn(conn, definition)))
-                q.sync_schedules_txn(conn, definition, self._clock())
+                schedule_store.sync_schedules_txn(conn, definition, self._clock())
         return loaded
 
     def version(self, conn: Connection, machine_type: str, version: int) -> MachineDefinition:

@@ -17,6 +17,7 @@ from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.steps import Scanned
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.store import queries as q
+from fsm_celery.store import schedules as schedule_store
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Scan:
             for row in due:
                 _contained(row, self._entry.enter_txn, conn, row, writes)
             self._entry.send_and_write(conn, writes)
-            q.touch_txn(conn, "scan", writes.now)  # beat is alive (fsm-celery doctor)
+            schedule_store.touch_txn(conn, "scan", writes.now)  # beat is alive (fsm-celery doctor)
         return Scanned(len(overdue) + len(due), writes.next())
 
     def _time_out(self, conn: Connection, row: q.AnyRow, writes: Writes) -> None:

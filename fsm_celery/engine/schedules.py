@@ -26,7 +26,8 @@ from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.steps import Next
 from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import FsmError, InvalidActor, ScheduleNotFound
-from fsm_celery.store import queries as q
+from fsm_celery.store import schedules as store
+from fsm_celery.store.queries import AnyRow
 
 log = logging.getLogger(__name__)
 ACTOR_CHARS = 100  # the audit's column
@@ -67,26 +68,26 @@ class Schedules:
         now = writes.now
         next_states: Next = []
         with self._rt.transaction(writes) as conn:
-            rows = q.lock_due_schedules_txn(conn, now, limit)
+            rows = store.lock_due_schedules_txn(conn, now, limit)
             for row in rows:
                 tick, following = due(row.cron, row.timezone, row.next_run_at, now)
                 update: dict[str, Any] = {"next_run_at": following, "last_tick_at": tick}
-                if q.claim_tick_txn(conn, row.id, tick, "started"):
+                if store.claim_tick_txn(conn, row.id, tick, "started"):
                     started = self._tick(conn, writes, row, tick)
                     if started is not None:
                         next_states += started
                         update["last_machine_id"] = started[0].machine_id
-                q.update_schedule_txn(conn, row.id, **update)
-            q.touch_txn(conn, "schedules", now)
+                store.update_schedule_txn(conn, row.id, **update)
+            store.touch_txn(conn, "schedules", now)
         return len(rows), next_states
 
-    def _tick(self, conn: Connection, writes: Writes, row: q.AnyRow, tick: datetime) -> Next | None:
+    def _tick(self, conn: Connection, writes: Writes, row: AnyRow, tick: datetime) -> Next | None:
         """Start the tick's machine (None: skipped, or failed; the run row says which)."""
         if row.overlap == Overlap.SKIP and row.last_machine_id is not None:
-            status = q.machine_status_txn(conn, row.last_machine_id)
+            status = store.machine_status_txn(conn, row.last_machine_id)
             if status in UNFINISHED:
                 detail = f"machine {row.last_machine_id} is still {status}"
-                q.settle_tick_txn(conn, row.id, tick, "skipped", detail=detail)
+                store.settle_tick_txn(conn, row.id, tick, "skipped", detail=detail)
                 return None
         try:
             with conn.begin_nested():  # a failure of this schedule leaves the others' ticks
@@ -97,25 +98,25 @@ class Schedules:
             log.warning(
                 "schedule %s/%s could not start a machine: %s", row.machine_type, row.name, exc
             )
-            q.settle_tick_txn(conn, row.id, tick, "failed", detail=str(exc)[:1000])
+            store.settle_tick_txn(conn, row.id, tick, "failed", detail=str(exc)[:1000])
             return None
-        q.settle_tick_txn(conn, row.id, tick, "started", machine_id=step.machine_id)
+        store.settle_tick_txn(conn, row.id, tick, "started", machine_id=step.machine_id)
         return [step]
 
     def all(self) -> list[ScheduleInfo]:
         with self._rt.db.connect() as conn:
-            return [_info(row) for row in q.list_schedules_txn(conn)]
+            return [_info(row) for row in store.list_schedules_txn(conn)]
 
     def one(self, ref: str) -> ScheduleInfo:
         """The schedule named ref (TYPE/NAME, or TYPE), with its latest run."""
         with self._rt.db.connect() as conn:
-            return _info(q.list_schedules_txn(conn, self._find(conn, ref).id)[0])
+            return _info(store.list_schedules_txn(conn, self._find(conn, ref).id)[0])
 
     def history(self, ref: str, limit: int = 20) -> tuple[Sequence[Any], Sequence[Any]]:
         """The schedule's latest runs and the latest changes made to it."""
         with self._rt.db.connect() as conn:
             row = self._find(conn, ref)
-            return q.schedule_runs_txn(conn, row.id, limit), q.schedule_events_txn(
+            return store.schedule_runs_txn(conn, row.id, limit), store.schedule_events_txn(
                 conn, row.id, limit
             )
 
@@ -136,8 +137,10 @@ class Schedules:
             if not paused:
                 update["next_run_at"] = next_tick(row.cron, row.timezone, now)
             if row.paused != paused:
-                q.update_schedule_txn(conn, row.id, **update)
-                q.schedule_event_txn(conn, row.id, "pause" if paused else "resume", actor, reason)
+                store.update_schedule_txn(conn, row.id, **update)
+                store.schedule_event_txn(
+                    conn, row.id, "pause" if paused else "resume", actor, reason
+                )
             row = self._find(conn, ref)
         return _info(row)
 
@@ -149,25 +152,27 @@ class Schedules:
         with self._rt.transaction(writes) as conn:
             row = self._find(conn, ref)
             step = self._admin.start_txn(conn, writes, row.machine_type, row.context)
-            q.claim_tick_txn(conn, row.id, now, "started")
-            q.settle_tick_txn(conn, row.id, now, "started", step.machine_id, "triggered", actor)
-            q.update_schedule_txn(conn, row.id, last_machine_id=step.machine_id)
-            q.schedule_event_txn(
+            store.claim_tick_txn(conn, row.id, now, "started")
+            store.settle_tick_txn(conn, row.id, now, "started", step.machine_id, "triggered", actor)
+            store.update_schedule_txn(conn, row.id, last_machine_id=step.machine_id)
+            store.schedule_event_txn(
                 conn, row.id, "trigger", actor, reason, {"machine_id": str(step.machine_id)}
             )
         return [step]
 
-    def _find(self, conn: Connection, ref: str) -> q.AnyRow:
+    def _find(self, conn: Connection, ref: str) -> AnyRow:
         """The schedule named TYPE/NAME, or TYPE when the type has one schedule."""
         machine_type, _, name = ref.partition("/")
         if not name:
             names = [
-                n for n, r in q.schedules_of_txn(conn, machine_type).items() if r.removed_at is None
+                n
+                for n, r in store.schedules_of_txn(conn, machine_type).items()
+                if r.removed_at is None
             ]
             if len(names) != 1:
                 raise ScheduleNotFound(ref, _choices(conn, machine_type, names))
             name = names[0]
-        row = q.lock_schedule_txn(conn, machine_type, name)
+        row = store.lock_schedule_txn(conn, machine_type, name)
         if row is None:
             raise ScheduleNotFound(ref, _choices(conn, machine_type, None))
         return row
@@ -180,9 +185,9 @@ def _check_actor(actor: str) -> None:
 
 def _choices(conn: Connection, machine_type: str, names: Iterable[str] | None) -> list[str]:
     if names is None:
-        names = q.schedules_of_txn(conn, machine_type)
+        names = store.schedules_of_txn(conn, machine_type)
     return [f"{machine_type}/{n}" for n in names] or [
-        info.key for info in map(_info, q.list_schedules_txn(conn))
+        info.key for info in map(_info, store.list_schedules_txn(conn))
     ]
 
 

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from sse_starlette.sse import EventSourceResponse
 
-from fsm_celery.client import Client, MachineInfo
+from fsm_celery.client import Client
 from fsm_celery.core.admin import Action
 from fsm_celery.core.graph import graph, to_dot
 from fsm_celery.http.auth import Principal, admin, viewer
@@ -29,6 +29,7 @@ from fsm_celery.http.models import (
     encode_cursor,
     machine_filter,
 )
+from fsm_celery.records import MachineInfo
 from fsm_celery.store.reads import MachineFilter
 
 router = APIRouter(prefix="/api")

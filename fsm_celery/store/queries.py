@@ -11,11 +11,10 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, Row, delete, func, insert, select, true, update
+from sqlalchemy import Connection, Row, delete, func, insert, select, update
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
-from fsm_celery.core.schedule import Schedule, next_tick
 from fsm_celery.store import dialects
 from fsm_celery.store.rows import (
     AgentReport,
@@ -31,17 +30,12 @@ from fsm_celery.store.tables import (
     agents,
     budget_changes,
     definitions,
-    liveness,
     machines,
     rejected_messages,
-    schedule_events,
-    schedule_runs,
-    schedules,
     transitions,
 )
 
 AnyRow = Row[*tuple[Any, ...]]
-LOADER = "definitions load"  # the actor of the schedule changes a load makes
 PAYLOAD_KEEP = 4096  # characters of a rejected payload kept for the record
 
 
@@ -164,41 +158,6 @@ def history_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
         select(transitions)
         .where(transitions.c.machine_id == machine_id)
         .order_by(transitions.c.attempt)
-    ).all()
-
-
-def list_machines_txn(
-    conn: Connection,
-    *,
-    agent_type: str | None = None,
-    status: str | None = None,
-    machine_type: str | None = None,
-    limit: int = 100,
-) -> Sequence[AnyRow]:
-    query = select(machines).order_by(machines.c.created_at.desc(), machines.c.id).limit(limit)
-    if agent_type is not None:
-        query = query.where(machines.c.agent_type == agent_type)
-    if status is not None:
-        query = query.where(machines.c.status == status)
-    if machine_type is not None:
-        query = query.where(machines.c.type == machine_type)
-    return conn.execute(query).all()
-
-
-def status_counts_txn(conn: Connection) -> Sequence[AnyRow]:
-    """Machines counted by type and status."""
-    return conn.execute(
-        select(machines.c.type, machines.c.status, func.count().label("total"))
-        .group_by(machines.c.type, machines.c.status)
-        .order_by(machines.c.type, machines.c.status)
-    ).all()
-
-
-def rejection_counts_txn(conn: Connection) -> Sequence[AnyRow]:
-    return conn.execute(
-        select(rejected_messages.c.reason, func.count().label("total"))
-        .group_by(rejected_messages.c.reason)
-        .order_by(rejected_messages.c.reason)
     ).all()
 
 
@@ -383,221 +342,3 @@ def budget_changes_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
 
 def list_agents_txn(conn: Connection) -> Sequence[AnyRow]:
     return conn.execute(select(agents).order_by(agents.c.agent_type, agents.c.started_at)).all()
-
-
-def usage_by_txn(conn: Connection, column: str) -> Sequence[AnyRow]:
-    """Tokens and cost summed per machine type ("type") or per agent ("agent_id")."""
-    key = machines.c.type if column == "type" else transitions.c.agent_id
-    return conn.execute(
-        select(
-            key.label("key"),
-            func.sum(transitions.c.tokens_used).label("tokens"),
-            func.sum(transitions.c.cost).label("cost"),
-            func.count().label("attempts"),
-        )
-        .select_from(transitions.join(machines, machines.c.id == transitions.c.machine_id))
-        .where(transitions.c.event.in_(["ack", "timeout"]))
-        .group_by(key)
-        .order_by(key)
-    ).all()
-
-
-# --- schedules -------------------------------------------------------------------------------
-
-
-def sync_schedules_txn(conn: Connection, definition: MachineDefinition, now: datetime) -> None:
-    """Make the stored schedules of the definition's type its own: new ones added, changed
-    ones updated, those it no longer has retired (kept for their history). Whether a
-    schedule is paused is the operators' and survives a load."""
-    stored = schedules_of_txn(conn, definition.type)
-    for schedule in definition.schedules:
-        row = stored.get(schedule.name)
-        fields = _schedule_fields(schedule)
-        if row is None:
-            sid = insert_schedule_txn(
-                conn,
-                machine_type=definition.type,
-                name=schedule.name,
-                next_run_at=next_tick(schedule.cron, schedule.timezone, now),
-                created_at=now,
-                updated_at=now,
-                **fields,
-            )
-            schedule_event_txn(conn, sid, "created", LOADER, detail=fields)
-            continue
-        changed = {k: v for k, v in fields.items() if getattr(row, k) != v}
-        if not changed and row.removed_at is None:
-            continue
-        changes: dict[str, Any] = {**changed, "removed_at": None, "updated_at": now}
-        if "cron" in changed or "timezone" in changed or row.removed_at is not None:
-            changes["next_run_at"] = next_tick(schedule.cron, schedule.timezone, now)
-        update_schedule_txn(conn, row.id, **changes)
-        schedule_event_txn(conn, row.id, "updated", LOADER, detail=fields)
-    kept = {s.name for s in definition.schedules}
-    for name, row in stored.items():
-        if name not in kept and row.removed_at is None:
-            update_schedule_txn(conn, row.id, removed_at=now, updated_at=now)
-            schedule_event_txn(conn, row.id, "removed", LOADER)
-
-
-def _schedule_fields(schedule: Schedule) -> dict[str, Any]:
-    return {
-        "cron": schedule.cron,
-        "timezone": schedule.timezone,
-        "context": schedule.context,
-        "overlap": schedule.overlap.value,
-    }
-
-
-def schedules_of_txn(conn: Connection, machine_type: str) -> dict[str, AnyRow]:
-    """The machine type's schedules by name, locked (a load and beat do not interleave)."""
-    rows = conn.execute(
-        select(schedules).where(schedules.c.machine_type == machine_type).with_for_update()
-    ).all()
-    return {row.name: row for row in rows}
-
-
-def insert_schedule_txn(conn: Connection, **fields: Any) -> int:
-    schedule_id: int = conn.execute(
-        insert(schedules).values(**fields).returning(schedules.c.id)
-    ).scalar_one()
-    return schedule_id
-
-
-def update_schedule_txn(conn: Connection, schedule_id: int, **fields: Any) -> None:
-    conn.execute(update(schedules).where(schedules.c.id == schedule_id).values(**fields))
-
-
-def lock_due_schedules_txn(conn: Connection, now: datetime, limit: int) -> Sequence[AnyRow]:
-    """Active schedules whose next tick is past, locked; those another beat holds are skipped."""
-    return conn.execute(
-        select(schedules)
-        .where(
-            schedules.c.next_run_at <= now,
-            schedules.c.paused.is_(False),
-            schedules.c.removed_at.is_(None),
-        )
-        .order_by(schedules.c.next_run_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    ).all()
-
-
-def lock_schedule_txn(conn: Connection, machine_type: str, name: str) -> AnyRow | None:
-    return conn.execute(
-        select(schedules)
-        .where(schedules.c.machine_type == machine_type, schedules.c.name == name)
-        .with_for_update()
-    ).first()
-
-
-def claim_tick_txn(conn: Connection, schedule_id: int, tick: datetime, outcome: str) -> bool:
-    """Record the schedule's tick; False when it was recorded already (by another beat)."""
-    statement = (
-        dialects.of(conn)
-        .insert(schedule_runs)
-        .values(schedule_id=schedule_id, tick_at=tick, outcome=outcome)
-        .on_conflict_do_nothing()
-    )
-    return conn.execute(statement).rowcount == 1
-
-
-def settle_tick_txn(
-    conn: Connection,
-    schedule_id: int,
-    tick: datetime,
-    outcome: str,
-    machine_id: UUID | None = None,
-    detail: str | None = None,
-    actor: str | None = None,
-) -> None:
-    conn.execute(
-        update(schedule_runs)
-        .where(schedule_runs.c.schedule_id == schedule_id, schedule_runs.c.tick_at == tick)
-        .values(outcome=outcome, machine_id=machine_id, detail=detail, actor=actor)
-    )
-
-
-def schedule_event_txn(
-    conn: Connection,
-    schedule_id: int,
-    action: str,
-    actor: str,
-    reason: str = "",
-    detail: dict[str, Any] | None = None,
-) -> None:
-    conn.execute(
-        insert(schedule_events).values(
-            schedule_id=schedule_id, action=action, actor=actor, reason=reason, detail=detail
-        )
-    )
-
-
-def machine_status_txn(conn: Connection, machine_id: UUID) -> str | None:
-    status: str | None = conn.execute(
-        select(machines.c.status).where(machines.c.id == machine_id)
-    ).scalar()
-    return status
-
-
-def list_schedules_txn(conn: Connection, schedule_id: int | None = None) -> Sequence[AnyRow]:
-    """Every schedule with its latest run, a tick's or a trigger's (when, outcome, detail)."""
-    latest = (
-        select(
-            schedule_runs.c.schedule_id,
-            func.max(schedule_runs.c.tick_at).label("tick_at"),
-        )
-        .group_by(schedule_runs.c.schedule_id)
-        .subquery()
-    )
-    return conn.execute(
-        select(
-            schedules,
-            schedule_runs.c.tick_at.label("last_run_at"),
-            schedule_runs.c.outcome.label("last_outcome"),
-            schedule_runs.c.detail.label("last_detail"),
-        )
-        .select_from(
-            schedules.outerjoin(latest, latest.c.schedule_id == schedules.c.id).outerjoin(
-                schedule_runs,
-                (schedule_runs.c.schedule_id == latest.c.schedule_id)
-                & (schedule_runs.c.tick_at == latest.c.tick_at),
-            )
-        )
-        .where(schedules.c.id == schedule_id if schedule_id is not None else true())
-        .order_by(schedules.c.machine_type, schedules.c.name)
-    ).all()
-
-
-def schedule_runs_txn(conn: Connection, schedule_id: int, limit: int) -> Sequence[AnyRow]:
-    return conn.execute(
-        select(schedule_runs)
-        .where(schedule_runs.c.schedule_id == schedule_id)
-        .order_by(schedule_runs.c.tick_at.desc())
-        .limit(limit)
-    ).all()
-
-
-def schedule_events_txn(conn: Connection, schedule_id: int, limit: int) -> Sequence[AnyRow]:
-    return conn.execute(
-        select(schedule_events)
-        .where(schedule_events.c.schedule_id == schedule_id)
-        .order_by(schedule_events.c.id.desc())
-        .limit(limit)
-    ).all()
-
-
-# --- liveness --------------------------------------------------------------------------------
-
-
-def touch_txn(conn: Connection, name: str, at: datetime) -> None:
-    """Record that the periodic job called name ran at `at`."""
-    statement = dialects.of(conn).insert(liveness).values(name=name, at=at)
-    conn.execute(statement.on_conflict_do_update(index_elements=[liveness.c.name], set_={"at": at}))
-
-
-def last_run_txn(conn: Connection, name: str) -> datetime | None:
-    at: datetime | None = conn.execute(
-        select(liveness.c.at).where(liveness.c.name == name)
-    ).scalar()
-    return at

@@ -215,11 +215,11 @@ def test_bad_references_and_actors_are_refused_with_the_choices(fsm: Fsm) -> Non
 
 
 def test_the_scan_and_the_schedules_record_when_they_last_ran(fsm: Fsm) -> None:
-    from fsm_celery.store import queries as q
+    from fsm_celery.store import schedules as schedule_store
 
     _at(fsm, T0)
     fsm.scan()
     fsm.engine.schedules.run()
     with fsm.engine.db.connect() as conn:
-        assert q.last_run_txn(conn, "scan") == T0
-        assert q.last_run_txn(conn, "schedules") == T0
+        assert schedule_store.last_run_txn(conn, "scan") == T0
+        assert schedule_store.last_run_txn(conn, "schedules") == T0
