@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import httpx
 from sqlalchemy import Connection
@@ -108,7 +108,7 @@ class Notifier:
             return None
         return f"HTTP {response.status_code}: {response.text[:ANSWER_CHARS]}"
 
-    def _outcome(self, row: AnyRow, error: str | None, now: object) -> dict[str, object]:
+    def _outcome(self, row: AnyRow, error: str | None, now: datetime) -> dict[str, object]:
         tries = row.attempts + 1
         if error is None:
             return {"status": "delivered", "delivered_at": now, "last_error": None}
@@ -116,4 +116,4 @@ class Notifier:
             log.warning("notification %s to %s failed for good: %s", row.id, row.url, error)
             return {"status": "failed", "last_error": error}
         delay = notify.retry_after(tries, jitter_unit(row.machine_id, int(row.id) * 100 + tries))
-        return {"last_error": error, "next_attempt_at": now + timedelta(seconds=delay)}  # type: ignore[operator]
+        return {"last_error": error, "next_attempt_at": now + timedelta(seconds=delay)}

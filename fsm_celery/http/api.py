@@ -29,7 +29,7 @@ from fsm_celery.http.models import (
     encode_cursor,
     machine_filter,
 )
-from fsm_celery.records import MachineInfo
+from fsm_celery.records import jsonable
 from fsm_celery.store.reads import MachineFilter
 
 router = APIRouter(prefix="/api")
@@ -52,10 +52,6 @@ def _actor(who: Principal, given: str | None) -> str:
     return given or who.name
 
 
-def _machine(info: MachineInfo) -> dict[str, Any]:
-    return info.to_dict()
-
-
 @router.get("/machines", summary="Machines, newest first, filtered; a page at a time")
 def list_machines(
     fsm: Fsm,
@@ -67,7 +63,7 @@ def list_machines(
     found = fsm.find_machines(where, limit + 1, decode_cursor(cursor))
     page, more = found[:limit], len(found) > limit
     return {
-        "items": [_machine(m) for m in page],
+        "items": [m.to_dict() for m in page],
         "next": encode_cursor(page[-1].cursor) if more else None,
     }
 
@@ -75,7 +71,7 @@ def list_machines(
 @router.post("/machines", status_code=201, summary="Start a machine")
 def start_machine(fsm: Fsm, _: Admin, body: StartRequest) -> dict[str, Any]:
     machine_id = fsm.start_machine(body.type, body.context, body.agent_id, body.github_issue)
-    return {"machine": _machine(fsm.get_machine(machine_id))}
+    return {"machine": fsm.get_machine(machine_id).to_dict()}
 
 
 @router.post(
@@ -92,7 +88,7 @@ def bulk(fsm: Fsm, who: Admin, body: BulkRequest) -> dict[str, Any]:
     return {
         "done": sum(r.ok for r in results),
         "refused": sum(not r.ok for r in results),
-        "results": [{**asdict(r), "machine_id": str(r.machine_id)} for r in results],
+        "results": [jsonable(asdict(r)) for r in results],
     }
 
 
@@ -103,7 +99,7 @@ def bulk(fsm: Fsm, who: Admin, body: BulkRequest) -> dict[str, Any]:
 def get_machine(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
     info = fsm.get_machine(machine_id)
     return {
-        "machine": _machine(info),
+        "machine": info.to_dict(),
         "history": [h.to_dict() for h in fsm.history(machine_id)],
         "notifications": fsm.notifications(machine_id),
         "budget_changes": fsm.budget_changes(machine_id),
@@ -115,7 +111,7 @@ def _command(action: Action) -> Callable[..., dict[str, Any]]:
 
     def command(fsm: Fsm, who: Admin, machine_id: UUID, body: CommandRequest) -> dict[str, Any]:
         act = getattr(fsm, action.value)
-        return {"machine": _machine(act(machine_id, _actor(who, body.actor), body.reason))}
+        return {"machine": act(machine_id, _actor(who, body.actor), body.reason).to_dict()}
 
     command.__doc__ = f"{action.value.capitalize()} the machine (admin)."
     return command
@@ -134,22 +130,18 @@ for _action in (Action.PAUSE, Action.RESUME, Action.CANCEL, Action.RETRY):
 @router.post("/machines/{machine_id}/force", summary="Move a machine to a state")
 def force(fsm: Fsm, who: Admin, machine_id: UUID, body: ForceRequest) -> dict[str, Any]:
     info = fsm.force(machine_id, body.state, _actor(who, body.actor), body.reason)
-    return {"machine": _machine(info)}
+    return {"machine": info.to_dict()}
 
 
 @router.put("/machines/{machine_id}/budget", summary="Set a machine's budget (null: no limit)")
 def set_budget(fsm: Fsm, who: Admin, machine_id: UUID, body: BudgetRequest) -> dict[str, Any]:
     info = fsm.set_budget(machine_id, _actor(who, body.actor), body.tokens, body.cost, body.reason)
-    return {"machine": _machine(info)}
+    return {"machine": info.to_dict()}
 
 
 @router.get("/agents", summary="Agents: status, last seen, what each works on now")
 def list_agents(fsm: Fsm, _: Viewer) -> dict[str, Any]:
-    agents = [asdict(a) | {"id": str(a.id)} for a in fsm.agents_at_work()]
-    for a in agents:
-        for key in ("started_at", "last_seen_at"):
-            a[key] = a[key].isoformat()
-    return {"items": agents}
+    return {"items": [jsonable(asdict(a)) for a in fsm.agents_at_work()]}
 
 
 @router.get("/definitions", summary="Every version of every machine type")

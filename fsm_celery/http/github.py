@@ -7,6 +7,7 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from fsm_celery.client import Client
 from fsm_celery.core.github import signature_matches
@@ -37,8 +38,6 @@ async def github_webhook(
             400, "the body is not JSON (the webhook's content type must be application/json)"
         ) from exc
     fsm: Client = request.app.state.client
-    from starlette.concurrency import run_in_threadpool
-
     done = await run_in_threadpool(fsm.github_delivery, x_github_delivery, x_github_event, payload)
     return {
         "outcome": done.outcome,
