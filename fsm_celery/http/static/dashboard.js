@@ -20,14 +20,18 @@ function el(tag, attrs, ...children) {
 // What an operator may do in each status (core/admin.py decides; the page is given it).
 const commandsOf = (status) => JSON.parse(document.body.dataset.commands || "{}")[status] || [];
 
-// As pages.py's `duration`: 850 ms, 8.4 s, 6 min 2 s, 3 h 5 min, 2 d 4 h.
+// As pages.py's `duration`: 850 ms, 8.4 s, 6 min 2 s, 5 min, 3 h 5 min, 2 d 4 h.
 function duration(ms) {
   if (ms < 1000) return `${ms} ms`;
-  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
-  const s = Math.floor(ms / 1000);
-  if (s >= 86400) return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
-  if (s >= 3600) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
-  return `${Math.floor(s / 60)} min ${s % 60} s`;
+  if (ms < 59950) {
+    const tenths = Math.floor((ms + 50) / 100);
+    return `${Math.floor(tenths / 10)}.${tenths % 10} s`;
+  }
+  const s = Math.floor((ms + 500) / 1000);
+  const two = (big, unit, small, smaller) => (small ? `${big} ${unit} ${small} ${smaller}` : `${big} ${unit}`);
+  if (s >= 86400) return two(Math.floor(s / 86400), "d", Math.floor((s % 86400) / 3600), "h");
+  if (s >= 3600) return two(Math.floor(s / 3600), "h", Math.floor((s % 3600) / 60), "min");
+  return two(Math.floor(s / 60), "min", s % 60, "s");
 }
 
 // As pages.py's `retries_text`: the retries a state has used, of those it allows.
@@ -229,7 +233,8 @@ function updateAgent(event) {
   if (event.status === "running" || event.status === "paused") {
     list.querySelector(".idle")?.remove();
     list.prepend(el("li", { "data-work": event.machineId },
-      el("a", { href: `/machines/${event.machineId}` }, `${event.machineType} · `, el("b", {}, event.toState))));
+      el("a", { href: `/machines/${event.machineId}` }, `${event.machineType} · `, el("b", {}, event.toState)),
+      " ", el("span", { class: "mono muted" }, event.machineId.slice(0, 8))));
   } else if (!list.querySelector("[data-work]")) {
     list.replaceChildren(el("li", { class: "muted idle" }, "idle"));
   }
