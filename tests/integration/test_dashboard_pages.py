@@ -211,6 +211,10 @@ def test_every_page_fits_a_1400_px_window_without_scrolling_sideways(
 ) -> None:
     env = dashboard.env
     mid = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
+    long_error = Reply(success=False, error="E" * 600)  # one word wider than any window
+    with ScriptedAgent(env, {"FIRST": [long_error] * 4}) as agent:  # its retries, all spent
+        failed = env.client.start_machine("test_pair", {}, agent_id=agent.id)
+        assert env.wait_until_done(failed).error == "E" * 600
     sign_in(page, dashboard, ADMIN_TOKEN, "Ada")
     assert page.viewport_size == {"width": 1400, "height": 1000}
     for machine_type in env.client.machine_types():
@@ -223,7 +227,7 @@ def test_every_page_fits_a_1400_px_window_without_scrolling_sideways(
         assert table["x"] + table["width"] <= inside["x"] + inside["width"], machine_type
         if machine_type in SHOTS:
             shot(page, f"definition-{machine_type}.png")
-    for path in ("/", "/definitions", f"/machines/{mid}", "/machines/nothing-here"):
+    for path in ("/", "/definitions", f"/machines/{mid}", f"/machines/{failed}", "/machines/x"):
         page.goto(dashboard.at(path))
         assert_fits(page, path)
 
