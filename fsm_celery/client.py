@@ -228,6 +228,11 @@ class Client:
             rows = reads.find_machines_txn(conn, where, limit, after)
         return [MachineInfo.from_row(r) for r in rows]
 
+    def count_machines(self, where: MachineFilter) -> dict[str, int]:
+        """How many machines the filter selects, by status."""
+        with self.engine.db.connect() as conn:
+            return reads.count_machines_txn(conn, where)
+
     def bulk(
         self, action: Action, where: MachineFilter, actor: str, reason: str = "", limit: int = 100
     ) -> list[BulkResult]:

@@ -8,7 +8,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from fsm_celery.core.admin import commands
 from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.transition import MachineStatus
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.reads import Cursor
 
@@ -24,7 +26,8 @@ class MachineInfo:
     current_state: str
     status: str
     context: dict[str, Any]
-    attempt: int
+    attempt: int  # the machine's step: every move, retry and command opens the next
+    state_retries: int  # the retries its current state has used
     github_issue: int | None
     definition_version: int
     deadline_at: datetime | None
@@ -43,7 +46,12 @@ class MachineInfo:
         return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(asdict(self))
+        return jsonable(asdict(self)) | {"commands": self.commands}
+
+    @property
+    def commands(self) -> list[str]:
+        """The operator's commands its status accepts (core/admin.py decides)."""
+        return commands(MachineStatus(self.status))
 
     @property
     def cursor(self) -> Cursor:

@@ -45,6 +45,13 @@ ALLOWED: dict[Action, frozenset[MachineStatus]] = {
     ),
     Action.FORCE: frozenset(MachineStatus),
 }
+BUDGET = "budget"  # no Action (it decides no move) and taken in every status: a retried or
+# forced machine runs again, so a finished one's budget can matter too
+
+
+def commands(status: MachineStatus) -> list[str]:
+    """The operator's commands a machine in that status accepts (what the dashboard offers)."""
+    return [action.value for action in Action if status in ALLOWED[action]] + [BUDGET]
 
 
 def decide_command(

@@ -129,9 +129,15 @@ class StateEvent(_Message):
     to_state: str
     status: str = Field(description="the machine's status after it: running, paused, ...")
     attempt: int = Field(description="the attempt it ended (0: the start)")
+    state_retries: int = Field(
+        default=0, description="the retries the state it moved to has used (0: its first try)"
+    )
     success: bool
     error: str | None = Field(default=None, max_length=EVENT_ERROR_CHARS)
     actor: str | None = None
+    duration_ms: int | None = Field(
+        default=None, description="how long the attempt it ended took, as in the history"
+    )
     at: datetime
 
     def to_wire(self) -> str:

@@ -138,13 +138,19 @@ class Writes:
                 created_at=self.now,
             )
         )
-        self.announce(self.history[-1], row, t.status.value)
+        self.announce(self.history[-1], row, t.status.value, t.state_retries)
         if t.status in ENDED:
             self.ended.append((row, t))
 
-    def announce(self, history: History, machine: q.AnyRow | NewMachine, status: str) -> None:
-        """Queue the event of a machine's history row, to be announced once the transaction
-        commits."""
+    def announce(
+        self,
+        history: History,
+        machine: q.AnyRow | NewMachine,
+        status: str,
+        state_retries: int = 0,
+    ) -> None:
+        """Queue the event of a machine's history row (and the retries its state has used after
+        it), to be announced once the transaction commits."""
         error = history.error_message
         self.events.append(
             StateEvent.model_construct(
@@ -158,9 +164,11 @@ class Writes:
                 to_state=history.to_state,
                 status=status,
                 attempt=history.attempt,
+                state_retries=state_retries,
                 success=history.success,
                 error=error[:EVENT_ERROR_CHARS] if error is not None else None,
                 actor=history.actor,
+                duration_ms=history.duration_ms,
                 at=history.created_at,
             )
         )

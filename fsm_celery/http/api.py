@@ -68,6 +68,14 @@ def list_machines(
     }
 
 
+@router.get("/machines/count", summary="How many machines a filter selects, by status")
+def count_machines(
+    fsm: Fsm, _: Viewer, where: Annotated[MachineFilter, Depends(machine_filter)]
+) -> dict[str, Any]:
+    by_status = fsm.count_machines(where)
+    return {"total": sum(by_status.values()), "by_status": by_status}
+
+
 @router.post("/machines", status_code=201, summary="Start a machine")
 def start_machine(fsm: Fsm, _: Admin, body: StartRequest) -> dict[str, Any]:
     machine_id = fsm.start_machine(body.type, body.context, body.agent_id, body.github_issue)

@@ -5,6 +5,7 @@ machine (its definition drawn, its history), definitions, sign in and out. The b
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -15,8 +16,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from fsm_celery.client import Client
+from fsm_celery.core.admin import commands
+from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.graph import graph
 from fsm_celery.core.transition import MachineStatus
+from fsm_celery.exceptions import MachineNotFound
 from fsm_celery.http.auth import Auth, Principal, csrf_token, principal
 from fsm_celery.http.models import decode_cursor, encode_cursor, machine_filter
 from fsm_celery.store.reads import MachineFilter
@@ -25,6 +29,43 @@ router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 PAGE = 50
 STATUSES = [s.value for s in MachineStatus]
+COMMANDS = {s.value: commands(s) for s in MachineStatus}  # what the pages offer, live too
+
+
+def duration(ms: int | None) -> str:
+    """A duration as a person reads it: 850 ms, 8.4 s, 6 min 2 s, 5 min, 3 h 5 min, 2 d 4 h
+    (static/dashboard.js writes live rows the same way)."""
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 59_950:
+        tenths = (ms + 50) // 100  # rounded half up, in integers, as the script does
+        return f"{tenths // 10}.{tenths % 10} s"
+    seconds = (ms + 500) // 1000
+    for unit, size, smaller, rest in (("d", 86400, "h", 3600), ("h", 3600, "min", 60)):
+        if seconds >= size:
+            return _two(seconds // size, unit, seconds % size // rest, smaller)
+    return _two(seconds // 60, "min", seconds % 60, "s")
+
+
+def _two(big: int, unit: str, small: int, smaller: str) -> str:
+    return f"{big} {unit} {small} {smaller}" if small else f"{big} {unit}"
+
+
+def retries_text(used: int, allowed: int | None) -> str:
+    """The retries a state has used, of those it allows (static/dashboard.js says it too)."""
+    if allowed is None:
+        return "—"  # a terminal state is never tried
+    if allowed == 0:
+        return "no retries"
+    if used == 0:
+        return f"first try (up to {allowed} retries)"
+    return f"retry {used} of {allowed}"
+
+
+templates.env.filters["duration"] = duration
+templates.env.globals["retries_text"] = retries_text
 
 
 def reader(request: Request, who: Annotated[Principal, Depends(principal)]) -> Principal:
@@ -47,8 +88,12 @@ def _render(request: Request, name: str, who: Principal | None, **context: Any) 
     return templates.TemplateResponse(
         request,
         name,
-        {"who": who, "csrf": csrf_token(request), "statuses": STATUSES, **context},
+        {"who": who, "csrf": csrf_token(request), **_common(), **context},
     )
+
+
+def _common() -> dict[str, Any]:
+    return {"statuses": STATUSES, "commands": COMMANDS}
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -79,10 +124,10 @@ def machines_page(
 
 
 @router.get("/machines/{machine_id}", response_class=HTMLResponse)
-def machine_page(request: Request, who: Reader, machine_id: UUID) -> HTMLResponse:
+def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse:
     fsm = _client(request)
-    info = fsm.get_machine(machine_id)
-    history = fsm.history(machine_id)
+    info = fsm.get_machine(_machine_id(machine_id))
+    history = fsm.history(info.id)
     definition = fsm.definition(info.type, info.definition_version)
     drawing = {
         "graph": graph(definition.definition).to_dict(),
@@ -96,12 +141,26 @@ def machine_page(request: Request, who: Reader, machine_id: UUID) -> HTMLRespons
         who,
         machine=info,
         history=history,
-        notifications=fsm.notifications(machine_id),
-        budget_changes=fsm.budget_changes(machine_id),
+        notifications=fsm.notifications(info.id),
+        budget_changes=fsm.budget_changes(info.id),
         states=[s.name for s in definition.definition.states],
+        retries=_retries(definition.definition),
         drawing=json.dumps(drawing),
         context=json.dumps(info.context, indent=2, sort_keys=True),
     )
+
+
+def _machine_id(text: str) -> UUID:
+    """The machine's id in the page's address; anything else names no machine (a 404)."""
+    try:
+        return UUID(text)
+    except ValueError:
+        raise MachineNotFound(text[:100]) from None
+
+
+def _retries(definition: MachineDefinition) -> dict[str, int | None]:
+    """Each state's retries (None for a terminal state, which has none)."""
+    return {s.name: None if s.terminal else s.max_retries for s in definition.states}
 
 
 @router.get("/definitions", response_class=HTMLResponse)
@@ -118,7 +177,9 @@ def definition_page(
     machine_type: str,
     version: Annotated[int | None, Query(ge=1)] = None,
 ) -> HTMLResponse:
-    found = _client(request).definition(machine_type, version)
+    fsm = _client(request)
+    found = fsm.definition(machine_type, version)
+    schedules = [s for s in fsm.schedules() if s.machine_type == found.type and not s.removed]
     drawing: dict[str, Any] = {
         "graph": graph(found.definition).to_dict(),
         "current": None,
@@ -129,6 +190,7 @@ def definition_page(
         "definition.html",
         who,
         found=found,
+        schedules=schedules,
         drawing=json.dumps(drawing),
         body=json.dumps(found.definition.to_json(), indent=2),
     )
@@ -171,13 +233,27 @@ def logout(request: Request, csrf: Annotated[str, Form(max_length=100)]) -> Redi
 def error_page(request: Request, status: int, message: str) -> Response:
     if status in (301, 302, 303, 307):
         return Response(status_code=status)
-    response = templates.TemplateResponse(
-        request,
-        "error.html",
-        {"who": None, "csrf": "", "status": status, "message": message, "statuses": STATUSES},
-        status_code=status,
-    )
-    return response
+    context = {"who": _signed_in(request), "status": status, "message": message}
+    context |= {"title": _title(status), **_common()}
+    context["csrf"] = csrf_token(request) if "session" in request.scope else ""
+    return templates.TemplateResponse(request, "error.html", context, status_code=status)
+
+
+def _signed_in(request: Request) -> Principal | None:
+    """Who reads the error page, so that it says who is signed in (None if nobody is)."""
+    if "session" not in request.scope:  # refused before the session was read (413)
+        return None
+    try:
+        return principal(request)
+    except HTTPException:
+        return None
+
+
+def _title(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 def _safe_next(target: str) -> str:

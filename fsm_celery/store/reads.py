@@ -67,6 +67,12 @@ def machine_ids_txn(conn: Connection, where: MachineFilter, limit: int) -> list[
     return [row.id for row in conn.execute(query.order_by(*order).limit(limit))]
 
 
+def count_machines_txn(conn: Connection, where: MachineFilter) -> dict[str, int]:
+    """How many machines the filter selects, by status (statuses without one left out)."""
+    query = where.apply(select(machines.c.status, func.count().label("n")))
+    return {row.status: row.n for row in conn.execute(query.group_by(machines.c.status))}
+
+
 def agents_at_work_txn(conn: Connection) -> tuple[Sequence[AnyRow], Sequence[AnyRow]]:
     """Every agent, and the unfinished machines assigned to one (what it works on now)."""
     listed = conn.execute(

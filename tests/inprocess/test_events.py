@@ -66,6 +66,8 @@ def test_each_transition_is_announced_once_in_order_as_its_history_row(
         (h.attempt, h.from_state, h.to_state, h.event) for h in history
     ]
     assert [e["status"] for e in events] == ["running"] * (len(events) - 1) + ["completed"]
+    assert [e["durationMs"] for e in events] == [h.duration_ms for h in history]  # live = read
+    assert [e["stateRetries"] for e in events] == [0] * len(events)
     assert {
         (e["machineId"], e["machineType"], e["agentType"], e["githubIssue"]) for e in events
     } == {(str(mid), "cto_fix_bug", "cto", 7)}

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from tests.integration.browser import browser, context, dashboard, page  # noqa: F401 (fixtures)
 from tests.integration.harness import (
     FsmEnv,
     create_template,

@@ -16,62 +16,26 @@ The browser is Debian's chromium (/usr/bin/chromium), never a downloaded one.
 
 from __future__ import annotations
 
-import os
 import re
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import pytest
-from playwright.sync_api import (
-    Browser,
-    BrowserContext,
-    Page,
-    Playwright,
-    expect,
-    sync_playwright,
+from playwright.sync_api import BrowserContext, Page, expect
+
+from tests.integration.browser import (
+    ARTIFACTS,
+    FIX_BUG_CONTEXT,
+    PNG_MAGIC,
+    WAIT_MS,
+    Dashboard,
+    assert_not_reloaded,
+    mark_loaded,
+    page_fetch,
+    sign_in,
+    wait_live,
+    waiting_machine,
 )
-
-from tests.integration.harness import (
-    ADMIN_TOKEN,
-    FIX_BUG_STATES,
-    ROOT,
-    VIEWER_TOKEN,
-    FsmEnv,
-)
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-WAIT_MS = 30_000  # every browser wait is bounded by this
-ARTIFACTS = Path(os.environ.get("FSM_TEST_ARTIFACTS") or ROOT / "test-artifacts")
-# The mock agent lingers in these states, so that a page sees the machine in them and moves on.
-SLOW = {"ANALYZE_BUG": 1.5, "WRITE_FIX": 1.5}
-FIX_BUG_CONTEXT = {"projectName": "sla-api", "githubIssue": 740, "projectPath": "/srv/sla-api"}
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-# Installed in every page before its own scripts: records each value #graph's data-current
-# takes, with the state of the node marked current at that moment (graph.js sets both in
-# update()), so that a test can tell which states the page showed, in order.
-RECORD_GRAPH = """
-window.__graphSeen = [];
-new MutationObserver((records) => {
-  for (const r of records) {
-    const node = document.querySelector('#graph g.node.current');
-    window.__graphSeen.push([r.target.dataset.current, node ? node.dataset.state : null]);
-  }
-}).observe(document, {subtree: true, attributes: true, attributeFilter: ['data-current']});
-"""
+from tests.integration.harness import ADMIN_TOKEN, FIX_BUG_STATES, VIEWER_TOKEN
 
 # Records the state and status cells' values of one machine's row whenever they change.
 RECORD_ROW = """
@@ -92,101 +56,6 @@ RECORD_ROW = """
 """
 
 
-@dataclass
-class Dashboard:
-    env: FsmEnv
-    url: str
-
-    def at(self, path: str) -> str:
-        return self.url + path
-
-
-@pytest.fixture(scope="module")
-def dashboard(env_factory: Callable[..., FsmEnv]) -> Dashboard:
-    """One deployment for the module: worker (with beat), bridge, a slow mock `cto` agent, and
-    the dashboard server. Nobody serves the fixtures' `tester` agent type, so a test_pair
-    machine waits in FIRST until someone acts on it."""
-    env = env_factory("browser")
-    env.start_worker()
-    env.start_bridge()
-    slow = [arg for state, seconds in SLOW.items() for arg in ("--slow", f"{state}={seconds}")]
-    env.start_agent("--mock", "--agent-type", "cto", *slow)
-    env.wait_for_agents(1)
-    _, url = env.start_dashboard()
-    return Dashboard(env, url)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"the browser tests need Debian's chromium at {CHROMIUM}: "
-            "`sudo apt-get install --no-install-recommends chromium` (.ci/run installs it); "
-            "never `playwright install`"
-        )
-    with sync_playwright() as playwright:
-        launched = _launch(playwright)
-        yield launched
-        launched.close()
-
-
-def _launch(playwright: Playwright) -> Browser:
-    return playwright.chromium.launch(
-        executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-    )
-
-
-@pytest.fixture
-def context(browser: Browser) -> Iterator[BrowserContext]:
-    """A fresh browser profile per test: no cookie carries over from another test."""
-    made = browser.new_context(viewport={"width": 1400, "height": 1000})
-    made.set_default_timeout(WAIT_MS)
-    made.set_default_navigation_timeout(WAIT_MS)
-    made.add_init_script(RECORD_GRAPH)
-    yield made
-    made.close()
-
-
-@pytest.fixture
-def page(context: BrowserContext) -> Page:
-    return context.new_page()
-
-
-# ---- helpers ------------------------------------------------------------------------------
-
-
-def sign_in(page: Page, dashboard: Dashboard, token: str, name: str, then: str = "/") -> None:
-    """Sign in through the form, as a person does, and land on `then`."""
-    page.goto(dashboard.at(then))
-    expect(page).to_have_url(re.compile(r"/login\?"), timeout=WAIT_MS)
-    page.fill("input[name=token]", token)
-    page.fill("input[name=name]", name)
-    page.click("form[action='/login'] button[type=submit]")
-    expect(page).to_have_url(dashboard.at(then), timeout=WAIT_MS)
-
-
-def wait_live(page: Page) -> None:
-    """The page's event stream is connected (the server said hello)."""
-    expect(page.locator("#live")).to_have_class(re.compile(r"\bon\b"), timeout=WAIT_MS)
-
-
-def mark_loaded(page: Page) -> None:
-    """Mark this window: a reload would make a new one, without the mark."""
-    page.evaluate("window.__noReload = true")
-
-
-def assert_not_reloaded(page: Page) -> None:
-    assert page.evaluate("window.__noReload === true"), "the page was reloaded"
-
-
-def waiting_machine(env: FsmEnv) -> uuid.UUID:
-    """A test_pair machine, waiting in FIRST (nobody serves its agent type)."""
-    mid = env.client.start_machine("test_pair", {})
-    info = env.client.get_machine(mid)
-    assert (info.status, info.current_state) == ("running", "FIRST")
-    return mid
-
-
 def in_order(seen: list[str], path: list[str]) -> bool:
     """Every state seen is on the path, in the path's order."""
     position = {state: i for i, state in enumerate(path)}
@@ -196,22 +65,6 @@ def in_order(seen: list[str], path: list[str]) -> bool:
 
 def collapsed(values: list[str]) -> list[str]:
     return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
-
-
-def page_fetch(page: Page, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A request from the page's own script, with its session cookie and CSRF token."""
-    result: dict[str, Any] = page.evaluate(
-        """async ([method, path, body]) => {
-          const csrf = document.querySelector('meta[name="csrf-token"]').content;
-          const response = await fetch(path, {
-            method, credentials: 'same-origin', body: JSON.stringify(body),
-            headers: {'content-type': 'application/json', 'x-csrf-token': csrf},
-          });
-          return {status: response.status, body: await response.json().catch(() => null)};
-        }""",
-        [method, path, body],
-    )
-    return result
 
 
 # ---- the tests ----------------------------------------------------------------------------
@@ -360,15 +213,17 @@ def test_pages_updated_live_show_what_a_reload_of_them_shows(
     assert_not_reloaded(machine)
 
     def row_shows(page: Page) -> dict[str, str]:
-        return {c: page.locator(f"{row} .{c}").inner_text() for c in ("state", "status", "attempt")}
+        return {c: page.locator(f"{row} .{c}").inner_text() for c in ("state", "status", "step")}
 
     def machine_shows(page: Page) -> dict[str, Any]:
         return {
             "state": page.locator("#m-state").inner_text(),
             "status": page.locator("#m-status").inner_text(),
-            "attempt": page.locator("#m-attempt").inner_text(),
+            "step": page.locator("#m-step").inner_text(),
+            "retries": page.locator("#m-retries").inner_text(),
             "graph": page.locator("#graph").get_attribute("data-current"),
-            "timeline": page.locator("#timeline li").count(),
+            "timeline": page.locator("#timeline li .line").all_inner_texts(),
+            "buttons": page.locator("#actions button:visible").all_inner_texts(),
         }
 
     live_row, live_machine = row_shows(listing), machine_shows(machine)
@@ -379,7 +234,7 @@ def test_pages_updated_live_show_what_a_reload_of_them_shows(
     assert row_shows(listing) == {
         "state": "COMPLETE",
         "status": "completed",
-        "attempt": str(server.attempt),
+        "step": str(server.attempt),
     }
     differences = [
         f"{where} {key}: live {live[key]!r}, reloaded {reloaded[key]!r}"

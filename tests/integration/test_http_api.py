@@ -284,14 +284,24 @@ def test_each_command_is_recorded_with_who_and_why(http: Any) -> None:
         result: dict[str, Any] = response.json()["machine"]
         return result
 
-    assert act("pause", reason="look", actor="dana")["status"] == "paused"
+    assert machine["commands"] == ["pause", "cancel", "retry", "force", "budget"]
+    paused = act("pause", reason="look", actor="dana")
+    assert (paused["status"], paused["commands"]) == (
+        "paused",
+        ["resume", "cancel", "retry", "force", "budget"],
+    )
     assert act("resume")["status"] == "running"
     assert act("force", state="TWO", reason="skip ahead")["current_state"] == "TWO"
     body = {"tokens": 500, "cost": 2.5, "reason": "big job"}
     budget = http.put(f"{path}/budget", json=body, headers=ADMIN)
     assert budget.json()["machine"]["budget_tokens"] == 500
-    assert act("cancel", reason="done with it")["status"] == "cancelled"
+    cancelled = act("cancel", reason="done with it")
+    assert (cancelled["status"], cancelled["commands"]) == (
+        "cancelled",
+        ["retry", "force", "budget"],
+    )
     shown = http.get(path, headers=VIEWER).json()
+    assert shown["machine"]["commands"] == cancelled["commands"]
     [change] = shown["budget_changes"]
     assert (change["actor"], change["reason"], change["tokens"], change["previous_tokens"]) == (
         "admin",
@@ -350,9 +360,23 @@ def test_bulk_acts_on_what_the_filter_selects_and_reports_each(
         ids = [_start(http, github_issue=9)["id"] for _ in range(3)]
         _start(http, github_issue=10)
         http.post(f"/api/machines/{ids[0]}/pause", json={}, headers=ADMIN)
+
+        def count(query: str) -> dict[str, Any]:
+            response = http.get(f"/api/machines/count?{query}", headers=VIEWER)
+            assert response.status_code == 200, response.text
+            counted: dict[str, Any] = response.json()
+            return counted
+
+        before = {"total": 3, "by_status": {"running": 2, "paused": 1}}
+        assert count("github_issue=9") == before  # what the dashboard's bulk dialog says
+        assert count("github_issue=9&status=paused") == {"total": 1, "by_status": {"paused": 1}}
+        assert count("github_issue=11") == {"total": 0, "by_status": {}}
+        _error(http.get("/api/machines/count?status=lost", headers=VIEWER), 422, "status")
+        _error(http.get("/api/machines/count"), 401)
         body = {"action": "pause", "filter": {"github_issue": 9}, "reason": "freeze"}
         result = http.post("/api/machines/bulk", json=body, headers=ADMIN).json()
         assert (result["done"], result["refused"]) == (2, 1)  # one was paused already
+        assert count("github_issue=9") == {"total": 3, "by_status": {"paused": 3}}
         assert {r["machine_id"] for r in result["results"]} == set(ids)
         statuses = {m.github_issue: m.status for m in env.client.list_machines(limit=100)}
         assert statuses[10] == "running"
@@ -422,6 +446,7 @@ def test_the_openapi_document_lists_every_route(http: Any) -> None:
     for path in [
         "/api/machines",
         "/api/machines/{machine_id}",
+        "/api/machines/count",
         "/api/machines/{machine_id}/force",
         "/api/machines/bulk",
         "/api/agents",

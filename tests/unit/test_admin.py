@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsm_celery.core.admin import Action, Command, decide_command
+from fsm_celery.core.admin import BUDGET, Action, Command, commands, decide_command
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import MachineStatus, Rejected, RejectReason, Transition
 from tests.unit.conftest import machine_in
@@ -84,3 +84,32 @@ def test_force_to_an_unknown_state_names_the_states(build_project: MachineDefini
     r = run(build_project, S.RUNNING, Action.FORCE, target="LAUNCH")
     assert isinstance(r, Rejected)
     assert "one of ANALYZE_ISSUE, WRITE_SPEC" in r.detail and "'LAUNCH'" in r.detail
+
+
+@pytest.mark.parametrize("status", list(S))
+def test_the_commands_offered_in_a_status_are_exactly_those_it_does_not_refuse(
+    build_project: MachineDefinition, status: S
+) -> None:
+    def accepted(action: Action) -> bool:
+        target = "DEPLOY_PROD" if action is Action.FORCE else None
+        return isinstance(
+            run(build_project, status, action, target=target, last="WRITE_CODE"), Transition
+        )
+
+    assert commands(status) == [a.value for a in Action if accepted(a)] + [BUDGET]
+
+
+@pytest.mark.parametrize(
+    ("status", "offered"),
+    [
+        (S.RUNNING, ["pause", "cancel", "retry", "force", "budget"]),
+        (S.PAUSED, ["resume", "cancel", "retry", "force", "budget"]),
+        (S.COMPLETED, ["force", "budget"]),
+        (S.FAILED, ["retry", "force", "budget"]),
+        (S.CANCELLED, ["retry", "force", "budget"]),
+    ],
+)
+def test_a_finished_machine_is_offered_no_pause_resume_or_cancel(
+    status: S, offered: list[str]
+) -> None:
+    assert commands(status) == offered

@@ -17,6 +17,31 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// What an operator may do in each status (core/admin.py decides; the page is given it).
+const commandsOf = (status) => JSON.parse(document.body.dataset.commands || "{}")[status] || [];
+
+// As pages.py's `duration`: 850 ms, 8.4 s, 6 min 2 s, 5 min, 3 h 5 min, 2 d 4 h.
+function duration(ms) {
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 59950) {
+    const tenths = Math.floor((ms + 50) / 100);
+    return `${Math.floor(tenths / 10)}.${tenths % 10} s`;
+  }
+  const s = Math.floor((ms + 500) / 1000);
+  const two = (big, unit, small, smaller) => (small ? `${big} ${unit} ${small} ${smaller}` : `${big} ${unit}`);
+  if (s >= 86400) return two(Math.floor(s / 86400), "d", Math.floor((s % 86400) / 3600), "h");
+  if (s >= 3600) return two(Math.floor(s / 3600), "h", Math.floor((s % 3600) / 60), "min");
+  return two(Math.floor(s / 60), "min", s % 60, "s");
+}
+
+// As pages.py's `retries_text`: the retries a state has used, of those it allows.
+function retriesText(used, allowed) {
+  if (allowed === null || allowed === undefined) return "—";
+  if (allowed === 0) return "no retries";
+  if (used === 0) return `first try (up to ${allowed} retries)`;
+  return `retry ${used} of ${allowed}`;
+}
+
 function badge(status) {
   return el("span", { class: `badge status-${status}` }, status);
 }
@@ -69,25 +94,44 @@ function machinePage(section) {
   const graph = new MachineGraph(graphBox, drawing);
   const visited = drawing.visited.slice();
 
+  const retries = JSON.parse(section.dataset.retries || "{}");
+
   if (isAdmin()) wireActions(id);
 
   return (event) => {
     if (event.machineId !== id) return;
     document.getElementById("m-state").textContent = event.toState;
-    document.getElementById("m-attempt").textContent = event.attempt + 1;  // the event's ended
+    document.getElementById("m-step").textContent = event.attempt + 1;  // the event's ended
+    document.getElementById("m-retries").textContent = retriesText(event.stateRetries, retries[event.toState]);
     const status = document.getElementById("m-status");
     status.replaceWith(Object.assign(badge(event.status), { id: "m-status" }));
+    showCommands(event.status);
     if (event.fromState) visited.push([event.fromState, event.toState]);
     graph.update(event.toState, event.status, visited);
-    const line = el("div", { class: "line" },
-      el("time", { datetime: event.at }, time(event.at)), " ",
-      el("b", {}, `#${event.attempt} ${event.event}`), " ",
-      event.fromState ? `${event.fromState} → ` : "", el("b", {}, event.toState),
-      event.actor ? el("span", { class: "muted" }, ` by ${event.actor}`) : "");
-    const item = el("li", { class: `event ev-${event.event} ${event.success ? "ok" : "failed"} new` }, line);
-    if (event.error) item.append(el("div", { class: "error" }, event.error));
-    document.getElementById("timeline").prepend(item);
+    document.getElementById("timeline").prepend(historyItem(event));
   };
+}
+
+// One timeline item, as the page renders a history row.
+function historyItem(event) {
+  const line = el("div", { class: "line" },
+    el("time", { datetime: event.at }, time(event.at)), " ",
+    el("b", { title: `step ${event.attempt}` }, `#${event.attempt} ${event.event}`), " ",
+    event.fromState ? `${event.fromState} → ` : "", el("b", {}, event.toState),
+    event.durationMs !== null && event.durationMs !== undefined
+      ? el("span", { class: "muted duration", title: `${event.durationMs} ms` }, ` ${duration(event.durationMs)}`) : "",
+    event.actor ? el("span", { class: "muted" }, ` by ${event.actor}`) : "");
+  const item = el("li", { class: `event ev-${event.event} ${event.success ? "ok" : "failed"} new` }, line);
+  if (event.error) item.append(el("div", { class: "error" }, event.error));
+  return item;
+}
+
+// Only the buttons of what the machine's status allows are shown.
+function showCommands(status) {
+  const allowed = commandsOf(status);
+  for (const button of document.querySelectorAll("#actions [data-action]")) {
+    button.hidden = !allowed.includes(button.dataset.action);
+  }
 }
 
 function wireActions(id) {
@@ -145,14 +189,14 @@ function machinesPage(table) {
       row = el("tr", { "data-machine": event.machineId, "data-type": event.machineType },
         el("td", { class: "mono" }, el("a", { href: `/machines/${event.machineId}` }, event.machineId.slice(0, 8))),
         el("td", {}, event.machineType), el("td", { class: "state" }), el("td", { class: "status" }),
-        el("td", { class: "attempt" }), el("td", {}, event.githubIssue ?? ""), el("td", {}, el("time", { datetime: event.at }, event.at.slice(0, 19).replace("T", " "))),
+        el("td", { class: "step" }), el("td", {}, event.githubIssue ?? ""), el("td", {}, el("time", { datetime: event.at }, event.at.slice(0, 19).replace("T", " "))),
         el("td", { class: "updated" }));
       body.prepend(row);
     }
     if (row) {
       row.querySelector(".state").textContent = event.toState;
       row.querySelector(".status").replaceChildren(badge(event.status));
-      row.querySelector(".attempt").textContent = event.attempt + 1;  // every move opens the next
+      row.querySelector(".step").textContent = event.attempt + 1;  // every move opens the next
       row.querySelector(".updated").replaceChildren(el("time", { datetime: event.at }, time(event.at)));
       row.classList.remove("flash");
       void row.offsetWidth;
@@ -184,36 +228,72 @@ function updateAgent(event) {
   if (!event.agentId) return;
   const cell = document.querySelector(`tr[data-agent="${event.agentId}"] .work`);
   if (!cell) return;
-  cell.querySelector(`[data-work="${event.machineId}"]`)?.remove();
+  const list = cell.querySelector(".work-list");
+  list.querySelector(`[data-work="${event.machineId}"]`)?.remove();
   if (event.status === "running" || event.status === "paused") {
-    cell.querySelector(".idle")?.remove();
-    cell.prepend(el("a", { href: `/machines/${event.machineId}`, "data-work": event.machineId },
-      `${event.machineType} · `, el("b", {}, event.toState)));
-  } else if (!cell.querySelector("a")) {
-    cell.replaceChildren(el("span", { class: "muted idle" }, "idle"));
+    list.querySelector(".idle")?.remove();
+    list.prepend(el("li", { "data-work": event.machineId },
+      el("a", { href: `/machines/${event.machineId}` }, `${event.machineType} · `, el("b", {}, event.toState)),
+      " ", el("span", { class: "mono muted" }, event.machineId.slice(0, 8))));
+  } else if (!list.querySelector("[data-work]")) {
+    list.replaceChildren(el("li", { class: "muted idle" }, "idle"));
   }
 }
 
 function wireBulk(filters) {
   for (const button of document.querySelectorAll("[data-bulk]")) {
-    button.addEventListener("click", () => {
+    button.addEventListener("click", async () => {
       const action = button.dataset.bulk;
-      const described = Object.entries(filters).filter(([k]) => k !== "cursor").map(([k, v]) => `${k}=${v}`).join(", ") || "every machine";
+      const query = new URLSearchParams(bulkFilter(filters));
+      let text;
+      try {
+        const response = await fetch(`/api/machines/count?${query}`, { credentials: "same-origin" });
+        const counted = await response.json();
+        if (!response.ok) throw new Error(counted.error ? counted.error.message : response.statusText);
+        text = bulkText(action, filters, counted);
+      } catch (exc) {
+        text = `The machines could not be counted (${exc.message}).`;
+      }
       confirmAction({
         title: `${action[0].toUpperCase()}${action.slice(1)} all matching machines?`,
-        text: `Acts on up to 1,000 machines matching: ${described}.`,
+        text,
         run: async (reason) => {
-          const filter = {};
-          for (const key of ["status", "type", "agent_type", "agent_id", "github_issue"]) {
-            if (filters[key]) filter[key] = key === "github_issue" ? Number(filters[key]) : filters[key];
-          }
-          const result = await send("POST", "/api/machines/bulk", { action, filter, reason, limit: 1000 });
+          const filter = bulkFilter(filters);
+          if (filter.github_issue) filter.github_issue = Number(filter.github_issue);
+          const result = await send("POST", "/api/machines/bulk", { action, filter, reason, limit: BULK_LIMIT });
           alert(`${result.done} done, ${result.refused} refused`);
         },
       });
     });
   }
 }
+
+const BULK_LIMIT = 1000;  // the API's most machines in one bulk command
+
+function bulkFilter(filters) {
+  const filter = {};
+  for (const key of ["status", "type", "agent_type", "agent_id", "github_issue"]) {
+    if (filters[key]) filter[key] = filters[key];
+  }
+  return filter;
+}
+
+// What the dialog says: how many machines the filter matches, and how many of them the action
+// takes (the others' status refuses it).
+function bulkText(action, filters, counted) {
+  const described = Object.entries(filters).filter(([k]) => k !== "cursor").map(([k, v]) => `${k}=${v}`).join(", ") || "any";
+  const number = (n) => n.toLocaleString("en");
+  const total = counted.total;
+  const taking = Object.entries(counted.by_status)
+    .filter(([status]) => commandsOf(status).includes(action))
+    .reduce((sum, [, n]) => sum + n, 0);
+  const noun = (n) => (n === 1 ? "machine matches" : "machines match");
+  let text = `${number(total)} ${noun(total)} (${described}); ${number(taking)} of them can be ${done(action)}.`;
+  if (total > BULK_LIMIT) text += ` This acts on the newest ${number(BULK_LIMIT)} of them only.`;
+  return text;
+}
+
+const done = (action) => ({ pause: "paused", resume: "resumed", cancel: "cancelled", retry: "retried" })[action] || action;
 
 // -- the live feed --------------------------------------------------------------------------
 
