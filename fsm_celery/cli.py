@@ -102,7 +102,7 @@ def definitions_validate(path: str | None) -> None:
         loaded = load_all(definition_files(path or get_settings().definitions))
     except DefinitionError as exc:
         for problem in exc.problems:
-            click.echo(str(problem), err=True)
+            click.echo(safe(problem), err=True)
         sys.exit(Exit.CONFIG)
     for d in loaded:
         click.echo(f"ok  {d.type}  ({len(d.states)} states, agent {d.agent_type})")
@@ -133,27 +133,11 @@ def start(
 @click.option("--json", "as_json", is_flag=True)
 def status(machine_id: str, as_json: bool) -> None:
     """Show a machine (MACHINE_ID: its id, or the start of it)."""
-    info = _client().get_machine(machine_id).to_dict()
+    info = _client().get_machine(machine_id)
     if as_json:
-        _echo_json(info)
+        _echo_json(info.to_dict())
         return
-    for key in (
-        "id",
-        "type",
-        "status",
-        "current_state",
-        "attempt",
-        "agent_type",
-        "agent_id",
-        "deadline_at",
-        "heartbeat_at",
-        "progress",
-        "error",
-        "created_at",
-        "updated_at",
-    ):
-        click.echo(f"{key:14} {safe(info[key]) if info[key] is not None else '-'}")
-    click.echo(f"{'context':14} {json.dumps(info['context'])}")
+    _echo_lines(views.machine(info))
 
 
 @main.command()

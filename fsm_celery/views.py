@@ -3,12 +3,13 @@ statistics as tables (pure; fsm_celery.terminal makes every cell safe and aligns
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.records import MachineInfo, TransitionRecord
-from fsm_celery.terminal import duration, table
+from fsm_celery.terminal import duration, safe, table
 
 CELL_CHARS = 200  # an agent's error or message shown in a table at most; --json has all of it
 STATUSES = [s.value for s in MachineStatus]
@@ -19,6 +20,30 @@ def clip(text: str | None, most: int = CELL_CHARS) -> str | None:
     if text is None or len(text) <= most:
         return text
     return f"{text[:most]}… ({len(text) - most} more characters; --json shows all)"
+
+
+SHOWN = (
+    "id",
+    "type",
+    "status",
+    "current_state",
+    "attempt",
+    "agent_type",
+    "agent_id",
+    "deadline_at",
+    "heartbeat_at",
+    "progress",
+    "error",
+    "created_at",
+    "updated_at",
+)
+
+
+def machine(info: MachineInfo) -> list[str]:
+    """`status`: one field a line; the context as JSON (ASCII: escapes and all)."""
+    data = info.to_dict()
+    lines = [f"{key:14} {'-' if data[key] is None else safe(data[key])}" for key in SHOWN]
+    return [*lines, f"{'context':14} {json.dumps(data['context'], ensure_ascii=True)}"]
 
 
 def machines(infos: Iterable[MachineInfo]) -> list[str]:
