@@ -64,7 +64,11 @@ def _actor_option() -> Callable[[F], F]:
 @click.version_option(package_name="fsm-celery", prog_name="fsm-celery")
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level; tracebacks on errors.")
 def main(verbose: bool) -> None:
-    """Durable, declarative state machines that drive AI agents."""
+    """Durable, declarative state machines that drive AI agents.
+
+    A MACHINE_ID is a machine's id or the start of it (4 hex digits or more, as the dashboard's
+    8), as git takes a commit's.
+    """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -610,13 +614,11 @@ def _check_address(host: str, port: int) -> None:
     import errno
     import socket
 
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn chooses it
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            probe.bind(address)
+            probe.bind((host, port))
     except socket.gaierror as exc:
         raise CannotListen(host, port, f"--host {host!r}: {exc.strerror}") from exc
     except OSError as exc:
