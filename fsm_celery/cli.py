@@ -14,10 +14,13 @@ from typing import Any, TypeVar
 
 import click
 
+from fsm_celery import views
 from fsm_celery.client import Client
 from fsm_celery.config import get_settings
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.errors import EPILOG, Exit, FailCleanly
+from fsm_celery.exceptions import CannotListen
+from fsm_celery.terminal import safe, table
 
 F = TypeVar("F", bound=Callable[..., Any])
 ACTOR_CHARS = 100  # the history's and the audit's column
@@ -58,9 +61,14 @@ def _actor_option() -> Callable[[F], F]:
 
 
 @click.group(cls=FailCleanly, epilog=EPILOG)
+@click.version_option(package_name="fsm-celery", prog_name="fsm-celery")
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level; tracebacks on errors.")
 def main(verbose: bool) -> None:
-    """Durable, declarative state machines that drive AI agents."""
+    """Durable, declarative state machines that drive AI agents.
+
+    A MACHINE_ID is a machine's id or the start of it (4 hex digits or more, as the dashboard's
+    8), as git takes a commit's.
+    """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -98,7 +106,7 @@ def definitions_validate(path: str | None) -> None:
         loaded = load_all(definition_files(path or get_settings().definitions))
     except DefinitionError as exc:
         for problem in exc.problems:
-            click.echo(str(problem), err=True)
+            click.echo(safe(problem), err=True)
         sys.exit(Exit.CONFIG)
     for d in loaded:
         click.echo(f"ok  {d.type}  ({len(d.states)} states, agent {d.agent_type})")
@@ -128,60 +136,61 @@ def start(
 @click.argument("machine_id")
 @click.option("--json", "as_json", is_flag=True)
 def status(machine_id: str, as_json: bool) -> None:
-    """Show a machine."""
-    info = _client().get_machine(machine_id).to_dict()
+    """Show a machine (MACHINE_ID: its id, or the start of it)."""
+    info = _client().get_machine(machine_id)
     if as_json:
-        click.echo(json.dumps(info, indent=2))
+        _echo_json(info.to_dict())
         return
-    for key in (
-        "id",
-        "type",
-        "status",
-        "current_state",
-        "attempt",
-        "agent_type",
-        "agent_id",
-        "deadline_at",
-        "heartbeat_at",
-        "progress",
-        "error",
-        "created_at",
-        "updated_at",
-    ):
-        click.echo(f"{key:14} {info[key] if info[key] is not None else '-'}")
-    click.echo(f"{'context':14} {json.dumps(info['context'])}")
+    _echo_lines(views.machine(info))
 
 
 @main.command()
 @click.argument("machine_id")
 @click.option("--json", "as_json", is_flag=True)
 def history(machine_id: str, as_json: bool) -> None:
-    """Show a machine's transitions."""
-    rows = [r.to_dict() for r in _client().history(machine_id)]
+    """Show a machine's transitions: who moved it, why, and how long each state took."""
+    records = _client().history(machine_id)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        _echo_json([r.to_dict() for r in records])
         return
-    for r in rows:
-        mark = "ok  " if r["success"] else "FAIL"
-        took = f"{r['duration_ms']}ms" if r["duration_ms"] is not None else ""
-        line = (
-            f"{r['attempt']:>4} {mark} {r['event']:8} {r['from_state'] or '(start)':>16} "
-            f"-> {r['to_state']:16} {took}"
-        )
-        click.echo(line + (f"  {r['error_message']}" if r["error_message"] else ""))
+    _echo_lines(views.history(records))
+
+
+def _known_machine_type(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> str | None:
+    """A --type filter, refused (as the HTTP API does) unless a definition has the type."""
+    if value is not None and value not in (known := _client().machine_types()):
+        raise click.BadParameter(f"unknown machine type {value!r}: one of {', '.join(known)}")
+    return value
+
+
+def _known_agent_type(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> str | None:
+    """An --agent-type filter, refused unless a definition names the agent type."""
+    if value is not None and value not in (known := _client().agent_types()):
+        raise click.BadParameter(f"unknown agent type {value!r}: one of {', '.join(known)}")
+    return value
 
 
 @main.command("list")
-@click.option("--agent-type")
-@click.option("--status")
-@click.option("--type", "machine_type")
+@click.option("--agent-type", callback=_known_agent_type)
+@click.option("--status", type=click.Choice(views.STATUSES))
+@click.option("--type", "machine_type", callback=_known_machine_type)
 @click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50, show_default=True)
-def list_(agent_type: str | None, status: str | None, machine_type: str | None, limit: int) -> None:
+@click.option("--json", "as_json", is_flag=True)
+def list_(
+    agent_type: str | None, status: str | None, machine_type: str | None, limit: int, as_json: bool
+) -> None:
     """List machines, newest first."""
-    for m in _client().list_machines(
+    found = _client().list_machines(
         agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
-    ):
-        click.echo(f"{m.id}  {m.type:26} {m.status:10} {m.current_state}")
+    )
+    if as_json:
+        _echo_json([m.to_dict() for m in found])
+        return
+    _echo_lines(views.machines(found))
 
 
 def _admin_command(action: str, doc: str, needs_target: bool = False) -> None:
@@ -244,13 +253,14 @@ def agents(ctx: click.Context) -> None:
 
 
 @agents.command("list")
-def agents_list() -> None:
+@click.option("--json", "as_json", is_flag=True)
+def agents_list(as_json: bool = False) -> None:
     """Agents that reported to the engine, and when they were last seen."""
-    for a in _client().agents():
-        click.echo(
-            f"{a['id']}  {a['agent_type']:10} {a['status']:8} running "
-            f"{a['running']}/{a['concurrency']}  last seen {a['last_seen_at']}"
-        )
+    found = _client().agents()
+    if as_json:
+        _echo_json(found)
+        return
+    _echo_lines(views.agents(found))
 
 
 @agents.command("credentials")
@@ -386,23 +396,36 @@ def _mock_script(
 
 
 @main.command()
-def stats() -> None:
-    """Machines per type and status; rejected messages per reason."""
-    click.echo(json.dumps(_client().stats(), indent=2))
+@click.option("--json", "as_json", is_flag=True, help="Everything, durations in milliseconds.")
+def stats(as_json: bool) -> None:
+    """Machines per type and status; attempts, durations and success per state; usage;
+    rejected messages per reason."""
+    found = _client().stats()
+    if as_json:
+        _echo_json(found)
+        return
+    _echo_lines(views.stats(found))
 
 
 @main.command()
 @click.option("--machine-id")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--parked", is_flag=True, help="Messages parked in the dead-letter stream instead.")
-def rejected(machine_id: str | None, limit: int, parked: bool) -> None:
+@click.option("--json", "as_json", is_flag=True)
+def rejected(machine_id: str | None, limit: int, parked: bool, as_json: bool) -> None:
     """List rejected messages, newest first (--parked: those the bridge could not even record)."""
     if parked:
-        for p in _client().parked(limit):
-            click.echo(f"{p['parkedAt']}  {p['source']}  {p['reason']}  {p['message'][:200]}")
+        dead = _client().parked(limit)
+        if as_json:
+            _echo_json(dead)
+        else:
+            _echo_lines(views.parked(dead))
         return
-    for r in _client().rejected(machine_id, limit):
-        click.echo(f"{r['received_at']}  {r['reason']:16} {r['machine_id'] or '-'}  {r['detail']}")
+    found = _client().rejected(machine_id, limit)
+    if as_json:
+        _echo_json(found)
+        return
+    _echo_lines(views.rejected(found))
 
 
 @main.group(invoke_without_command=True)
@@ -423,10 +446,12 @@ def schedules_list(as_json: bool) -> None:
     """Every schedule: its cron, state, next tick and latest run."""
     infos = _client().schedules()
     if as_json:
-        rows = [{"schedule": i.key, **asdict(i)} for i in infos]
-        click.echo(json.dumps(rows, indent=2, default=str))
+        _echo_json([{"schedule": i.key, **asdict(i)} for i in infos])
         return
-    _echo_columns([_schedule_line(i) for i in infos])
+    _echo_lines(table(SCHEDULE_HEADER, [_schedule_line(i) for i in infos]))
+
+
+SCHEDULE_HEADER = ["SCHEDULE", "CRON", "TIMEZONE", "OVERLAP", "STATE", "NEXT RUN", "LAST RUN"]
 
 
 def _schedule_line(info: ScheduleInfo) -> list[str]:
@@ -435,14 +460,18 @@ def _schedule_line(info: ScheduleInfo) -> list[str]:
     if info.last_run_at is not None:
         last = f"{info.last_outcome} {info.last_run_at:%Y-%m-%d %H:%M:%S}"
     next_run = f"{info.next_run_at:%Y-%m-%d %H:%M:%S}"
-    return [info.key, info.cron, info.timezone, info.overlap, state, f"next {next_run}", last]
+    return [info.key, info.cron, info.timezone, info.overlap, state, next_run, last]
 
 
-def _echo_columns(rows: list[list[str]]) -> None:
-    """Print rows as aligned columns, each as wide as its widest cell."""
-    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
-    for row in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+def _echo_lines(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+def _echo_json(data: Any) -> None:
+    """Data as JSON: every control and non-ASCII character escaped (\\u001b), so that what an
+    agent wrote cannot reach the terminal as an escape sequence."""
+    click.echo(json.dumps(data, indent=2, default=str, ensure_ascii=True))
 
 
 @schedules.command("show")
@@ -451,17 +480,15 @@ def _echo_columns(rows: list[list[str]]) -> None:
 def schedules_show(schedule: str, limit: int) -> None:
     """A schedule's latest runs and the changes made to it (who, when, why)."""
     client = _client()
-    _echo_columns([_schedule_line(client.schedule(schedule))])
+    _echo_lines(table(SCHEDULE_HEADER, [_schedule_line(client.schedule(schedule))]))
     runs, events = client.schedule_history(schedule, limit)
     for r in runs:
         by = f"  by {r['actor']}" if r["actor"] else ""
-        click.echo(
-            f"run    {r['tick_at']}  {r['outcome']:8} {r['machine_id'] or '-'}"
-            f"{by}  {r['detail'] or ''}".rstrip()
-        )
+        line = f"run    {r['tick_at']}  {r['outcome']:8} {r['machine_id'] or '-'}"
+        click.echo(safe(f"{line}{by}  {r['detail'] or ''}".rstrip()))
     for e in events:
         why = f"  ({e['reason']})" if e["reason"] else ""
-        click.echo(f"change {e['created_at']}  {e['action']:8} by {e['actor']}{why}")
+        click.echo(safe(f"change {e['created_at']}  {e['action']:8} by {e['actor']}{why}"))
 
 
 def _schedule_command(action: str, doc: str) -> None:
@@ -569,6 +596,7 @@ def dashboard(host: str, port: int, workers: int) -> None:
     from fsm_celery.http import create_app
 
     create_app()  # refuse bad settings here, in one line, before the server starts
+    _check_address(host, port)
     uvicorn.run(
         "fsm_celery.http:create_app",
         factory=True,
@@ -578,3 +606,22 @@ def dashboard(host: str, port: int, workers: int) -> None:
         proxy_headers=True,
         log_level="info",
     )
+
+
+def _check_address(host: str, port: int) -> None:
+    """Refuse, in one line, an address the server could not listen on (uvicorn would log its
+    startup and a traceback-like error instead)."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn chooses it
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind((host, port))
+    except socket.gaierror as exc:
+        raise CannotListen(host, port, f"--host {host!r}: {exc.strerror}") from exc
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CannotListen.in_use(host, port) from exc
+        raise CannotListen(host, port, f"cannot listen on {host}:{port}: {exc.strerror}") from exc

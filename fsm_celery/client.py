@@ -14,6 +14,8 @@ from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
+from sqlalchemy import Connection
+
 from fsm_celery.core import github
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.definition import validate
@@ -24,6 +26,7 @@ from fsm_celery.engine import MachineEngine, Next
 from fsm_celery.engine.github import Delivered
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import (
+    AmbiguousMachineId,
     DefinitionError,
     FsmError,
     InvalidActor,
@@ -46,6 +49,8 @@ from fsm_celery.store.reads import Cursor, MachineFilter
 
 log = logging.getLogger(__name__)
 ACTOR_CHARS = 100  # state_transitions.actor
+MIN_PREFIX = 4  # hex digits of an id that may name a machine (git's shortest commit prefix)
+CANDIDATES = 10  # ids an ambiguous prefix's error lists at most
 Enqueue = Callable[[Next], None]
 
 
@@ -145,7 +150,7 @@ class Client:
         """Set the machine's budget (None: no limit), audited with who and why; a machine
         paused over budget resumes."""
         _check_actor(actor)
-        mid = _uuid(machine_id)
+        mid = self.full_id(machine_id)
         budget = Budget(tokens=tokens, cost=cost)
         self.enqueue(self.engine.admin.set_budget(mid, budget, actor, reason))
         return self.get_machine(mid)
@@ -153,7 +158,7 @@ class Client:
     def budget_changes(self, machine_id: UUID | str) -> list[dict[str, Any]]:
         """Who changed the machine's budget, when, why, and from what."""
         with self.engine.db.connect() as conn:
-            rows = q.budget_changes_txn(conn, _uuid(machine_id))
+            rows = q.budget_changes_txn(conn, _full_id_txn(conn, machine_id))
         return [jsonable(dict(r._mapping)) for r in rows]
 
     def schedules(self) -> list[ScheduleInfo]:
@@ -196,14 +201,23 @@ class Client:
 
     def _command(self, machine_id: UUID | str, command: Command) -> MachineInfo:
         _check_actor(command.actor)
-        mid = _uuid(machine_id)
+        mid = self.full_id(machine_id)
         self.enqueue(self.engine.admin.command(mid, command))
         return self.get_machine(mid)
 
-    def get_machine(self, machine_id: UUID | str) -> MachineInfo:
-        """The machine with that id (MachineNotFound if none)."""
+    def full_id(self, machine_id: UUID | str) -> UUID:
+        """The id of the machine, given its id or the start of it (at least four hex digits,
+        as git takes a commit's: the dashboard shows eight); MachineNotFound when no machine's
+        id starts so, AmbiguousMachineId when more than one does."""
+        if isinstance(machine_id, UUID):
+            return machine_id
         with self.engine.db.connect() as conn:
-            row = q.get_machine_txn(conn, _uuid(machine_id))
+            return _full_id_txn(conn, machine_id)
+
+    def get_machine(self, machine_id: UUID | str) -> MachineInfo:
+        """The machine with that id or id prefix (MachineNotFound if none)."""
+        with self.engine.db.connect() as conn:
+            row = q.get_machine_txn(conn, _full_id_txn(conn, machine_id))
         if row is None:
             raise MachineNotFound(str(machine_id))
         return MachineInfo.from_row(row)
@@ -278,6 +292,11 @@ class Client:
         with self.engine.db.connect() as conn:
             return reads.machine_types_txn(conn)
 
+    def agent_types(self) -> list[str]:
+        """Every agent type a loaded definition names."""
+        with self.engine.db.connect() as conn:
+            return reads.agent_types_txn(conn)
+
     def definition_versions(self) -> list[dict[str, Any]]:
         """Every stored version of every machine type (newest first per type)."""
         with self.engine.db.connect() as conn:
@@ -290,7 +309,7 @@ class Client:
             row = reads.definition_body_txn(conn, machine_type, version)
             versions = reads.versions_of_txn(conn, machine_type)
         if row is None:
-            raise UnknownMachineType(machine_type)
+            raise UnknownMachineType(machine_type, self.machine_types())
         source = f"{machine_type} v{row.version}"
         definition = parse_definition(row.body, source, check=False)
         try:  # checked when it was loaded; a newer checker may find more
@@ -304,8 +323,8 @@ class Client:
 
     def history(self, machine_id: UUID | str) -> list[TransitionRecord]:
         """The machine's transitions in attempt order (MachineNotFound if no such machine)."""
-        mid = _uuid(machine_id)
         with self.engine.db.connect() as conn:
+            mid = _full_id_txn(conn, machine_id)
             rows = q.history_txn(conn, mid)
             if not rows and q.get_machine_txn(conn, mid) is None:
                 raise MachineNotFound(str(machine_id))
@@ -314,7 +333,7 @@ class Client:
     def notifications(self, machine_id: UUID | str) -> list[dict[str, Any]]:
         """The machine's notifications: where, whether delivered, tries, the last error."""
         with self.engine.db.connect() as conn:
-            rows = notify_store.of_machine_txn(conn, _uuid(machine_id))
+            rows = notify_store.of_machine_txn(conn, _full_id_txn(conn, machine_id))
         return [jsonable(dict(r._mapping)) for r in rows]
 
     def stats(self) -> dict[str, Any]:
@@ -326,8 +345,8 @@ class Client:
         self, machine_id: UUID | str | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:
         """The latest rejected messages, newest first."""
-        mid = _uuid(machine_id) if machine_id is not None else None
         with self.engine.db.connect() as conn:
+            mid = _full_id_txn(conn, machine_id) if machine_id is not None else None
             rows = q.rejections_txn(conn, mid, limit)
         return [jsonable(dict(r._mapping)) for r in rows]
 
@@ -351,13 +370,26 @@ def _agent_uuid(value: UUID | str) -> UUID:
         raise InvalidAgentId(value) from None
 
 
-def _uuid(value: UUID | str) -> UUID:
+def _full_id_txn(conn: Connection, value: UUID | str) -> UUID:
+    """A machine's id from its id or an unambiguous start of it (see Client.full_id)."""
     if isinstance(value, UUID):
         return value
+    text = value.strip()
     try:
-        return UUID(value)
+        return UUID(text)
     except ValueError:
-        raise MachineNotFound(value) from None
+        pass
+    if reads.id_range(text) is None:
+        raise MachineNotFound(value)
+    if len(text.replace("-", "")) < MIN_PREFIX:
+        raise MachineNotFound(value, f": give its full id or at least {MIN_PREFIX} hex digits")
+    found = reads.machine_ids_starting_txn(conn, text, CANDIDATES + 1)
+    if not found:
+        raise MachineNotFound(value)
+    if len(found) > 1:
+        shown = [str(mid) for mid in found[:CANDIDATES]]
+        raise AmbiguousMachineId(value, shown, more=len(found) > CANDIDATES)
+    return found[0]
 
 
 # the process's default client -----------------------------------------------------------

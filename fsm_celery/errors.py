@@ -10,6 +10,8 @@ from typing import Any, NoReturn
 
 import click
 
+from fsm_celery.terminal import safe
+
 
 class Exit(IntEnum):
     FAILED = 1  # the operation failed: no such machine, a refused command, a failed check
@@ -32,8 +34,8 @@ class FailCleanly(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
-            raise
+        except (click.exceptions.Exit, click.ClickException, click.Abort, BrokenPipeError):
+            raise  # click ends quietly when the reader of the output went away (| head)
         except Exception as exc:
             verbose = bool(ctx.find_root().params.get("verbose"))
             fail(exc, verbose)
@@ -43,7 +45,7 @@ def fail(exc: BaseException, verbose: bool = False) -> NoReturn:
     if verbose:
         traceback.print_exception(exc, file=sys.stderr)
     message, status = describe(exc)
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {safe(message)}", err=True)
     sys.exit(status)
 
 

@@ -4,9 +4,11 @@ FsmError                      root of everything this package raises
 ├── InsecureSecret            the task token secret is the default, empty or too short
 ├── InsecureDashboard         the HTTP API would serve without tokens, or with short ones
 ├── DefinitionError           a machine definition is invalid (carries every problem)
+├── CannotListen              the dashboard's address is taken or not this machine's
 └── MachineError              an operation on a machine instance was refused
     ├── UnknownMachineType    no definition is loaded for that type
     ├── MachineNotFound       no machine has that id
+    ├── AmbiguousMachineId    more than one machine's id starts with the prefix given
     ├── InvalidContext        the context given at start is not a JSON object
     ├── InvalidAgentId        the agent id given at start is not a UUID
     └── CommandRefused        an admin command does not apply to the machine as it is
@@ -14,6 +16,7 @@ FsmError                      root of everything this package raises
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -78,6 +81,19 @@ class DefinitionError(FsmError):
         super().__init__("\n".join(str(p) for p in problems))
 
 
+class CannotListen(FsmError):
+    """The dashboard cannot listen where it was asked to (found before the server starts)."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        self.host = host
+        self.port = port
+        super().__init__(reason)
+
+    @classmethod
+    def in_use(cls, host: str, port: int) -> CannotListen:
+        return cls(host, port, f"port {port} on {host} is in use — pick another with --port")
+
+
 class MachineError(FsmError):
     """An operation on a machine was refused."""
 
@@ -85,20 +101,32 @@ class MachineError(FsmError):
 class UnknownMachineType(MachineError):
     """No definition is loaded for the requested machine type."""
 
-    def __init__(self, machine_type: str) -> None:
+    def __init__(self, machine_type: str, known: Sequence[str] = ()) -> None:
         self.machine_type = machine_type
+        self.known = list(known)
+        types = f"known types: {', '.join(known)}" if known else "no definition is loaded"
         super().__init__(
-            f"unknown machine type {machine_type!r}: load its definition first "
+            f"unknown machine type {machine_type!r} ({types}): load its definition first "
             "(fsm-celery definitions load)"
         )
 
 
 class MachineNotFound(MachineError):
-    """No machine has the requested id."""
+    """No machine has the requested id (or starts with the requested prefix)."""
 
-    def __init__(self, machine_id: str) -> None:
+    def __init__(self, machine_id: str, hint: str = "") -> None:
         self.machine_id = machine_id
-        super().__init__(f"no machine with id {machine_id!r}")
+        super().__init__(f"no machine with id {machine_id!r}{hint}")
+
+
+class AmbiguousMachineId(MachineError):
+    """More than one machine's id starts with the prefix given (as git says of a short hash)."""
+
+    def __init__(self, prefix: str, candidates: Sequence[str], more: bool) -> None:
+        self.prefix = prefix
+        self.candidates = list(candidates)
+        listed = ", ".join(candidates) + (", ..." if more else "")
+        super().__init__(f"machine id {prefix!r} is ambiguous: give more of it ({listed})")
 
 
 class InvalidContext(MachineError):

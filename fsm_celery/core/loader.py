@@ -62,8 +62,17 @@ def load_text(text: str, source: str = "<definition>") -> MachineDefinition:
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
-        raise DefinitionError([Problem(f"invalid YAML: {exc}", source)]) from exc
+        raise DefinitionError([Problem(yaml_problem(exc), source)]) from exc
     return parse_definition(data, source)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: where, what, and in what (it prints six, with a caret)."""
+    mark = getattr(exc, "problem_mark", None)
+    what = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"invalid YAML{where}: {what}" + (f" ({context})" if context else "")
 
 
 def load_file(path: str | Path) -> MachineDefinition:

@@ -17,6 +17,7 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import Limits
 from fsm_celery.exceptions import UnknownMachineType
 from fsm_celery.store import queries as q
+from fsm_celery.store import reads
 from fsm_celery.store import schedules as schedule_store
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Catalog:
         """The newest version of a machine type (UnknownMachineType when none is loaded)."""
         latest = q.latest_definition_txn(conn, machine_type)
         if latest is None:
-            raise UnknownMachineType(machine_type)
+            raise UnknownMachineType(machine_type, reads.machine_types_txn(conn))
         self._parsed.setdefault((machine_type, latest[0]), latest[1])
         return latest
 

@@ -118,6 +118,9 @@ class Writes:
         )
         beat = self.beats.get(row.id)
         entered = aware(row.entered_at)
+        # how long the state ran; a move out of a paused or ended machine (resume, retry,
+        # force) times nothing: the time since it stopped is not the state's
+        timed = machine.status is MachineStatus.RUNNING
         self.history.append(
             History(
                 machine_id=row.id,
@@ -126,7 +129,7 @@ class Writes:
                 success=t.success,
                 output=t.output,
                 error_message=t.error,
-                duration_ms=_ms(self.now - entered) if entered and event != "resume" else None,
+                duration_ms=_ms(self.now - entered) if entered and timed else None,
                 attempt=machine.attempt,
                 event=event,
                 actor=actor,

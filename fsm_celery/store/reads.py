@@ -135,6 +135,32 @@ def machine_types_txn(conn: Connection) -> list[str]:
     return [row.type for row in conn.execute(query)]
 
 
+def agent_types_txn(conn: Connection) -> list[str]:
+    """Every agent type a stored definition names, by name."""
+    query = select(definitions.c.agent_type).distinct().order_by(definitions.c.agent_type)
+    return [row.agent_type for row in conn.execute(query)]
+
+
+def id_range(prefix: str) -> tuple[UUID, UUID] | None:
+    """The lowest and highest ids that start with the prefix (hex digits, dashes ignored), or
+    None when it is not one."""
+    digits = prefix.replace("-", "").lower()
+    if not 0 < len(digits) <= 32 or digits.strip("0123456789abcdef"):
+        return None
+    pad = 32 - len(digits)
+    return UUID(digits + "0" * pad), UUID(digits + "f" * pad)
+
+
+def machine_ids_starting_txn(conn: Connection, prefix: str, limit: int) -> list[UUID]:
+    """The ids (in order, at most limit) that start with the prefix: a range on the primary
+    key, which its index serves in PostgreSQL and SQLite alike (`id::text LIKE` would scan)."""
+    bounds = id_range(prefix)
+    if bounds is None:
+        return []
+    query = select(machines.c.id).where(machines.c.id.between(*bounds))
+    return [row.id for row in conn.execute(query.order_by(machines.c.id).limit(limit))]
+
+
 def definition_body_txn(conn: Connection, machine_type: str, version: int | None) -> AnyRow | None:
     """One version's stored row (the latest when version is None), or None."""
     query = select(definitions).where(definitions.c.type == machine_type)

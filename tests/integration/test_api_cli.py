@@ -166,7 +166,7 @@ def test_cli_rejected_lists_reasons(fsm: FsmEnv, run) -> None:  # type: ignore[n
     while "malformed_json" not in (out := run("rejected", "--limit", "5").output):
         assert time.monotonic() < deadline, out
         time.sleep(0.1)
-    assert json.loads(run("stats").output)["rejected"]["malformed_json"] >= 1
+    assert json.loads(run("stats", "--json").output)["rejected"]["malformed_json"] >= 1
 
 
 def test_cli_schedules_list_pause_resume_and_show_the_audit(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
@@ -178,7 +178,8 @@ def test_cli_schedules_list_pause_resume_and_show_the_audit(fsm: FsmEnv, run) ->
     assert " paused " in run("schedules", "list").output
     assert run("schedules", "resume", "cto_infrastructure_check", "--actor", "carol").exit_code == 0
     shown = run("schedules", "show", ref).output
-    assert shown.splitlines()[0].startswith(ref) and "  active  next " in shown.splitlines()[0]
+    header, line = shown.splitlines()[:2]
+    assert header.startswith("SCHEDULE ") and line.startswith(ref) and "  active  " in line
     assert "pause    by carol  (incident 12)" in shown and "resume   by carol" in shown
     missing = run("schedules", "pause", "nope/x")
     assert missing.exit_code == 1 and "no schedule 'nope/x'" in missing.output

@@ -56,6 +56,8 @@ def _cases(deployment: FsmEnv, tmp: Path) -> dict[str, Case]:
     not_utf8 = tmp / "latin1.yaml"
     not_utf8.write_bytes("type: caf\xe9\n".encode("latin-1"))
     deep = "[" * 5000 + "]" * 5000
+    broken = tmp / "broken.yaml"
+    broken.write_text("type: broken\nstates: [\n  - name: A\n")
     return {
         "missing definitions folder": Case(
             ("definitions", "validate", "/nonexistent/defs"),
@@ -99,6 +101,12 @@ def _cases(deployment: FsmEnv, tmp: Path) -> dict[str, Case]:
         "non-UTF-8 definition": Case(
             ("definitions", "validate", str(not_utf8)), {}, 3, (str(not_utf8), "UTF-8")
         ),
+        "YAML syntax error": Case(
+            ("definitions", "validate", str(broken)),
+            {},
+            3,
+            (f"{broken}: invalid YAML at line 3, column 3: expected the node content",),
+        ),
         "wrong --app module": Case(
             ("agent", "--app", "nosuchmodule:agent"), {}, 2, ("--app", "cannot import")
         ),
@@ -132,6 +140,7 @@ CASES = [
     "FSM_MAX_PAYLOAD_BYTES=abc",
     "context nested 5,000 deep",
     "non-UTF-8 definition",
+    "YAML syntax error",
     "wrong --app module",
     "wrong --app attribute",
     "--limit -1",

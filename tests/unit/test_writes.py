@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -158,3 +158,25 @@ def test_entering_a_machine_not_moved_records_a_dispatch_of_its_own() -> None:
     writes.dispatch(row.id, "agent", "{}", NOW)
     assert writes.dispatches[row.id] == Dispatch(row.id, None, NOW, NOW, NOW)
     assert writes.next() == [] and writes.outbox == [("agent", "{}")]
+
+
+@pytest.mark.parametrize(
+    ("status", "event", "timed"),
+    [
+        ("running", "ack", True),
+        ("running", "pause", True),
+        ("running", "force", True),
+        ("completed", "force", False),
+        ("failed", "retry", False),
+        ("paused", "force", False),
+        ("paused", "resume", False),
+        ("paused", "cancel", False),
+    ],
+)
+def test_only_a_running_state_is_timed(status: str, event: str, timed: bool) -> None:
+    """Forcing a machine completed an hour ago does not record an hour in its last state."""
+    writes = Writes(NOW)
+    row = _row(status=status, entered_at=NOW - timedelta(hours=1))
+    writes.transition(row, _moved(row, "B", MachineStatus.RUNNING), event, actor="op")
+    [history] = writes.history
+    assert history.duration_ms == (3_600_000 if timed else None)

@@ -1,0 +1,164 @@
+"""How the command line shows what the client hands back: each list as a header and rows, the
+statistics as tables (pure; fsm_celery.terminal makes every cell safe and aligns them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fsm_celery.core.transition import MachineStatus
+from fsm_celery.records import MachineInfo, TransitionRecord
+from fsm_celery.terminal import duration, safe, table
+
+CELL_CHARS = 200  # an agent's error or message shown in a table at most; --json has all of it
+STATUSES = [s.value for s in MachineStatus]
+
+
+def clip(text: str | None, most: int = CELL_CHARS) -> str | None:
+    """The text cut to most characters, saying how much was left out."""
+    if text is None or len(text) <= most:
+        return text
+    return f"{text[:most]}… ({len(text) - most} more characters; --json shows all)"
+
+
+SHOWN = (
+    "id",
+    "type",
+    "status",
+    "current_state",
+    "attempt",
+    "agent_type",
+    "agent_id",
+    "deadline_at",
+    "heartbeat_at",
+    "progress",
+    "error",
+    "created_at",
+    "updated_at",
+)
+
+
+def machine(info: MachineInfo) -> list[str]:
+    """`status`: one field a line; the context as JSON (ASCII: escapes and all)."""
+    data = info.to_dict()
+    lines = [f"{key:14} {'-' if data[key] is None else safe(data[key])}" for key in SHOWN]
+    return [*lines, f"{'context':14} {json.dumps(data['context'], ensure_ascii=True)}"]
+
+
+def machines(infos: Iterable[MachineInfo]) -> list[str]:
+    """`list`: one machine a row."""
+    return table(
+        ["ID", "TYPE", "STATUS", "STATE", "ATTEMPT", "CREATED"],
+        (
+            [m.id, m.type, m.status, m.current_state, m.attempt, f"{m.created_at:%Y-%m-%d %H:%M}"]
+            for m in infos
+        ),
+    )
+
+
+def history(records: Iterable[TransitionRecord]) -> list[str]:
+    """`history`: one attempt a row, with who acted and why, and how long the state took."""
+    return table(
+        ["ATTEMPT", "RESULT", "EVENT", "TRANSITION", "TOOK", "ACTOR", "REASON", "ERROR"],
+        (
+            [
+                r.attempt,
+                "ok" if r.success else "FAIL",
+                r.event,
+                f"{r.from_state or '(start)'} -> {r.to_state}",
+                duration(r.duration_ms) or None,
+                r.actor,
+                clip(r.reason or None),
+                clip(r.error_message),
+            ]
+            for r in records
+        ),
+    )
+
+
+def agents(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """`agents list`: one agent a row."""
+    return table(
+        ["ID", "TYPE", "STATUS", "RUNNING", "HOST", "LAST SEEN"],
+        (
+            [
+                a["id"],
+                a["agent_type"],
+                a["status"],
+                f"{a['running']}/{a['concurrency']}",
+                a.get("hostname"),
+                a["last_seen_at"],
+            ]
+            for a in rows
+        ),
+    )
+
+
+def rejected(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """`rejected`: one refused message a row, newest first."""
+    return table(
+        ["RECEIVED", "REASON", "MACHINE", "DETAIL"],
+        ([r["received_at"], r["reason"], r["machine_id"], clip(r["detail"])] for r in rows),
+    )
+
+
+def parked(rows: Iterable[Mapping[str, str]]) -> list[str]:
+    """`rejected --parked`: one dead letter a row, newest first."""
+    return table(
+        ["PARKED", "SOURCE", "REASON", "MESSAGE"],
+        ([p["parkedAt"], p["source"], p["reason"], clip(p["message"])] for p in rows),
+    )
+
+
+def stats(data: Mapping[str, Any]) -> list[str]:
+    """`stats`: machines per type and status, attempts per state, usage, rejections."""
+    lines = ["Machines", *_machine_counts(data), "", "Attempts per state", *_states(data)]
+    lines += ["", "Usage per machine type", *_usage(data["usage"]["by_type"], "TYPE")]
+    lines += ["", "Usage per agent", *_usage(data["usage"]["by_agent"], "AGENT")]
+    rejections = sorted(data["rejected"].items(), key=lambda item: (-item[1], item[0]))
+    lines += ["", "Rejected messages", *table(["REASON", "COUNT"], rejections)]
+    if not data["as_of"]["complete"]:
+        lines += ["", f"(the latest {data['as_of']['unfolded']} attempts only: beat folds more)"]
+    return lines
+
+
+def _machine_counts(data: Mapping[str, Any]) -> list[str]:
+    header = ["TYPE", *(s.upper() for s in STATUSES), "TOTAL", "COMPLETED %"]
+    rows = []
+    for machine_type, by_status in sorted(data["machines"].items()):
+        rate = data["completion_rate"].get(machine_type)
+        counts = [by_status.get(s, 0) for s in STATUSES]
+        rows.append([machine_type, *counts, sum(counts), _percent(rate)])
+    totals = [data["by_status"].get(s, 0) for s in STATUSES]
+    rows.append(["(all)", *totals, sum(totals), ""])
+    return table(header, rows)
+
+
+def _states(data: Mapping[str, Any]) -> list[str]:
+    header = ["TYPE", "STATE", "ATTEMPTS", "SUCCEEDED %", "MEAN", "P50", "P95"]
+    rows = []
+    for machine_type, states in sorted(data["states"].items()):
+        for state, s in states.items():
+            rows.append(
+                [
+                    machine_type,
+                    state or "(start)",
+                    s["attempts"],
+                    _percent(s["success_rate"]),
+                    duration(s["mean_ms"]),
+                    duration(s["p50_ms"]),
+                    duration(s["p95_ms"]),
+                ]
+            )
+    return table(header, rows)
+
+
+def _usage(by: Mapping[str, Mapping[str, Any]], what: str) -> list[str]:
+    rows = [[key, u.get("attempts", 0), u["tokens"], f"{u['cost']:.4f}"] for key, u in by.items()]
+    rows.sort()
+    return table([what, "ATTEMPTS", "TOKENS", "COST"], rows)
+
+
+def _percent(rate: float | None) -> str:
+    return "" if rate is None else f"{rate * 100:.1f}"
