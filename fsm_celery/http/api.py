@@ -29,7 +29,7 @@ from fsm_celery.http.models import (
     encode_cursor,
     machine_filter,
 )
-from fsm_celery.records import jsonable
+from fsm_celery.records import definition_view, jsonable
 from fsm_celery.store.reads import MachineFilter
 
 router = APIRouter(prefix="/api")
@@ -96,12 +96,12 @@ def bulk(fsm: Fsm, who: Admin, body: BulkRequest) -> dict[str, Any]:
     "/machines/{machine_id}",
     summary="One machine: context, usage, budget and its changes, history, notifications",
 )
-def get_machine(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
+def get_machine(fsm: Fsm, who: Viewer, machine_id: UUID) -> dict[str, Any]:
     info = fsm.get_machine(machine_id)
     return {
         "machine": info.to_dict(),
         "history": [h.to_dict() for h in fsm.history(machine_id)],
-        "notifications": fsm.notifications(machine_id),
+        "notifications": fsm.notifications(machine_id, admin=who.is_admin),
         "budget_changes": fsm.budget_changes(machine_id),
     }
 
@@ -152,7 +152,7 @@ def list_definitions(fsm: Fsm, _: Viewer) -> dict[str, Any]:
 @router.get("/definitions/{machine_type}", summary="One version: states, edges, graph, check")
 def get_definition(
     fsm: Fsm,
-    _: Viewer,
+    who: Viewer,
     machine_type: Annotated[str, Path(max_length=50)],
     version: Annotated[int | None, Query(ge=1)] = None,
 ) -> dict[str, Any]:
@@ -164,7 +164,7 @@ def get_definition(
         "created_at": found.created_at.isoformat(),
         "valid": not found.problems,
         "problems": found.problems,
-        "definition": found.definition.to_json(),
+        "definition": definition_view(found.definition.to_json(), admin=who.is_admin),
         "graph": graph(found.definition).to_dict(),
         "dot": to_dot(found.definition),
     }
