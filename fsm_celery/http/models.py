@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fsm_celery.core.messages import INT32_MAX, INT64_MAX, unstorable
 from fsm_celery.core.transition import MachineStatus
+from fsm_celery.http.examples import REQUESTS
 from fsm_celery.store.reads import Cursor, MachineFilter
 
 Name = Annotated[str, Field(min_length=1, max_length=50)]
@@ -24,8 +25,15 @@ Reason = Annotated[str, Field(max_length=2000)]
 Issue = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
+def _examples(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """A body's examples in the OpenAPI document (http/examples.py)."""
+    found = REQUESTS.get(model.__name__)
+    if found is not None:
+        schema["examples"] = found
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_examples)
 
     @model_validator(mode="after")
     def _storable(self) -> Self:
