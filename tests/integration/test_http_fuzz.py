@@ -12,6 +12,7 @@ import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
@@ -277,4 +278,15 @@ def test_hostile_parameters_never_answer_500(
     http: Any, valid: dict[str, str], route: APIRoute, role: str
 ) -> None:
     failures = Fuzz(http, route, valid, ROLES[role]).run()
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.timeout(300)
+def test_the_real_server_never_answers_500_either(env: FsmEnv, valid: dict[str, str]) -> None:
+    """The same through `fsm-celery dashboard` (uvicorn decodes paths and queries itself)."""
+    _, base = env.start_dashboard()
+    failures: list[str] = []
+    with httpx.Client(base_url=base, timeout=30) as web:
+        for route in _api_routes(ROUTES):
+            failures += Fuzz(web, route, valid, ADMIN_TOKEN).run()
     assert not failures, "\n".join(failures)
