@@ -41,6 +41,7 @@ from fsm_celery.records import (
     MachineInfo,
     TransitionRecord,
     jsonable,
+    notification_view,
 )
 from fsm_celery.store import notify as notify_store
 from fsm_celery.store import queries as q
@@ -330,11 +331,12 @@ class Client:
                 raise MachineNotFound(str(machine_id))
         return [TransitionRecord.from_row(r) for r in rows]
 
-    def notifications(self, machine_id: UUID | str) -> list[dict[str, Any]]:
-        """The machine's notifications: where, whether delivered, tries, the last error."""
+    def notifications(self, machine_id: UUID | str, *, admin: bool = False) -> list[dict[str, Any]]:
+        """The machine's notifications: where, whether delivered, tries, the last error; the
+        receivers' paths and answers only for an admin (records.notification_view)."""
         with self.engine.db.connect() as conn:
             rows = notify_store.of_machine_txn(conn, _full_id_txn(conn, machine_id))
-        return [jsonable(dict(r._mapping)) for r in rows]
+        return [notification_view(jsonable(dict(r._mapping)), admin=admin) for r in rows]
 
     def stats(self) -> dict[str, Any]:
         """Machines by status, type and agent type; attempts per state (success rate, p50 and

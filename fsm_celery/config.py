@@ -171,9 +171,12 @@ class Settings(BaseSettings):
         "FSM_TASK_TOKEN_SECRET.",
     )
     secure_cookies: bool = Field(
-        default=False,
-        description="Send the session cookie over HTTPS only (set it when the dashboard is "
-        "served over TLS).",
+        default=True,
+        description="Send the dashboard's session cookie over HTTPS only (Chromium keeps it at "
+        "http://127.0.0.1 and localhost too). false: a browser asking for 127.0.0.1, [::1] or "
+        "localhost over plain HTTP gets it without Secure (a dashboard on loopback without TLS, "
+        "for browsers that keep no Secure cookie there); any other host still gets it "
+        "HTTPS-only.",
     )
     max_request_bytes: int = Field(
         default=1_048_576, gt=0, description="The largest HTTP request body accepted."

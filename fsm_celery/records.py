@@ -1,11 +1,17 @@
 """What the Python client (and so the CLI and the HTTP API) hands back: a machine, one attempt of
-its history, an agent at work, a definition's version, one machine of a bulk command."""
+its history, an agent at work, a definition's version, one machine of a bulk command; and what
+a reader may see of a notification's receiver.
+
+A receiver's URL may hold a password, a secret path or a token in its query, and its answer
+anything it likes: viewers (and public reads) see the receiver's host and the kind of failure,
+admins the path and the answer, nobody the credentials or the query."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 from uuid import UUID
 
 from fsm_celery.core.admin import commands
@@ -13,6 +19,8 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.reads import Cursor
+
+HIDDEN = "***"
 
 
 @dataclass(frozen=True)
@@ -130,3 +138,45 @@ def jsonable(data: dict[str, Any]) -> dict[str, Any]:
         k: (str(v) if isinstance(v, UUID) else v.isoformat() if isinstance(v, datetime) else v)
         for k, v in data.items()
     }
+
+
+def redacted_url(url: str, *, host_only: bool) -> str:
+    """The URL without its credentials, query and fragment (`***` where they were); only
+    scheme://host[:port] when host_only."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return HIDDEN
+    if not parts.scheme or not host:
+        return HIDDEN
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port is not None else "")
+    if host_only:
+        return f"{parts.scheme}://{netloc}"
+    if "@" in parts.netloc:
+        netloc = f"{HIDDEN}@{netloc}"
+    query = f"?{HIDDEN}" if parts.query else ""
+    return f"{parts.scheme}://{netloc}{parts.path}{query}"
+
+
+def failure_kind(error: str | None) -> str | None:
+    """A notification's last error without the receiver's answer: "HTTP 500", "ConnectError"."""
+    return None if error is None else error.split(":", 1)[0][:40]
+
+
+def notification_view(row: dict[str, Any], *, admin: bool) -> dict[str, Any]:
+    """A notification as an admin (the URL's path, the receiver's answer) or anyone else (the
+    receiver's host, the kind of failure) may see it."""
+    return row | {
+        "url": redacted_url(row["url"], host_only=not admin),
+        "last_error": row["last_error"] if admin else failure_kind(row["last_error"]),
+    }
+
+
+def definition_view(data: dict[str, Any], *, admin: bool) -> dict[str, Any]:
+    """A definition's JSON with its notify URL shown as notification_view shows it."""
+    notify = data.get("notify")
+    if not isinstance(notify, dict) or not isinstance(notify.get("url"), str):
+        return data
+    url = redacted_url(notify["url"], host_only=not admin)
+    return data | {"notify": notify | {"url": url}}

@@ -18,6 +18,7 @@ from fsm_celery.client import Client
 from fsm_celery.core.admin import Action
 from fsm_celery.core.graph import graph, to_dot
 from fsm_celery.http.auth import Principal, admin, viewer
+from fsm_celery.http.examples import answer
 from fsm_celery.http.hub import MAX_FOLLOWED, RESYNC, EventHub, Interest
 from fsm_celery.http.models import (
     BudgetRequest,
@@ -29,7 +30,7 @@ from fsm_celery.http.models import (
     encode_cursor,
     machine_filter,
 )
-from fsm_celery.records import jsonable
+from fsm_celery.records import definition_view, jsonable
 from fsm_celery.store.reads import MachineFilter
 
 router = APIRouter(prefix="/api")
@@ -38,6 +39,11 @@ Admin = Annotated[Principal, Depends(admin)]
 PING_SECONDS = 15
 LINGER_SECONDS = 0.1  # a live page is sent at most ten messages a second
 BATCH = 1000  # events in one message at most
+FEED_EXAMPLE = (
+    'event: hello\ndata: {}\n\nevent: transitions\ndata: [{"type": "state_event", '
+    '"machineId": "3f2b8c1e-5d4a-4e8b-9c7d-2a1b0c9d8e7f", "event": "success", '
+    '"from": "DESIGN", "to": "WRITE_CODE", "status": "running", "attempt": 3}]\n\n'
+)
 
 
 def client(request: Request) -> Client:
@@ -52,7 +58,11 @@ def _actor(who: Principal, given: str | None) -> str:
     return given or who.name
 
 
-@router.get("/machines", summary="Machines, newest first, filtered; a page at a time")
+@router.get(
+    "/machines",
+    summary="Machines, newest first, filtered; a page at a time",
+    responses=answer("list_machines"),
+)
 def list_machines(
     fsm: Fsm,
     _: Viewer,
@@ -68,7 +78,11 @@ def list_machines(
     }
 
 
-@router.get("/machines/count", summary="How many machines a filter selects, by status")
+@router.get(
+    "/machines/count",
+    summary="How many machines a filter selects, by status",
+    responses=answer("count_machines"),
+)
 def count_machines(
     fsm: Fsm, _: Viewer, where: Annotated[MachineFilter, Depends(machine_filter)]
 ) -> dict[str, Any]:
@@ -76,14 +90,18 @@ def count_machines(
     return {"total": sum(by_status.values()), "by_status": by_status}
 
 
-@router.post("/machines", status_code=201, summary="Start a machine")
+@router.post(
+    "/machines", status_code=201, summary="Start a machine", responses=answer("start_machine", 201)
+)
 def start_machine(fsm: Fsm, _: Admin, body: StartRequest) -> dict[str, Any]:
     machine_id = fsm.start_machine(body.type, body.context, body.agent_id, body.github_issue)
     return {"machine": fsm.get_machine(machine_id).to_dict()}
 
 
 @router.post(
-    "/machines/bulk", summary="Pause, resume, cancel or retry every machine a filter selects"
+    "/machines/bulk",
+    summary="Pause, resume, cancel or retry every machine a filter selects",
+    responses=answer("bulk"),
 )
 def bulk(fsm: Fsm, who: Admin, body: BulkRequest) -> dict[str, Any]:
     results = fsm.bulk(
@@ -103,13 +121,14 @@ def bulk(fsm: Fsm, who: Admin, body: BulkRequest) -> dict[str, Any]:
 @router.get(
     "/machines/{machine_id}",
     summary="One machine: context, usage, budget and its changes, history, notifications",
+    responses=answer("get_machine"),
 )
-def get_machine(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
+def get_machine(fsm: Fsm, who: Viewer, machine_id: UUID) -> dict[str, Any]:
     info = fsm.get_machine(machine_id)
     return {
         "machine": info.to_dict(),
         "history": [h.to_dict() for h in fsm.history(machine_id)],
-        "notifications": fsm.notifications(machine_id),
+        "notifications": fsm.notifications(machine_id, admin=who.is_admin),
         "budget_changes": fsm.budget_changes(machine_id),
     }
 
@@ -117,7 +136,10 @@ def get_machine(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
 def _command(action: Action) -> Callable[..., dict[str, Any]]:
     """The route of one operator's command (the four without arguments of their own)."""
 
-    def command(fsm: Fsm, who: Admin, machine_id: UUID, body: CommandRequest) -> dict[str, Any]:
+    def command(
+        fsm: Fsm, who: Admin, machine_id: UUID, body: CommandRequest | None = None
+    ) -> dict[str, Any]:
+        body = body or CommandRequest()  # every field is optional: no body is an empty one
         act = getattr(fsm, action.value)
         return {"machine": act(machine_id, _actor(who, body.actor), body.reason).to_dict()}
 
@@ -132,35 +154,57 @@ for _action in (Action.PAUSE, Action.RESUME, Action.CANCEL, Action.RETRY):
         methods=["POST"],
         summary=f"{_action.value.capitalize()} a machine",
         name=f"{_action.value}_machine",
+        responses=answer("command"),
     )
 
 
-@router.post("/machines/{machine_id}/force", summary="Move a machine to a state")
+@router.post(
+    "/machines/{machine_id}/force", summary="Move a machine to a state", responses=answer("force")
+)
 def force(fsm: Fsm, who: Admin, machine_id: UUID, body: ForceRequest) -> dict[str, Any]:
     info = fsm.force(machine_id, body.state, _actor(who, body.actor), body.reason)
     return {"machine": info.to_dict()}
 
 
-@router.put("/machines/{machine_id}/budget", summary="Set a machine's budget (null: no limit)")
-def set_budget(fsm: Fsm, who: Admin, machine_id: UUID, body: BudgetRequest) -> dict[str, Any]:
+@router.put(
+    "/machines/{machine_id}/budget",
+    summary="Set a machine's budget (null or left out: no limit)",
+    responses=answer("set_budget"),
+)
+def set_budget(
+    fsm: Fsm, who: Admin, machine_id: UUID, body: BudgetRequest | None = None
+) -> dict[str, Any]:
+    body = body or BudgetRequest()
     info = fsm.set_budget(machine_id, _actor(who, body.actor), body.tokens, body.cost, body.reason)
     return {"machine": info.to_dict()}
 
 
-@router.get("/agents", summary="Agents: status, last seen, what each works on now")
+@router.get(
+    "/agents",
+    summary="Agents: status, last seen, what each works on now",
+    responses=answer("list_agents"),
+)
 def list_agents(fsm: Fsm, _: Viewer) -> dict[str, Any]:
     return {"items": [jsonable(asdict(a)) for a in fsm.agents_at_work()]}
 
 
-@router.get("/definitions", summary="Every version of every machine type")
+@router.get(
+    "/definitions",
+    summary="Every version of every machine type",
+    responses=answer("list_definitions"),
+)
 def list_definitions(fsm: Fsm, _: Viewer) -> dict[str, Any]:
     return {"items": fsm.definition_versions()}
 
 
-@router.get("/definitions/{machine_type}", summary="One version: states, edges, graph, check")
+@router.get(
+    "/definitions/{machine_type}",
+    summary="One version: states, edges, graph, check",
+    responses=answer("get_definition"),
+)
 def get_definition(
     fsm: Fsm,
-    _: Viewer,
+    who: Viewer,
     machine_type: Annotated[str, Path(max_length=50)],
     version: Annotated[int | None, Query(ge=1)] = None,
 ) -> dict[str, Any]:
@@ -172,7 +216,7 @@ def get_definition(
         "created_at": found.created_at.isoformat(),
         "valid": not found.problems,
         "problems": found.problems,
-        "definition": found.definition.to_json(),
+        "definition": definition_view(found.definition.to_json(), admin=who.is_admin),
         "graph": graph(found.definition).to_dict(),
         "dot": to_dot(found.definition),
     }
@@ -182,6 +226,7 @@ def get_definition(
     "/definitions/{machine_type}/graph.dot",
     summary="One version drawn as Graphviz DOT",
     response_class=PlainTextResponse,
+    responses={200: {"content": {"text/vnd.graphviz": {"example": "digraph cto_fix_bug { … }"}}}},
 )
 def definition_dot(
     fsm: Fsm,
@@ -193,12 +238,20 @@ def definition_dot(
     return PlainTextResponse(text, media_type="text/vnd.graphviz")
 
 
-@router.get("/stats", summary="Machines by status, type and agent type; durations; rejections")
+@router.get(
+    "/stats",
+    summary="Machines by status, type and agent type; durations; rejections",
+    responses=answer("stats"),
+)
 def stats(fsm: Fsm, _: Viewer) -> dict[str, Any]:
     return fsm.stats()
 
 
-@router.get("/rejected", summary="The latest rejected messages, newest first")
+@router.get(
+    "/rejected",
+    summary="The latest rejected messages, newest first",
+    responses=answer("rejected"),
+)
 def rejected(
     fsm: Fsm,
     _: Viewer,
@@ -208,7 +261,11 @@ def rejected(
     return {"items": fsm.rejected(machine_id, limit)}
 
 
-@router.get("/schedules", summary="Every schedule with its next tick and latest run")
+@router.get(
+    "/schedules",
+    summary="Every schedule with its next tick and latest run",
+    responses=answer("list_schedules"),
+)
 def list_schedules(fsm: Fsm, _: Viewer) -> dict[str, Any]:
     return {"items": [asdict(s) | {"schedule": s.key} for s in fsm.schedules()]}
 
@@ -216,6 +273,7 @@ def list_schedules(fsm: Fsm, _: Viewer) -> dict[str, Any]:
 @router.post(
     "/schedules/{machine_type}/{name}/{action}",
     summary="Pause, resume or trigger a schedule",
+    responses=answer("schedule_action"),
 )
 def schedule_action(
     fsm: Fsm,
@@ -233,7 +291,11 @@ def schedule_action(
     return {"schedule": asdict(info) | {"schedule": info.key}}
 
 
-@router.get("/events", summary="The live feed: transitions as server-sent events")
+@router.get(
+    "/events",
+    summary="The live feed: transitions as server-sent events",
+    responses={200: {"content": {"text/event-stream": {"example": FEED_EXAMPLE}}}},
+)
 async def events(
     request: Request,
     _: Viewer,

@@ -24,9 +24,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fsm_celery.channel.redis import connect
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, get_settings
 from fsm_celery.core.messages import events_channel
@@ -40,12 +40,11 @@ from fsm_celery.exceptions import (
     UnknownMachineType,
 )
 from fsm_celery.http import api, pages
-from fsm_celery.http.auth import Auth
+from fsm_celery.http.auth import Auth, SessionCookies, Sessions
 from fsm_celery.http.hub import EventHub
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-SESSION_SECONDS = 12 * 3600
 NOT_FOUND = (MachineNotFound, UnknownMachineType, ScheduleNotFound)
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; img-src 'self' data:; "
@@ -68,12 +67,14 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
 
         client = wiring.client(settings)
     hub = EventHub(settings.redis_url, events_channel(settings.channel_prefix))
+    sessions = connect(settings.redis_url)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         hub.start()
         yield
         await hub.stop()
+        sessions.close()
 
     app = FastAPI(
         title="fsm-celery",
@@ -84,18 +85,16 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.auth = Auth(settings)
+    app.state.auth = Auth(settings, Sessions(sessions, settings.channel_prefix))
     app.state.client = client
     app.state.hub = hub
     app.add_middleware(
-        SessionMiddleware,
+        SessionCookies,
         secret_key=app.state.auth.session_key,
-        session_cookie="fsm_session",
-        max_age=SESSION_SECONDS,
-        same_site="strict",
-        https_only=settings.secure_cookies,
+        plain_on_loopback=not settings.secure_cookies,
     )
     app.add_middleware(LimitBody, most=settings.max_request_bytes)
+    app.add_middleware(RefuseNul)
     app.middleware("http")(_security_headers)
     _errors(app)
     app.include_router(api.router)
@@ -133,6 +132,23 @@ class LimitBody:
             return message
 
         await self.app(scope, bounded, send)
+
+
+class RefuseNul:
+    """Answer 400 to a path or query holding a NUL character, before anything looks it up:
+    PostgreSQL's text and a file's name cannot hold one, and nothing of ours has one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (
+            "\x00" in scope["path"] or b"%00" in scope["query_string"].lower()
+        ):
+            response = _reply(Request(scope), 400, "the URL holds a NUL character (%00)")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _too_large(most: int) -> Response:

@@ -5,23 +5,42 @@ Two roles: viewers read, admins read and act. Tokens are compared in constant ti
 remembers a fingerprint of the token it was opened with, so that removing a token from the
 settings closes its sessions too. A request that acts through a session must carry the
 session's CSRF token in X-CSRF-Token (the cookie is SameSite=strict as well).
+
+A signed cookie alone cannot be taken back: a copy saved before signing out would act until it
+expires. So each session has a random id, live in Redis (under its hash) from sign-in until
+sign-out or SESSION_SECONDS, and checked on every request. Ids rather than a generation per
+token: signing out ends that browser's session only, not those of everyone sharing the token;
+the keys expire with their sessions, and every dashboard process sees the same ones.
+
+The cookie is Secure (sent over HTTPS only), except, when FSM_SECURE_COOKIES=false says so,
+to a browser asking for a loopback host over plain HTTP (a cookie scoped to 127.0.0.1 or
+localhost never crosses a network).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Annotated
+from urllib.parse import urlsplit
 
+import redis
 from fastapi import Depends, HTTPException, Request
+from starlette.datastructures import Headers
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fsm_celery.config import Settings
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CSRF_HEADER = "x-csrf-token"
+SESSION_COOKIE = "fsm_session"
+SESSION_SECONDS = 12 * 3600
+SESSION_KEY = "dashboard:session:{digest}"
 
 
 class Role(IntEnum):
@@ -42,14 +61,41 @@ class Principal:
         return self.role is Role.ADMIN
 
 
-class Auth:
-    """The tokens of the settings, and the keys derived for sessions."""
+class Sessions:
+    """The ids of the sessions signed in and not yet out, in Redis, each expiring with its
+    session (only a hash of the id is stored: reading Redis gives no cookie's id away)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, seconds: int = SESSION_SECONDS) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self.seconds = seconds
+
+    def _key(self, session_id: str) -> str:
+        digest = hashlib.sha256(session_id.encode()).hexdigest()
+        return self._prefix + SESSION_KEY.format(digest=digest)
+
+    def open(self) -> str:
+        """A new session's id, live for `seconds` from now."""
+        session_id = secrets.token_urlsafe(32)
+        self._redis.set(self._key(session_id), b"1", ex=self.seconds)
+        return session_id
+
+    def alive(self, session_id: str) -> bool:
+        return bool(self._redis.exists(self._key(session_id)))
+
+    def end(self, session_id: str) -> None:
+        self._redis.delete(self._key(session_id))
+
+
+class Auth:
+    """The tokens of the settings, the keys derived for sessions, and the live sessions."""
+
+    def __init__(self, settings: Settings, sessions: Sessions) -> None:
         self._tokens = [(t, Role.ADMIN) for t in settings.admin_tokens] + [
             (t, Role.VIEWER) for t in settings.viewer_tokens
         ]
         self.public_reads = settings.public_reads
+        self.sessions = sessions
         self.session_key = (
             settings.session_secret
             or hmac.new(
@@ -80,14 +126,28 @@ class Auth:
 
     def open_session(self, request: Request, token: str, name: str) -> Role | None:
         """Sign the session in with the token; its role, or None (the session is cleared)."""
-        request.session.clear()
+        self.close_session(request)
         role = self.role_of(token)
         if role is None:
             return None
         request.session.update(
-            key=self.fingerprint(token), name=name, csrf=secrets.token_urlsafe(24)
+            key=self.fingerprint(token),
+            sid=self.sessions.open(),
+            name=name,
+            csrf=secrets.token_urlsafe(24),
         )
         return role
+
+    def close_session(self, request: Request) -> None:
+        """Sign the session out: its id ends here, so no saved copy of the cookie acts again."""
+        session_id = request.session.get("sid")
+        if isinstance(session_id, str):
+            self.sessions.end(session_id)
+        request.session.clear()
+
+    def session_alive(self, request: Request) -> bool:
+        session_id = request.session.get("sid")
+        return isinstance(session_id, str) and self.sessions.alive(session_id)
 
 
 def csrf_token(request: Request) -> str:
@@ -120,6 +180,9 @@ def principal(request: Request) -> Principal:
         if role is None:
             request.session.clear()
             raise unauthorized("the session's token is no longer valid: sign in again")
+        if not auth.session_alive(request):
+            request.session.clear()
+            raise unauthorized("the session has ended (signed out or expired): sign in again")
         if request.method not in SAFE_METHODS:
             given = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(given.encode(), csrf_token(request).encode()):
@@ -142,3 +205,51 @@ def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
     if not who.is_admin:
         raise HTTPException(403, "this needs an admin's token; yours is a viewer's")
     return who
+
+
+class SessionCookies:
+    """The signed session cookie, Secure unless plain HTTP on loopback is allowed and asked for
+    (Starlette's middleware fixes the flag for every request: one of each, chosen per request)."""
+
+    def __init__(self, app: ASGIApp, secret_key: str, plain_on_loopback: bool) -> None:
+        def middleware(https_only: bool) -> SessionMiddleware:
+            return SessionMiddleware(
+                app,
+                secret_key=secret_key,
+                session_cookie=SESSION_COOKIE,
+                max_age=SESSION_SECONDS,
+                same_site="strict",
+                https_only=https_only,
+            )
+
+        self._secure = middleware(True)
+        self._plain = middleware(False)
+        self._plain_on_loopback = plain_on_loopback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        plain = self._plain_on_loopback and plain_loopback(scope)
+        await (self._plain if plain else self._secure)(scope, receive, send)
+
+
+def plain_loopback(scope: Scope) -> bool:
+    """Whether the request came over plain HTTP for a loopback host (127.0.0.0/8, ::1,
+    localhost): the host the browser scopes the cookie to is the one it asked for."""
+    if scope["type"] not in ("http", "websocket") or scope.get("scheme") not in ("http", "ws"):
+        return False
+    return loopback_host(Headers(scope=scope).get("host", ""))
+
+
+def loopback_host(host: str) -> bool:
+    """Whether a Host header names this machine's loopback interface."""
+    try:
+        name = urlsplit("//" + host).hostname
+    except ValueError:
+        return False
+    if name is None:
+        return False
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

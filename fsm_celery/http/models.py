@@ -7,14 +7,16 @@ import base64
 import binascii
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from uuid import UUID
 
 from fastapi import HTTPException, Query
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fsm_celery.core.messages import INT32_MAX, INT64_MAX
+from fsm_celery.core.messages import INT32_MAX, INT64_MAX, unstorable
 from fsm_celery.core.transition import MachineStatus
+from fsm_celery.http.examples import REQUESTS
 from fsm_celery.store.reads import Cursor, MachineFilter
 
 Name = Annotated[str, Field(min_length=1, max_length=50)]
@@ -23,8 +25,30 @@ Reason = Annotated[str, Field(max_length=2000)]
 Issue = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
+def _examples(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """A body's examples in the OpenAPI document (http/examples.py)."""
+    found = REQUESTS.get(model.__name__)
+    if found is not None:
+        schema["examples"] = found
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_examples)
+
+    @model_validator(mode="after")
+    def _storable(self) -> Self:
+        """Refuse what PostgreSQL cannot store (a NUL, a lone surrogate, NaN, 2**64) here,
+        naming the field, rather than as a database error."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            problem = unstorable(value, name)
+            if problem is not None:
+                raise ValueError(problem)
+            try:
+                json.dumps(value, default=str, ensure_ascii=False).encode()
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"{name}: holds a lone surrogate (not UTF-8)") from exc
+        return self
 
 
 class StartRequest(_Body):
@@ -88,16 +112,23 @@ def machine_filter(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
 ) -> MachineFilter:
-    """The list's filters, from the query string."""
-    return FilterBody(
-        status=status,
-        type=type,
-        agent_type=agent_type,
-        agent_id=agent_id,
-        github_issue=github_issue,
-        created_after=created_after,
-        created_before=created_before,
-    ).to_filter()
+    """The list's filters, from the query string (an empty one filters nothing, as a page's
+    form sends it)."""
+    try:
+        where = FilterBody(
+            status=status,
+            type=type or None,
+            agent_type=agent_type or None,
+            agent_id=agent_id,
+            github_issue=github_issue,
+            created_after=created_after,
+            created_before=created_before,
+        )
+    except ValidationError as exc:  # raised here, it would be a 500: it is the query's fault
+        raise RequestValidationError(
+            [{**e, "loc": ("query", *e["loc"])} for e in exc.errors()]
+        ) from exc
+    return where.to_filter()
 
 
 def encode_cursor(cursor: Cursor) -> str:

@@ -21,8 +21,16 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.graph import graph
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.exceptions import MachineNotFound
-from fsm_celery.http.auth import Auth, Principal, csrf_token, principal
+from fsm_celery.http.auth import (
+    SESSION_COOKIE,
+    Auth,
+    Principal,
+    csrf_token,
+    plain_loopback,
+    principal,
+)
 from fsm_celery.http.models import decode_cursor, encode_cursor, machine_filter
+from fsm_celery.records import definition_view
 from fsm_celery.store.reads import MachineFilter
 
 router = APIRouter(include_in_schema=False)
@@ -141,7 +149,7 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
         who,
         machine=info,
         history=history,
-        notifications=fsm.notifications(info.id),
+        notifications=fsm.notifications(info.id, admin=who.is_admin),
         budget_changes=fsm.budget_changes(info.id),
         states=[s.name for s in definition.definition.states],
         retries=_retries(definition.definition),
@@ -192,7 +200,7 @@ def definition_page(
         found=found,
         schedules=schedules,
         drawing=json.dumps(drawing),
-        body=json.dumps(found.definition.to_json(), indent=2),
+        body=json.dumps(definition_view(found.definition.to_json(), admin=who.is_admin), indent=2),
     )
 
 
@@ -210,7 +218,9 @@ def login(
     next: Annotated[str, Form(max_length=2000)] = "/",
 ) -> Response:
     if csrf != csrf_token(request):
-        raise HTTPException(403, "the sign-in form expired: load it again")
+        raise HTTPException(403, _expired(request))
+    if "\x00" in token + name + next:  # the name is recorded as the actor of what one does
+        raise HTTPException(400, "the sign-in form holds a NUL character")
     auth: Auth = request.app.state.auth
     role = auth.open_session(request, token.strip(), name.strip() or "")
     if role is None:
@@ -226,8 +236,22 @@ def login(
 def logout(request: Request, csrf: Annotated[str, Form(max_length=100)]) -> RedirectResponse:
     if csrf != csrf_token(request):
         raise HTTPException(403, "the sign-out form expired: load it again")
-    request.session.clear()
+    auth: Auth = request.app.state.auth
+    auth.close_session(request)
     return RedirectResponse("/login", status_code=303)
+
+
+def _expired(request: Request) -> str:
+    """Why the sign-in form's token does not match: a browser that kept no cookie over plain
+    HTTP (the cookie is HTTPS-only) would otherwise be told to reload the form forever."""
+    plain_allowed = not request.app.state.settings.secure_cookies and plain_loopback(request.scope)
+    if request.url.scheme == "http" and SESSION_COOKIE not in request.cookies and not plain_allowed:
+        return (
+            "your browser kept no session cookie: it is sent over HTTPS only and this page "
+            "came over plain HTTP; serve the dashboard over HTTPS, or set "
+            "FSM_SECURE_COOKIES=false to sign in at http://127.0.0.1 or localhost"
+        )
+    return "the sign-in form expired: load it again"
 
 
 def error_page(request: Request, status: int, message: str) -> Response:

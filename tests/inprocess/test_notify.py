@@ -146,7 +146,7 @@ def test_a_failing_receiver_is_tried_again_later_then_given_up_on(
         assert engine.notifier.deliver() == (0, 1)
     [row] = _rows(engine)
     assert (row.status, row.attempts, row.last_error) == ("failed", 3, "HTTP 502: nope")
-    [shown] = wiring.client(engine.settings, engine).notifications(row.machine_id)
+    [shown] = wiring.client(engine.settings, engine).notifications(row.machine_id, admin=True)
     assert (shown["status"], shown["attempts"], shown["url"]) == ("failed", 3, receiver.url)
     assert len(receiver.received) == 3
     fsm.clock.advance(86_400)

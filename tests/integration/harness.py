@@ -51,6 +51,7 @@ LOGS = Path(os.environ.get("FSM_TEST_LOGS", "/tmp/fsm-celery-test-logs"))
 ADMIN_TOKEN = "test-admin-token-" + "a" * 32
 VIEWER_TOKEN = "test-viewer-token-" + "v" * 32
 WEBHOOK_SECRET = "test-github-webhook-secret"
+API_BASE = "https://testserver"  # what env.api() asks: the dashboard behind TLS
 TERMINAL = {"completed", "failed", "cancelled"}
 
 
@@ -292,12 +293,14 @@ class FsmEnv:
 
     def api(self) -> Any:
         """The HTTP API in this process (FastAPI's TestClient: the real app, its real database
-        and Redis, without a socket); use it as a context manager to run the live feed."""
+        and Redis, without a socket), asked over HTTPS as a deployment is (the session cookie
+        is HTTPS-only); use it as a context manager to run the live feed."""
         from fastapi.testclient import TestClient
 
         from fsm_celery.http import create_app
 
-        return TestClient(create_app(self.settings, self.client), raise_server_exceptions=False)
+        app = create_app(self.settings, self.client)
+        return TestClient(app, base_url=API_BASE, raise_server_exceptions=False)
 
     def stop_all(self) -> None:
         for proc in self.procs:

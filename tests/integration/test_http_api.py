@@ -13,7 +13,7 @@ import pytest
 
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.http import create_app
-from tests.integration.harness import ADMIN_TOKEN, VIEWER_TOKEN, FsmEnv
+from tests.integration.harness import ADMIN_TOKEN, API_BASE, VIEWER_TOKEN, FsmEnv
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
@@ -101,7 +101,7 @@ def test_the_app_refuses_to_serve_without_a_token(env: FsmEnv) -> None:
 
 def test_a_session_acts_only_with_its_csrf_token(http: Any) -> None:
     machine = _start(http)
-    with http.__class__(http.app) as browser:  # a client of its own: its own cookies
+    with http.__class__(http.app, base_url=API_BASE) as browser:  # its own cookies
         page = browser.get("/login")
         csrf = page.text.split('name="csrf" value="')[1].split('"')[0]
         signed = browser.post(
@@ -130,7 +130,7 @@ def test_a_session_acts_only_with_its_csrf_token(http: Any) -> None:
 
 
 def test_a_wrong_token_at_sign_in_is_refused(http: Any) -> None:
-    with http.__class__(http.app) as browser:
+    with http.__class__(http.app, base_url=API_BASE) as browser:
         page = browser.get("/login")
         csrf = page.text.split('name="csrf" value="')[1].split('"')[0]
         refused = browser.post("/login", data={"token": "guess", "csrf": csrf})
@@ -142,11 +142,11 @@ def test_a_wrong_token_at_sign_in_is_refused(http: Any) -> None:
 def test_a_session_ends_when_its_token_is_removed(env: FsmEnv, http: Any) -> None:
     rotated = env.settings.model_copy(update={"admin_token": "x" * 40})
     other = create_app(rotated, env.client)  # the same session key: the same task secret
-    with http.__class__(http.app) as browser:
+    with http.__class__(http.app, base_url=API_BASE) as browser:
         csrf = browser.get("/login").text.split('name="csrf" value="')[1].split('"')[0]
         browser.post("/login", data={"token": ADMIN_TOKEN, "csrf": csrf})
         cookies = browser.cookies
-    with http.__class__(other, cookies=cookies) as stale:
+    with http.__class__(other, base_url=API_BASE, cookies=cookies) as stale:
         _error(stale.get("/api/machines"), 401, "no longer valid")
 
 

@@ -1,0 +1,233 @@
+"""Examples of the API's request bodies and answers, for its OpenAPI document (a test holds the
+machine's and the history's keys equal to what the API answers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MACHINE_ID = "3f2b8c1e-5d4a-4e8b-9c7d-2a1b0c9d8e7f"
+AGENT_ID = "6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+WHEN = "2026-11-25T14:00:00.123456+00:00"
+
+MACHINE: dict[str, Any] = {
+    "id": MACHINE_ID,
+    "type": "cto_build_project",
+    "agent_type": "cto",
+    "agent_id": AGENT_ID,
+    "current_state": "WRITE_CODE",
+    "status": "running",
+    "context": {"projectName": "sla-api", "githubIssue": 726},
+    "attempt": 3,
+    "state_retries": 1,
+    "github_issue": 726,
+    "definition_version": 1,
+    "deadline_at": "2026-11-25T14:10:00+00:00",
+    "heartbeat_at": WHEN,
+    "progress": "tests written, 4 of 9 passing",
+    "tokens_used": 18250,
+    "cost": 0.41,
+    "budget_tokens": 200000,
+    "budget_cost": 5.0,
+    "error": None,
+    "created_at": "2026-11-25T13:52:11.004211+00:00",
+    "updated_at": WHEN,
+    "commands": ["pause", "retry", "force", "budget", "cancel"],
+}
+HISTORY_ROW: dict[str, Any] = {
+    "attempt": 2,
+    "event": "success",
+    "from_state": "DESIGN",
+    "to_state": "WRITE_CODE",
+    "success": True,
+    "output": {"design": "three endpoints behind one service"},
+    "error_message": None,
+    "duration_ms": 84211,
+    "actor": None,
+    "reason": None,
+    "progress": None,
+    "agent_id": AGENT_ID,
+    "tokens_used": 9120,
+    "cost": 0.2,
+    "created_at": WHEN,
+}
+NOTIFICATION: dict[str, Any] = {
+    "id": 17,
+    "url": "https://hooks.example.com",
+    "event": "completed",
+    "status": "pending",
+    "attempts": 2,
+    "next_attempt_at": WHEN,
+    "last_error": "HTTP 503",
+    "created_at": WHEN,
+    "delivered_at": None,
+}
+BUDGET_CHANGE: dict[str, Any] = {
+    "id": 4,
+    "machine_id": MACHINE_ID,
+    "actor": "carol",
+    "reason": "the refactor needs more room",
+    "tokens": 200000,
+    "cost": 5.0,
+    "previous_tokens": 100000,
+    "previous_cost": 2.5,
+    "created_at": WHEN,
+}
+SCHEDULE: dict[str, Any] = {
+    "machine_type": "cto_infrastructure_check",
+    "name": "nightly",
+    "cron": "0 3 * * *",
+    "timezone": "UTC",
+    "overlap": "skip",
+    "context": {},
+    "paused": False,
+    "removed": False,
+    "next_run_at": "2026-11-26T03:00:00+00:00",
+    "last_tick_at": "2026-11-25T03:00:00+00:00",
+    "last_machine_id": MACHINE_ID,
+    "last_run_at": "2026-11-25T03:00:00+00:00",
+    "last_outcome": "started",
+    "last_detail": None,
+    "schedule": "cto_infrastructure_check/nightly",
+}
+COMMAND = {"reason": "waiting for the database migration", "actor": "carol"}
+
+REQUESTS: dict[str, list[dict[str, Any]]] = {
+    "StartRequest": [
+        {
+            "type": "cto_build_project",
+            "context": {"projectName": "sla-api", "githubIssue": 726},
+            "github_issue": 726,
+        }
+    ],
+    "CommandRequest": [COMMAND, {}],
+    "ForceRequest": [{"state": "RUN_TESTS", "reason": "the tests were fixed by hand"}],
+    "BudgetRequest": [{"tokens": 200000, "cost": 5.0, "reason": "the refactor needs more room"}],
+    "BulkRequest": [
+        {
+            "action": "pause",
+            "filter": {"type": "cto_build_project", "status": "running"},
+            "reason": "Redis maintenance",
+            "limit": 100,
+        }
+    ],
+}
+
+ANSWERS: dict[str, Any] = {
+    "list_machines": {"items": [MACHINE], "next": "WyIyMDI2LTExLTI1VDEzOjUyOjExIiwgIjNmMmIiXQ"},
+    "count_machines": {"total": 42, "by_status": {"running": 12, "completed": 30}},
+    "start_machine": {"machine": MACHINE | {"current_state": "DESIGN", "attempt": 1}},
+    "bulk": {
+        "done": 1,
+        "refused": 1,
+        "results": [
+            {"machine_id": MACHINE_ID, "ok": True, "status": "paused", "error": None},
+            {
+                "machine_id": AGENT_ID,
+                "ok": False,
+                "status": "completed",
+                "error": "a completed machine cannot be paused",
+            },
+        ],
+    },
+    "get_machine": {
+        "machine": MACHINE,
+        "history": [HISTORY_ROW],
+        "notifications": [NOTIFICATION],
+        "budget_changes": [BUDGET_CHANGE],
+    },
+    "command": {"machine": MACHINE | {"status": "paused"}},
+    "force": {"machine": MACHINE | {"current_state": "RUN_TESTS"}},
+    "set_budget": {"machine": MACHINE},
+    "list_agents": {
+        "items": [
+            {
+                "id": AGENT_ID,
+                "agent_type": "cto",
+                "status": "active",
+                "concurrency": 4,
+                "running": 1,
+                "hostname": "agents-1",
+                "started_at": "2026-11-25T09:00:00+00:00",
+                "last_seen_at": WHEN,
+                "working_on": [
+                    {
+                        "id": MACHINE_ID,
+                        "type": "cto_build_project",
+                        "agent_id": AGENT_ID,
+                        "current_state": "WRITE_CODE",
+                        "status": "running",
+                        "attempt": 3,
+                        "entered_at": WHEN,
+                        "progress": "tests written, 4 of 9 passing",
+                    }
+                ],
+            }
+        ]
+    },
+    "list_definitions": {
+        "items": [
+            {
+                "type": "cto_build_project",
+                "version": 1,
+                "agent_type": "cto",
+                "description": "Build a project from an issue, to production",
+                "initial_state": "DESIGN",
+                "created_at": WHEN,
+                "machines": 12,
+            }
+        ]
+    },
+    "get_definition": {
+        "type": "cto_build_project",
+        "version": 1,
+        "versions": [1],
+        "created_at": WHEN,
+        "valid": True,
+        "problems": [],
+        "definition": {"type": "cto_build_project", "agent_type": "cto", "states": ["…"]},
+        "graph": {"nodes": ["…"], "edges": ["…"]},
+        "dot": "digraph cto_build_project { … }",
+    },
+    "stats": {
+        "machines": {"cto_build_project": {"running": 3, "completed": 40}},
+        "by_status": {"running": 3, "completed": 40},
+        "by_type": {"cto_build_project": 43},
+        "by_agent_type": {"cto": 43},
+        "completion_rate": {"cto_build_project": 0.93},
+        "states": {
+            "cto_build_project": {
+                "DESIGN": {
+                    "attempts": 44,
+                    "success_rate": 0.98,
+                    "mean_ms": 61210.4,
+                    "p50_ms": 58000,
+                    "p95_ms": 120000,
+                }
+            }
+        },
+        "usage": {"by_type": {"…": "…"}, "by_agent": {"…": "…"}},
+        "rejected": {"stale_attempt": 2},
+        "as_of": {"folded_through": 9120, "unfolded": 3, "complete": True},
+    },
+    "rejected": {
+        "items": [
+            {
+                "id": 88,
+                "received_at": WHEN,
+                "reason": "stale_attempt",
+                "detail": "attempt 2 was decided; the machine is at attempt 3",
+                "machine_id": MACHINE_ID,
+                "state": "DESIGN",
+                "attempt": 2,
+                "payload": '{"type": "state_ack", "…": "…"}',
+            }
+        ]
+    },
+    "list_schedules": {"items": [SCHEDULE]},
+    "schedule_action": {"schedule": SCHEDULE | {"paused": True}},
+}
+
+
+def answer(name: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
+    """The `responses` of a route: its answer's example under its status."""
+    return {status: {"content": {"application/json": {"example": ANSWERS[name]}}}}
