@@ -8,6 +8,7 @@ FsmError                      root of everything this package raises
     ├── UnknownMachineType    no definition is loaded for that type
     ├── MachineNotFound       no machine has that id
     ├── InvalidContext        the context given at start is not a JSON object
+    │   └── ContextMismatch   … or does not match its definition's context_schema
     ├── InvalidAgentId        the agent id given at start is not a UUID
     └── CommandRefused        an admin command does not apply to the machine as it is
 """
@@ -103,6 +104,15 @@ class MachineNotFound(MachineError):
 
 class InvalidContext(MachineError):
     """The context given to start a machine is not a JSON object."""
+
+
+class ContextMismatch(InvalidContext):
+    """The context given to start a machine does not match its definition's context_schema."""
+
+    def __init__(self, machine_type: str, detail: str) -> None:
+        self.machine_type = machine_type
+        self.detail = detail
+        super().__init__(f"context for {machine_type}: {detail}")
 
 
 class InvalidAgentId(MachineError):

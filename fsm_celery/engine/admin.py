@@ -13,6 +13,7 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core.admin import Action, Command, decide_command
+from fsm_celery.core.context import context_problem
 from fsm_celery.core.messages import INT32_MAX, unstorable
 from fsm_celery.core.transition import (
     LOOP_COUNT,
@@ -28,6 +29,7 @@ from fsm_celery.engine.steps import Next, Step
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.exceptions import (
     CommandRefused,
+    ContextMismatch,
     InvalidAgentId,
     InvalidContext,
     MachineNotFound,
@@ -72,6 +74,10 @@ class Admin:
         machine_id = uuid.uuid4()
         issue = github_issue if github_issue is not None else context.get("githubIssue")
         version, definition = self._rt.catalog.latest(conn, machine_type)
+        if definition.context_schema is not None:
+            mismatch = context_problem(definition.context_schema, context)
+            if mismatch is not None:
+                raise ContextMismatch(machine_type, mismatch)
         machine = NewMachine(
             id=machine_id,
             type=machine_type,

@@ -19,6 +19,8 @@ from fsm_celery.core.messages import ack_channel
 from fsm_celery.exceptions import InvalidContext, MachineNotFound, UnknownMachineType
 from tests.integration.harness import ROOT, SILENT, FsmEnv, ScriptedAgent
 
+CLI_CONTEXT = '{"projectName": "sla-api", "githubIssue": 5}'
+
 
 @pytest.fixture
 def run(fsm: FsmEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
@@ -96,9 +98,7 @@ def test_a_running_machine_keeps_the_definition_version_it_started_with(
 
 def test_cli_start_status_and_history(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
     with ScriptedAgent(fsm) as agent:
-        result = run(
-            "start", "cto_fix_bug", "--context", '{"githubIssue": 5}', "--agent-id", agent.id
-        )
+        result = run("start", "cto_fix_bug", "--context", CLI_CONTEXT, "--agent-id", agent.id)
         assert result.exit_code == 0, result.output
         mid = uuid.UUID(result.output.strip())
         fsm.wait_until_done(mid)
