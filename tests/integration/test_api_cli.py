@@ -16,7 +16,12 @@ from fsm_celery.client import default_client
 from fsm_celery.config import get_settings
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
 from fsm_celery.core.messages import ack_channel
-from fsm_celery.exceptions import InvalidContext, MachineNotFound, UnknownMachineType
+from fsm_celery.exceptions import (
+    ContextMismatch,
+    InvalidContext,
+    MachineNotFound,
+    UnknownMachineType,
+)
 from tests.integration.harness import ROOT, SILENT, FsmEnv, ScriptedAgent
 
 CLI_CONTEXT = '{"projectName": "sla-api", "githubIssue": 5}'
@@ -57,6 +62,18 @@ def test_start_with_a_context_that_is_not_an_object_is_refused(fsm: FsmEnv) -> N
     before = _machine_count(fsm)
     with pytest.raises(InvalidContext, match="JSON object"):
         fsm.client.start_machine("cto_fix_bug", ["not", "a", "mapping"])  # type: ignore[arg-type]
+    assert _machine_count(fsm) == before
+
+
+def test_start_with_a_context_its_schema_refuses_names_the_field_and_writes_nothing(
+    fsm: FsmEnv,
+) -> None:
+    before = _machine_count(fsm)
+    with pytest.raises(ContextMismatch) as refused:
+        fsm.client.start_machine("cto_build_project", {"projectName": "sla-api"})
+    assert (
+        str(refused.value) == "context for cto_build_project: 'githubIssue' is a required property"
+    )
     assert _machine_count(fsm) == before
 
 
@@ -114,6 +131,24 @@ def test_cli_start_with_malformed_context_says_what_is_wrong(run) -> None:  # ty
     result = run("start", "cto_fix_bug", "--context", "{not json")
     assert result.exit_code == 2
     assert "--context" in result.output and "not valid JSON" in result.output
+
+
+@pytest.mark.parametrize(
+    ("context", "says"),
+    [
+        ('{"topic": "caching"}', "'taskState' is a required property"),
+        ('{"taskState": {"topic": "caching"}}', "at /taskState: 'query' is a required property"),
+        ('{"taskState": {"query": 42}}', "at /taskState/query: 42 is not of type 'string'"),
+    ],
+)
+def test_cli_start_with_a_context_its_schema_refuses_says_which_field_in_one_line(  # type: ignore[no-untyped-def]
+    fsm: FsmEnv, run, context: str, says: str
+) -> None:
+    before = _machine_count(fsm)
+    result = run("start", "research_pipeline", "--context", context)
+    assert result.exit_code == 1
+    assert result.output == f"error: context for research_pipeline: {says}\n"
+    assert _machine_count(fsm) == before
 
 
 def test_cli_start_with_unknown_type_fails_cleanly(run) -> None:  # type: ignore[no-untyped-def]
