@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 
 from fsm_celery.core.admin import Action, Command, decide_command
 from fsm_celery.core.context import context_problem
+from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.messages import INT32_MAX, unstorable
 from fsm_celery.core.transition import (
     LOOP_COUNT,
@@ -74,10 +75,7 @@ class Admin:
         machine_id = uuid.uuid4()
         issue = github_issue if github_issue is not None else context.get("githubIssue")
         version, definition = self._rt.catalog.latest(conn, machine_type)
-        if definition.context_schema is not None:
-            mismatch = context_problem(definition.context_schema, context)
-            if mismatch is not None:
-                raise ContextMismatch(machine_type, mismatch)
+        _check_schema(definition, context)
         machine = NewMachine(
             id=machine_id,
             type=machine_type,
@@ -205,6 +203,14 @@ def _checked_context(context: Mapping[str, Any] | None, max_bytes: int) -> dict[
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidContext(f"context {counter} must be a whole number >= 0, got {value!r}")
     return checked
+
+
+def _check_schema(definition: MachineDefinition, context: dict[str, Any]) -> None:
+    """Refuse a context the definition's context_schema does not accept (before any write)."""
+    if definition.context_schema is not None:
+        mismatch = context_problem(definition.context_schema, context)
+        if mismatch is not None:
+            raise ContextMismatch(definition.type, mismatch)
 
 
 def _agent_uuid(agent_id: UUID | str | None) -> UUID | None:
