@@ -151,6 +151,26 @@ def test_cli_start_with_a_context_its_schema_refuses_says_which_field_in_one_lin
     assert _machine_count(fsm) == before
 
 
+def test_cli_definitions_load_refuses_a_schedule_whose_context_its_schema_refuses(  # type: ignore[no-untyped-def]
+    fsm: FsmEnv, run, tmp_path: Path
+) -> None:
+    (tmp_path / "round.yaml").write_text(
+        "type: ctx_round\nagent_type: tester\ninitial_state: A\n"
+        "context_schema: {type: object, required: [region]}\n"
+        "schedules: [{cron: '*/15 * * * *', context: {zone: eu}}]\n"
+        "states:\n"
+        "  - {name: A, prompt: 'Check {{ region }}', on_success: B, on_failure: B}\n"
+        "  - {name: B, terminal: completed}\n"
+    )
+    result = run("definitions", "load", str(tmp_path))
+    assert result.exit_code == 3
+    assert result.output == (
+        f"error: {tmp_path / 'round.yaml'}: field schedules[0].context: does not match the "
+        "context_schema: 'region' is a required property\n"
+    )
+    assert "ctx_round" not in {s.machine_type for s in fsm.client.schedules()}
+
+
 def test_cli_start_with_unknown_type_fails_cleanly(run) -> None:  # type: ignore[no-untyped-def]
     result = run("start", "nope", "--context", "{}")
     assert result.exit_code == 1
