@@ -220,7 +220,7 @@ def test_the_list_pages_newest_first_with_a_cursor(env_factory: Callable[..., Fs
 
 def test_each_filter_selects_its_machines(http: Any, env: FsmEnv) -> None:
     agent = str(uuid.uuid4())
-    mine = _start(http, "test_timeout", agent_id=agent, github_issue=777)
+    mine = _start(http, "test_timeout", context={"who": "x"}, agent_id=agent, github_issue=777)
     other = _start(http, "test_linear")
     http.post(f"/api/machines/{other['id']}/pause", json={}, headers=ADMIN)
 
