@@ -18,6 +18,7 @@ import jsonschema.protocols
 import referencing
 import referencing.exceptions
 from jsonschema.validators import validator_for
+from referencing.jsonschema import DRAFT202012, UnknownDialect, specification_with
 
 DETAIL_CHARS = 200  # a refusal is one line, whatever value the caller sent
 REFERENCES = ("$ref", "$dynamicRef")
@@ -25,6 +26,9 @@ REFERENCES = ("$ref", "$dynamicRef")
 
 def schema_problem(schema: Mapping[str, Any]) -> str | None:
     """Why the schema cannot check a starting context, or None when it can."""
+    problem = _dialect_problem(schema.get("$schema"))
+    if problem is not None:
+        return problem
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(dict(schema))
@@ -32,9 +36,35 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
         return f"not a valid JSON Schema at {_pointer(exc.absolute_path)}: {_line(exc.message)}"
     if schema.get("type", "object") != "object":
         return f"a context is a JSON object: the type must be object, not {schema['type']!r}"
-    remote = next((ref for ref in _references(schema) if not ref.startswith("#")), None)
-    if remote is not None:
-        return f"{remote!r} is not a reference within the schema (#/...): nothing is fetched"
+    return _reference_problem(schema)
+
+
+def _dialect_problem(dialect: Any) -> str | None:
+    if dialect is None:
+        return None
+    try:
+        if isinstance(dialect, str):
+            specification_with(dialect)
+            return None
+    except UnknownDialect:
+        pass
+    return f"$schema {dialect!r} is not a JSON Schema dialect (leave it out for Draft 2020-12)"
+
+
+def _reference_problem(schema: Mapping[str, Any]) -> str | None:
+    """A reference that would be fetched, or that points at nothing within the schema."""
+    resource = specification_with(schema.get("$schema", ""), default=DRAFT202012).create_resource(
+        schema
+    )
+    uri = resource.id() or ""
+    resolver = referencing.Registry().with_resource(uri, resource).resolver(base_uri=uri)
+    for ref in _references(schema):
+        if not ref.startswith("#"):
+            return f"{ref!r} is not a reference within the schema (#/...): nothing is fetched"
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable:
+            return f"the reference {ref!r} points at nothing in the schema"
     return None
 
 

@@ -83,6 +83,33 @@ def test_a_schema_that_would_fetch_a_remote_reference_is_refused() -> None:
     assert "'https://example.test/s' is not a reference within the schema" in problem
 
 
+def test_a_reference_to_nothing_in_the_schema_is_refused() -> None:
+    schema = {"type": "object", "properties": {"topic": {"$ref": "#/$defs/text"}}}
+    [problem] = _problems(_definition(schema))
+    assert "the reference '#/$defs/text' points at nothing in the schema" in problem
+
+
+@pytest.mark.parametrize("dialect", [{"a": 1}, "https://example.test/my-dialect"])
+def test_an_unknown_dialect_is_refused(dialect: Any) -> None:
+    [problem] = _problems(_definition({"$schema": dialect, "type": "object"}))
+    assert "is not a JSON Schema dialect" in problem
+
+
+def test_an_older_dialect_is_taken_with_its_own_keywords() -> None:
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "required": ["topic"],
+        "properties": {"topic": {"$ref": "#/definitions/text"}},
+        "definitions": {"text": {"type": "string"}},
+    }
+    definition = parse_definition(_definition(schema))
+    assert definition.context_schema is not None
+    assert context_problem(definition.context_schema, {"topic": 1}) == (
+        "at /topic: 1 is not of type 'string'"
+    )
+
+
 def test_a_reference_within_the_schema_is_taken_and_checked() -> None:
     schema = {
         "type": "object",
