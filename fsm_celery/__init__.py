@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from fsm_celery.core.definition import MachineDefinition
     from fsm_celery.core.transition import MachineStatus
     from fsm_celery.exceptions import (
+        ContextMismatch,
         DefinitionError,
         FsmError,
         MachineNotFound,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 _HOME = {
     "Client": "fsm_celery.client",
+    "ContextMismatch": "fsm_celery.exceptions",
     "DefinitionError": "fsm_celery.exceptions",
     "FsmError": "fsm_celery.exceptions",
     "MachineDefinition": "fsm_celery.core.definition",
@@ -50,6 +52,7 @@ _HOME = {
 }
 __all__ = [
     "Client",
+    "ContextMismatch",
     "DefinitionError",
     "FsmError",
     "MachineDefinition",

@@ -10,6 +10,7 @@ FsmError                      root of everything this package raises
     ├── MachineNotFound       no machine has that id
     ├── AmbiguousMachineId    more than one machine's id starts with the prefix given
     ├── InvalidContext        the context given at start is not a JSON object
+    │   └── ContextMismatch   … or does not match its definition's context_schema
     ├── InvalidAgentId        the agent id given at start is not a UUID
     └── CommandRefused        an admin command does not apply to the machine as it is
 """
@@ -131,6 +132,15 @@ class AmbiguousMachineId(MachineError):
 
 class InvalidContext(MachineError):
     """The context given to start a machine is not a JSON object."""
+
+
+class ContextMismatch(InvalidContext):
+    """The context given to start a machine does not match its definition's context_schema."""
+
+    def __init__(self, machine_type: str, detail: str) -> None:
+        self.machine_type = machine_type
+        self.detail = detail
+        super().__init__(f"context for {machine_type}: {detail}")
 
 
 class InvalidAgentId(MachineError):

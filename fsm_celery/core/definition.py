@@ -15,7 +15,8 @@ import jmespath
 import jmespath.exceptions
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from fsm_celery.core.prompt import TEMPLATES
+from fsm_celery.core.context import context_problem, schema_problem
+from fsm_celery.core.prompt import TEMPLATES, variables
 from fsm_celery.core.schedule import Schedule
 from fsm_celery.core.usage import Budget
 from fsm_celery.exceptions import DefinitionError, Problem
@@ -164,6 +165,8 @@ class MachineDefinition(BaseModel):
     schedules: tuple[Schedule, ...] = Field(default=(), max_length=20)
     # an outgoing webhook when a machine ends (fsm_celery.core.notify), besides FSM_NOTIFY_URL
     notify: Notify | None = None
+    # the JSON Schema a starting context must match (fsm_celery.core.context); None: any object
+    context_schema: dict[str, Any] | None = None
 
     _by_name: dict[str, StateDefinition] = PrivateAttr(default_factory=dict)
 
@@ -241,9 +244,10 @@ def _problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
         )
     for state in d.states:
         yield from _state_problems(state, seen, source)
-    if any(p for p in _edge_targets_unknown(d, seen)):
-        return  # graph checks would only repeat the unknown targets
-    yield from _graph_problems(d, source)
+    known = not any(p for p in _edge_targets_unknown(d, seen))
+    if known:  # else graph checks would only repeat the unknown targets
+        yield from _graph_problems(d, source)
+    yield from _context_problems(d, source, known)
 
 
 def _edge_targets_unknown(d: MachineDefinition, names: set[str]) -> Iterator[str]:
@@ -383,3 +387,79 @@ def _unbounded_cycles(d: MachineDefinition, source: str) -> Iterator[Problem]:
             elif child not in state:
                 state[child] = 1
                 stack.append((child, iter(graph[child])))
+
+
+def _context_problems(d: MachineDefinition, source: str, targets_known: bool) -> Iterator[Problem]:
+    if d.context_schema is None:
+        return
+    problem = schema_problem(d.context_schema)
+    if problem is not None:
+        yield Problem(problem, source, None, "context_schema")
+        return
+    for i, schedule in enumerate(d.schedules):  # checked again at each tick, by the start
+        mismatch = context_problem(d.context_schema, schedule.context)
+        if mismatch is not None:
+            field = f"schedules[{i}].context"
+            yield Problem(f"does not match the context_schema: {mismatch}", source, None, field)
+    if targets_known and not any(_prompt_errors(d)):
+        yield from _unprovided_variables(d, source)
+
+
+def _prompt_errors(d: MachineDefinition) -> Iterator[str]:
+    for state in d.states:
+        try:
+            TEMPLATES.parse(state.prompt)
+        except jinja2.TemplateSyntaxError as exc:
+            yield str(exc)
+
+
+def _unprovided_variables(d: MachineDefinition, source: str) -> Iterator[Problem]:
+    """A prompt that uses a key neither the context_schema requires nor every way into its
+    state provides (a required output of a state whose success leads there) cannot render
+    on that way. Only checked with a schema: without one, what a context holds is unknown."""
+    required = (d.context_schema or {}).get("required", [])
+    # with the loop counters every context holds (core.transition: LOOP_COUNT, LOOP_LIMIT)
+    given = _provided_on_entry(d, frozenset(required) | {"retryCount", "maxRetries"})
+    for state in d.states:
+        missing = sorted(variables(state.prompt)[0] - given.get(state.name, frozenset()))
+        if missing and state.terminal is None and state.name in given:
+            yield Problem(
+                f"the prompt uses {', '.join(missing)}, which the context_schema does not "
+                "require and not every way into this state provides (require it, or test it: "
+                "{% if x %}, x | default(...))",
+                source,
+                state.name,
+                "prompt",
+            )
+
+
+def _provided_on_entry(d: MachineDefinition, start: frozenset[str]) -> dict[str, frozenset[str]]:
+    """The keys a context surely holds on entering each reachable state: what holds on every
+    edge into it (a success edge adds its state's required output), to a fixed point."""
+    given: dict[str, frozenset[str]] = {d.initial_state: start}
+    changed = True
+    while changed:
+        changed = False
+        for state in d.states:
+            if state.name not in given or state.terminal is not None:
+                continue
+            after = given[state.name] | set(state.required_output)
+            for edge, keys in _ways_out(d, state, after, given[state.name]):
+                merged = keys if edge not in given else given[edge] & keys
+                if given.get(edge) != merged:
+                    given[edge] = merged
+                    changed = True
+    return given
+
+
+def _ways_out(
+    d: MachineDefinition, state: StateDefinition, succeeded: frozenset[str], failed: frozenset[str]
+) -> Iterator[tuple[str, frozenset[str]]]:
+    for edge in state.on_success:
+        yield edge.target, succeeded
+        if edge.loop:
+            yield d.on_loop_exhausted, succeeded
+    if state.on_failure is not None:
+        yield state.on_failure.target, failed
+        if state.on_failure.loop:
+            yield d.on_loop_exhausted, failed

@@ -6,6 +6,10 @@ turned into the machine to start, or the reason it starts none.
 - `opened` with the bug label → the bug-fix machine.
 Everything else is acknowledged and ignored. The payload is GitHub's (documented at "Webhook
 events and payloads", issues); only the fields used are read, each checked and bounded.
+
+The context gives what the shipped definitions' context_schema requires: the repository's name
+as projectName, the issue's number as githubIssue, and its title, body and URL besides. A
+machine type that requires more is refused its start, and the delivery says so.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from fsm_celery.core.messages import INT32_MAX, unstorable
 
 TITLE_CHARS = 500
 NAME_CHARS = 200
+BODY_CHARS = 10_000  # of GitHub's 65,536: what an agent needs to read, not an archive
 
 
 @dataclass(frozen=True)
@@ -90,9 +95,14 @@ def _labels(issue: dict[str, Any]) -> set[str]:
 def _context(
     payload: dict[str, Any], issue: dict[str, Any], repo: str, number: int
 ) -> dict[str, Any]:
-    context: dict[str, Any] = {"repository": repo, "githubIssue": number}
+    context: dict[str, Any] = {
+        "projectName": _project(payload["repository"], repo),
+        "repository": repo,
+        "githubIssue": number,
+    }
     for key, value, most in (
         ("issueTitle", issue.get("title"), TITLE_CHARS),
+        ("issueBody", issue.get("body"), BODY_CHARS),
         ("issueUrl", issue.get("html_url"), NAME_CHARS * 2),
         ("assignee", _login(payload.get("assignee")), NAME_CHARS),
         ("sender", _login(payload.get("sender")), NAME_CHARS),
@@ -100,6 +110,14 @@ def _context(
         if isinstance(value, str) and value:
             context[key] = value[:most]
     return context
+
+
+def _project(repository: dict[str, Any], full_name: str) -> str:
+    """The repository's name (hello-world of octo-org/hello-world)."""
+    name = repository.get("name")
+    if isinstance(name, str) and 0 < len(name) <= NAME_CHARS:
+        return name
+    return full_name.rsplit("/", 1)[-1] or full_name
 
 
 def _login(user: Any) -> str | None:

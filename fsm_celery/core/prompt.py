@@ -6,16 +6,21 @@ value the agent sent as 0, must fail that one machine's attempt, never the proce
 So every error of a render is a `PromptError`, and the arithmetic that can allocate without
 limit (`*` and `**` on long operands) is checked before it runs; what a template writes is cut
 off once it passes the limit.
+
+A variable the context lacks is an error, not an empty string: an agent told "research: " has
+nothing to work on and fails its attempt, again and again. Testing for it (`{% if x %}`,
+`x is defined`, `x | default(...)`) is how a template says a key is optional, and stays allowed.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from typing import Any
 
 import jinja2
+from jinja2 import meta, nodes
 from jinja2.runtime import Context
 from jinja2.sandbox import SandboxedEnvironment
 
@@ -53,7 +58,25 @@ def _check_power(base: Any, exponent: Any) -> None:
         raise PromptError(f"{base} ** {exponent} is too large")
 
 
-TEMPLATES = BoundedSandbox(autoescape=False, undefined=jinja2.ChainableUndefined)
+class StrictContext(jinja2.Undefined):
+    """Printing, iterating or reading into an undefined key fails the render (as jinja2's
+    StrictUndefined); a test of it is false: `{% if specPath %}` handles an optional key."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return self._fail_with_undefined_error()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._fail_with_undefined_error()
+
+    def __len__(self) -> int:
+        return self._fail_with_undefined_error()
+
+
+TEMPLATES = BoundedSandbox(autoescape=False, undefined=StrictContext)
+GUARDING_TESTS = frozenset({"defined", "undefined", "none"})
+GUARDING_FILTERS = frozenset({"default", "d"})
 
 
 @lru_cache(maxsize=4096)
@@ -72,6 +95,8 @@ def render(source: str, context: Mapping[str, Any], max_bytes: int) -> str:
         return _bounded(compiled(source).generate(dict(context)), max_bytes)
     except PromptError:
         raise
+    except jinja2.UndefinedError as exc:
+        raise PromptError(str(exc)) from exc
     except Exception as exc:  # anything a template can raise fails the attempt, nothing more
         raise PromptError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -85,3 +110,30 @@ def _bounded(chunks: Any, max_bytes: int) -> str:
             raise PromptError(f"the rendered prompt is over {max_bytes} bytes")
         parts.append(chunk)
     return "".join(parts)
+
+
+def variables(source: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The context keys a template reads: (those it uses, those it tests for before use).
+
+    A key tested anywhere (an `if`, `is defined`, `| default`) counts as optional throughout:
+    the check that uses this may miss a bug, never report one that is not.
+    """
+    tree = TEMPLATES.parse(source)
+    used = frozenset(meta.find_undeclared_variables(tree))
+    tested: set[str] = set()
+    for branch in tree.find_all(nodes.If):
+        tested |= _names(branch.test)
+    for choice in tree.find_all(nodes.CondExpr):
+        tested |= _names(choice.test)
+    for check in tree.find_all(nodes.Test):
+        tested |= _names(check.node) if check.name in GUARDING_TESTS else set()
+    for fallback in tree.find_all(nodes.Filter):
+        tested |= _names(fallback.node) if fallback.name in GUARDING_FILTERS else set()
+    return used - tested, used & frozenset(tested)
+
+
+def _names(node: nodes.Node | None) -> set[str]:
+    if node is None:
+        return set()
+    found = {n.name for n in node.find_all(nodes.Name) if n.ctx == "load"}
+    return found | ({node.name} if isinstance(node, nodes.Name) else set())

@@ -202,14 +202,28 @@ def _decide(
     if isinstance(event, HandBack):
         return _hand_back(definition, machine, state, event, limits)
     if isinstance(event, DispatchFailed):
-        # Retrying would fail the same way (same prompt, same context): take the failure edge.
-        assert state.on_failure is not None  # a running machine is never in a terminal state
-        error = f"the state could not be dispatched: {event.error}"
-        context = dict(machine.context)
-        return _take(
-            definition, machine, state.on_failure, context, None, error, FailureKind.DISPATCH
-        )
+        return _undispatchable(machine, event)
     return _decide_ack(definition, machine, state, event, limits)
+
+
+def _undispatchable(machine: Machine, event: DispatchFailed) -> Transition:
+    """The machine fails at once, where it is: its definition and its context cannot make this
+    state's instruction. A retry would render the same prompt from the same context, and the
+    failure edge is the author's way out of failed *work*, which never started (it could send
+    an agent to roll back what was never done). As Step Functions' States.Runtime: neither
+    retried nor caught. An operator sees the state and the reason, and can force it on."""
+    return Transition(
+        from_state=machine.current_state,
+        to_state=machine.current_state,
+        success=False,
+        status=MachineStatus.FAILED,
+        context=dict(machine.context),
+        attempt=machine.attempt + 1,
+        state_retries=0,
+        output=None,
+        error=f"not dispatched: {event.error}",
+        failure=FailureKind.DISPATCH,
+    )
 
 
 def _decide_ack(

@@ -13,6 +13,8 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core.admin import Action, Command, decide_command
+from fsm_celery.core.context import context_problem
+from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.messages import INT32_MAX, unstorable
 from fsm_celery.core.transition import (
     LOOP_COUNT,
@@ -28,6 +30,7 @@ from fsm_celery.engine.steps import Next, Step
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.exceptions import (
     CommandRefused,
+    ContextMismatch,
     InvalidAgentId,
     InvalidContext,
     MachineNotFound,
@@ -72,6 +75,7 @@ class Admin:
         machine_id = uuid.uuid4()
         issue = github_issue if github_issue is not None else context.get("githubIssue")
         version, definition = self._rt.catalog.latest(conn, machine_type)
+        _check_schema(definition, context)
         machine = NewMachine(
             id=machine_id,
             type=machine_type,
@@ -199,6 +203,14 @@ def _checked_context(context: Mapping[str, Any] | None, max_bytes: int) -> dict[
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidContext(f"context {counter} must be a whole number >= 0, got {value!r}")
     return checked
+
+
+def _check_schema(definition: MachineDefinition, context: dict[str, Any]) -> None:
+    """Refuse a context the definition's context_schema does not accept (before any write)."""
+    if definition.context_schema is not None:
+        mismatch = context_problem(definition.context_schema, context)
+        if mismatch is not None:
+            raise ContextMismatch(definition.type, mismatch)
 
 
 def _agent_uuid(agent_id: UUID | str | None) -> UUID | None:

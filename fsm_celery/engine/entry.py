@@ -53,27 +53,22 @@ class Entry:
         """Build the machine's state_task, route it, and record it as sent (in this txn).
 
         A state that cannot be sent (its prompt does not render with this context) fails its
-        attempt, recorded, and takes its failure edge; the state that edge leads to is entered
-        in turn, unless after a retry delay. The validator bounds every cycle, so this ends.
+        machine at once, recorded with the reason, and nothing is sent (core.transition says
+        why).
         """
         definition = self._rt.catalog.version(conn, row.type, row.definition_version)
         machine = writes.machine(row)
-        for _ in range(definition.step_bound() + 1):
-            state = definition.state(machine.current_state)
-            try:
-                task = self._task(row, state, machine, writes.now)
-            except PromptError as exc:
-                event = DispatchFailed(state.name, machine.attempt, f"the prompt: {exc}")
-                decision = decide(definition, machine, event, self._rt.limits)
-                assert not isinstance(decision, Rejected)  # the machine is at that attempt
-                writes.transition(row, decision, "dispatch_error")
-                if decision.status is not MachineStatus.RUNNING or decision.delay_seconds:
-                    return
-                machine = writes.machines[row.id]
-                continue
-            agent = self._route(conn, row, writes.now)
-            writes.dispatch(row.id, agent, task.to_wire(), task.deadline)
+        state = definition.state(machine.current_state)
+        try:
+            task = self._task(row, state, machine, writes.now)
+        except PromptError as exc:
+            event = DispatchFailed(state.name, machine.attempt, f"prompt of {state.name}: {exc}")
+            decision = decide(definition, machine, event, self._rt.limits)
+            assert not isinstance(decision, Rejected)  # the machine is at that attempt
+            writes.transition(row, decision, "dispatch_error")
             return
+        agent = self._route(conn, row, writes.now)
+        writes.dispatch(row.id, agent, task.to_wire(), task.deadline)
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.

@@ -1,5 +1,6 @@
 """A GitHub webhook delivery carried out: at most one machine per delivery, and none for an
-issue that already has one running (fsm_celery.core.github decides what a delivery asks)."""
+issue that already has one running (fsm_celery.core.github decides what a delivery asks), nor
+for one whose context the machine type refuses (its context_schema asks for more)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.steps import Next
 from fsm_celery.engine.writes import Writes
+from fsm_celery.exceptions import InvalidContext
 from fsm_celery.store import github as store
 
 
 @dataclass(frozen=True)
 class Delivered:
-    """What a delivery did: started, running (one was already), ignored or duplicate."""
+    """What a delivery did: started, running (one was already), ignored, refused (its context
+    does not match the machine type's schema) or duplicate."""
 
     outcome: str
     machine_id: UUID | None = None
@@ -50,9 +53,15 @@ class GitHub:
                     conn, delivery, "running", wanted.repository, wanted.issue, running
                 )
                 return Delivered("running", running, f"{wanted.machine_type} runs for it")
-            step = self._admin.start_txn(
-                conn, writes, wanted.machine_type, wanted.context, None, wanted.issue
-            )
+            try:  # refused before anything of the machine is written
+                step = self._admin.start_txn(
+                    conn, writes, wanted.machine_type, wanted.context, None, wanted.issue
+                )
+            except InvalidContext as exc:
+                store.settle_delivery_txn(
+                    conn, delivery, "refused", wanted.repository, wanted.issue
+                )
+                return Delivered("refused", detail=str(exc))
             store.settle_delivery_txn(
                 conn, delivery, "started", wanted.repository, wanted.issue, step.machine_id
             )

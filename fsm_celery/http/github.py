@@ -7,6 +7,7 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from fsm_celery.client import Client
@@ -16,13 +17,18 @@ router = APIRouter()
 DELIVERY_CHARS = 64
 
 
-@router.post("/webhooks/github", summary="GitHub webhook: issues start machines")
+@router.post(
+    "/webhooks/github",
+    summary="GitHub webhook: issues start machines",
+    response_model=None,
+    responses={422: {"description": "refused: the delivery's context does not match the schema"}},
+)
 async def github_webhook(
     request: Request,
     x_github_event: Annotated[str, Header(max_length=50)],
     x_github_delivery: Annotated[str, Header(min_length=1, max_length=DELIVERY_CHARS)],
     x_hub_signature_256: Annotated[str | None, Header(max_length=100)] = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | JSONResponse:
     secret = request.app.state.settings.github_webhook_secret
     if not secret:
         raise HTTPException(503, "the GitHub webhook is off: set FSM_GITHUB_WEBHOOK_SECRET")
@@ -39,8 +45,10 @@ async def github_webhook(
         ) from exc
     fsm: Client = request.app.state.client
     done = await run_in_threadpool(fsm.github_delivery, x_github_delivery, x_github_event, payload)
-    return {
+    answer = {
         "outcome": done.outcome,
         "machine_id": str(done.machine_id) if done.machine_id else None,
         "detail": done.detail,
     }
+    # a refusal is GitHub's failed delivery (a 4xx its settings page shows), not a success
+    return JSONResponse(answer, 422) if done.outcome == "refused" else answer

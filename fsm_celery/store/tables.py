@@ -242,7 +242,7 @@ github_deliveries = Table(
     Column("action", String(50)),
     Column("repository", String(200)),
     Column("issue", Integer),
-    Column("outcome", String(20), nullable=False),  # started, running, ignored
+    Column("outcome", String(20), nullable=False),  # started, running, ignored, refused
     Column("machine_id", Uuid),
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Index("idx_github_deliveries_issue", "repository", "issue"),

@@ -17,7 +17,7 @@ from fsm_celery.exceptions import CommandRefused
 from tests.inprocess.conftest import Fsm, ack
 from tests.integration.harness import FIX_BUG_STATES
 
-CONTEXT = {"bugDescription": "login fails", "githubIssue": 7}
+CONTEXT = {"projectName": "sla-api", "bugDescription": "login fails", "githubIssue": 7}
 
 
 class Listener:

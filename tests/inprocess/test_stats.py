@@ -14,7 +14,7 @@ from fsm_celery.store.tables import transitions
 from tests.inprocess.conftest import Fsm, ack
 from tests.integration.harness import FIX_BUG_STATES, OUTPUTS
 
-CONTEXT = {"bugDescription": "login fails"}
+CONTEXT = {"projectName": "sla-api", "githubIssue": 7, "bugDescription": "login fails"}
 
 
 def _run(fsm: Fsm, seconds_per_state: float, fail_first: bool = False) -> uuid.UUID:

@@ -16,8 +16,15 @@ from fsm_celery.client import default_client
 from fsm_celery.config import get_settings
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
 from fsm_celery.core.messages import ack_channel
-from fsm_celery.exceptions import InvalidContext, MachineNotFound, UnknownMachineType
+from fsm_celery.exceptions import (
+    ContextMismatch,
+    InvalidContext,
+    MachineNotFound,
+    UnknownMachineType,
+)
 from tests.integration.harness import ROOT, SILENT, FsmEnv, ScriptedAgent
+
+CLI_CONTEXT = '{"projectName": "sla-api", "githubIssue": 5}'
 
 
 @pytest.fixture
@@ -55,6 +62,18 @@ def test_start_with_a_context_that_is_not_an_object_is_refused(fsm: FsmEnv) -> N
     before = _machine_count(fsm)
     with pytest.raises(InvalidContext, match="JSON object"):
         fsm.client.start_machine("cto_fix_bug", ["not", "a", "mapping"])  # type: ignore[arg-type]
+    assert _machine_count(fsm) == before
+
+
+def test_start_with_a_context_its_schema_refuses_names_the_field_and_writes_nothing(
+    fsm: FsmEnv,
+) -> None:
+    before = _machine_count(fsm)
+    with pytest.raises(ContextMismatch) as refused:
+        fsm.client.start_machine("cto_build_project", {"projectName": "sla-api"})
+    assert (
+        str(refused.value) == "context for cto_build_project: 'githubIssue' is a required property"
+    )
     assert _machine_count(fsm) == before
 
 
@@ -96,9 +115,7 @@ def test_a_running_machine_keeps_the_definition_version_it_started_with(
 
 def test_cli_start_status_and_history(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
     with ScriptedAgent(fsm) as agent:
-        result = run(
-            "start", "cto_fix_bug", "--context", '{"githubIssue": 5}', "--agent-id", agent.id
-        )
+        result = run("start", "cto_fix_bug", "--context", CLI_CONTEXT, "--agent-id", agent.id)
         assert result.exit_code == 0, result.output
         mid = uuid.UUID(result.output.strip())
         fsm.wait_until_done(mid)
@@ -114,6 +131,44 @@ def test_cli_start_with_malformed_context_says_what_is_wrong(run) -> None:  # ty
     result = run("start", "cto_fix_bug", "--context", "{not json")
     assert result.exit_code == 2
     assert "--context" in result.output and "not valid JSON" in result.output
+
+
+@pytest.mark.parametrize(
+    ("context", "says"),
+    [
+        ('{"topic": "caching"}', "'taskState' is a required property"),
+        ('{"taskState": {"topic": "caching"}}', "at /taskState: 'query' is a required property"),
+        ('{"taskState": {"query": 42}}', "at /taskState/query: 42 is not of type 'string'"),
+    ],
+)
+def test_cli_start_with_a_context_its_schema_refuses_says_which_field_in_one_line(  # type: ignore[no-untyped-def]
+    fsm: FsmEnv, run, context: str, says: str
+) -> None:
+    before = _machine_count(fsm)
+    result = run("start", "research_pipeline", "--context", context)
+    assert result.exit_code == 1
+    assert result.output == f"error: context for research_pipeline: {says}\n"
+    assert _machine_count(fsm) == before
+
+
+def test_cli_definitions_load_refuses_a_schedule_whose_context_its_schema_refuses(  # type: ignore[no-untyped-def]
+    fsm: FsmEnv, run, tmp_path: Path
+) -> None:
+    (tmp_path / "round.yaml").write_text(
+        "type: ctx_round\nagent_type: tester\ninitial_state: A\n"
+        "context_schema: {type: object, required: [region]}\n"
+        "schedules: [{cron: '*/15 * * * *', context: {zone: eu}}]\n"
+        "states:\n"
+        "  - {name: A, prompt: 'Check {{ region }}', on_success: B, on_failure: B}\n"
+        "  - {name: B, terminal: completed}\n"
+    )
+    result = run("definitions", "load", str(tmp_path))
+    assert result.exit_code == 3
+    assert result.output == (
+        f"error: {tmp_path / 'round.yaml'}: field schedules[0].context: does not match the "
+        "context_schema: 'region' is a required property\n"
+    )
+    assert "ctx_round" not in {s.machine_type for s in fsm.client.schedules()}
 
 
 def test_cli_start_with_unknown_type_fails_cleanly(run) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -241,6 +242,7 @@ def test_an_assigned_issue_starts_one_build_machine_named_in_the_answer(gh: FsmE
     assert machine.context["issueTitle"] == "Add a dark mode"
     assert machine.context["issueUrl"] == f"https://github.com/{REPO}/issues/1347"
     assert machine.context["assignee"] == "monalisa"
+    assert machine.context["projectName"] == "hello-world"
 
 
 def test_the_started_delivery_is_recorded_with_its_machine(gh: FsmEnv) -> None:
@@ -407,6 +409,52 @@ def test_an_issue_opened_with_the_bug_label_starts_the_bug_fix_machine(gh: FsmEn
 
 
 @pytest.mark.parametrize(
+    ("payload", "machine_type", "state", "prompt"),
+    [
+        (
+            assigned(1347),
+            BUILD,
+            "ANALYZE_ISSUE",
+            "Read GitHub issue #1347 of project hello-world. Decide its scope and whether it "
+            "needs a written spec before coding.",
+        ),
+        (
+            issues_event("opened", 58, labels=("bug",)),
+            BUG,
+            "ANALYZE_BUG",
+            "Analyse the bug reported in GitHub issue #58 of hello-world.",
+        ),
+    ],
+    ids=["build", "bug"],
+)
+def test_a_delivery_gives_its_machine_every_key_the_first_prompt_uses(
+    gh: FsmEnv, payload: dict[str, Any], machine_type: str, state: str, prompt: str
+) -> None:
+    """The project's name comes from the repository's (no "of project ." sent to an agent)."""
+    gh.start_worker(beat=False)
+    gh.start_bridge()
+    agent = Agent("cto", redis_url=gh.settings.redis_url, prefix=gh.settings.channel_prefix)
+    prompts: list[str] = []
+    received = threading.Event()
+
+    @agent.handler(machine_type, state)
+    def first(task: Task) -> dict[str, Any]:
+        prompts.append(task.message.prompt)
+        received.set()
+        raise NoAck
+
+    with serving(agent), gh.api() as http:
+        response = send(http, "issues", payload)
+        assert response.json()["outcome"] == "started", response.text
+        assert received.wait(30), "the first state_task never reached the agent"
+
+    assert prompts == [prompt]
+    [machine] = machines_for(gh)
+    assert machine.context["projectName"] == "hello-world"
+    assert machine.context["issueBody"] == payload["issue"]["body"]
+
+
+@pytest.mark.parametrize(
     ("event", "payload"),
     [
         ("issues", issues_event("opened", 60, labels=("enhancement",))),
@@ -523,6 +571,44 @@ def test_a_signature_of_another_body_is_refused_and_leaves_nothing(gh: FsmEnv) -
     assert_json_error(response, 401)
     assert machines_for(gh) == []
     assert deliveries(gh) == []
+
+
+NEEDS_MORE = """
+type: ctx_deploy
+agent_type: cto
+initial_state: DEPLOY
+context_schema:
+  type: object
+  required: [projectName, deployTarget]  # a delivery has no deployTarget
+states:
+  - {name: DEPLOY, prompt: "Deploy {{ projectName }} to {{ deployTarget }}.",
+     on_success: DONE, on_failure: FAILED}
+  - {name: DONE, terminal: completed}
+  - {name: FAILED, terminal: failed}
+"""
+
+
+def test_a_delivery_whose_context_its_machine_type_refuses_is_a_422_recorded_as_refused(
+    env_factory: Callable[..., FsmEnv], tmp_path: Path
+) -> None:
+    env = env_factory("gh_refused", github_build_type="ctx_deploy")
+    (tmp_path / "ctx_deploy.yaml").write_text(NEEDS_MORE)
+    env.client.load_definitions(str(tmp_path))
+    delivery = new_delivery()
+    with env.api() as http:
+        response = send(http, "issues", assigned(90), delivery)
+        again = send(http, "issues", assigned(90), delivery)  # GitHub's "Redeliver"
+
+    assert response.status_code == 422, response.text
+    assert response.json() == {
+        "outcome": "refused",
+        "machine_id": None,
+        "detail": "context for ctx_deploy: 'deployTarget' is a required property",
+    }
+    assert (again.status_code, again.json()["outcome"]) == (200, "duplicate")
+    assert machines_for(env) == []
+    [row] = deliveries(env)
+    assert (row.outcome, row.repository, row.issue, row.machine_id) == ("refused", REPO, 90, None)
 
 
 def test_without_a_secret_the_webhook_is_off_and_starts_nothing(

@@ -47,6 +47,36 @@ def _start(http: Any, machine_type: str = "test_linear", **body: Any) -> dict[st
     return machine
 
 
+@pytest.mark.parametrize(
+    ("context", "says"),
+    [
+        (
+            {"githubIssue": 726},
+            "context for cto_build_project: 'projectName' is a required property",
+        ),
+        (
+            {"projectName": "sla-api", "githubIssue": 0},
+            "context for cto_build_project: at /githubIssue: 0 is less than the minimum of 1",
+        ),
+    ],
+)
+def test_a_start_whose_context_its_schema_refuses_is_a_422_naming_the_field(
+    http: Any, context: dict[str, Any], says: str
+) -> None:
+    before = http.get("/api/machines", params={"type": "cto_build_project"}, headers=ADMIN)
+    response = http.post(
+        "/api/machines", json={"type": "cto_build_project", "context": context}, headers=ADMIN
+    )
+    assert _error(response, 422)["message"] == says
+    after = http.get("/api/machines", params={"type": "cto_build_project"}, headers=ADMIN)
+    assert after.json() == before.json()
+
+
+def test_a_start_whose_context_matches_its_schema_is_created(http: Any) -> None:
+    machine = _start(http, "cto_build_project", context={"projectName": "sla", "githubIssue": 9})
+    assert (machine["type"], machine["status"]) == ("cto_build_project", "running")
+
+
 # -- who may ---------------------------------------------------------------------------------
 
 
@@ -190,7 +220,7 @@ def test_the_list_pages_newest_first_with_a_cursor(env_factory: Callable[..., Fs
 
 def test_each_filter_selects_its_machines(http: Any, env: FsmEnv) -> None:
     agent = str(uuid.uuid4())
-    mine = _start(http, "test_timeout", agent_id=agent, github_issue=777)
+    mine = _start(http, "test_timeout", context={"who": "x"}, agent_id=agent, github_issue=777)
     other = _start(http, "test_linear")
     http.post(f"/api/machines/{other['id']}/pause", json={}, headers=ADMIN)
 

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,11 +172,45 @@ def test_a_prompt_that_cannot_render_fails_only_its_machine(
         history = poison.client.history(mid)
         assert [(r.event, r.to_state) for r in history] == [
             ("start", "FIRST"),
-            ("dispatch_error", "FAILED"),
+            ("dispatch_error", "FIRST"),  # failed where it is, its failure edge not taken
         ]
         assert error in (history[-1].error_message or "")
         assert str(mid) not in {task["machineId"] for task in agent.tasks}
         _assert_sent_once(poison, agent.id)
+
+
+STRICT_PROMPT = """
+type: test_strict_prompt
+agent_type: tester
+initial_state: FIRST
+states:  # no context_schema: only the render can tell what the context lacks
+  - {name: FIRST, prompt: "Research {{ topic }}.", on_success: DONE, on_failure: REPORT}
+  - {name: REPORT, prompt: "Report.", on_success: DONE, on_failure: FAILED}
+  - {name: DONE, terminal: completed}
+  - {name: FAILED, terminal: failed}
+"""
+
+
+def test_a_prompt_naming_a_key_the_context_lacks_fails_its_machine_and_reaches_no_agent(
+    poison: FsmEnv, tmp_path: Path
+) -> None:
+    (tmp_path / "strict.yaml").write_text(STRICT_PROMPT)
+    poison.client.load_definitions(str(tmp_path))
+    with ScriptedAgent(poison, own_stream=True) as agent:
+        mid = poison.client.start_machine("test_strict_prompt", {"query": "x"}, agent_id=agent.id)
+        machine = poison.wait_until_done(mid)
+        bystander = poison.client.start_machine("test_pair", {}, agent_id=agent.id)
+        _finish(poison, [bystander])  # the agent was there, and was sent the other's tasks
+    assert (machine.status, machine.current_state) == ("failed", "FIRST")
+    assert machine.error == "not dispatched: prompt of FIRST: 'topic' is undefined"
+    history = poison.client.history(mid)
+    assert [(r.event, r.to_state) for r in history] == [
+        ("start", "FIRST"),
+        ("dispatch_error", "FIRST"),  # its failure edge, to REPORT, not taken
+    ]
+    assert history[-1].error_message == machine.error
+    assert str(mid) not in {task["machineId"] for task in agent.tasks}
+    assert str(bystander) in {task["machineId"] for task in agent.tasks}
 
 
 def test_a_context_key_named_self_changes_nothing(poison: FsmEnv) -> None:

@@ -34,7 +34,9 @@ def test_machines_waiting_on_agents_resume_when_worker_and_bridge_restart(crashy
     gate = threading.Event()
     with ScriptedAgent(crashy, gate=gate, via_stream=True) as agent:
         ids = [
-            crashy.client.start_machine("cto_fix_bug", {"githubIssue": i}, agent_id=agent.id)
+            crashy.client.start_machine(
+                "cto_fix_bug", {"projectName": "p", "githubIssue": i + 1}, agent_id=agent.id
+            )
             for i in range(10)
         ]
         for mid in ids:

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from fsm_celery.core.context import context_problem
 from fsm_celery.core.github import Ignored, Trigger, decide, signature_matches
+from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
 
 SECRET = "It's a Secret to Everybody"
 BODY = b'{"action":"assigned","issue":{"number":1347}}'
@@ -275,13 +277,15 @@ def test_a_repository_name_of_200_chars_is_taken() -> None:
 # ---- decide: the context ------------------------------------------------------------------
 
 
-def test_the_context_names_the_repository_issue_title_url_assignee_and_sender() -> None:
+def test_the_context_names_project_repository_issue_title_body_url_assignee_and_sender() -> None:
     wanted = decided("issues", issues_payload("assigned"))
     assert isinstance(wanted, Trigger)
     assert wanted.context == {
+        "projectName": "hello-world",
         "repository": "octo-org/hello-world",
         "githubIssue": 1347,
         "issueTitle": "Spelling error in the README file",
+        "issueBody": "It looks like you accidentally spelled 'commit' with two 't's.",
         "issueUrl": "https://github.com/octo-org/hello-world/issues/1347",
         "assignee": "monalisa",
         "sender": "octocat",
@@ -309,10 +313,48 @@ def test_url_and_logins_are_bounded() -> None:
 def test_fields_absent_empty_or_not_strings_are_left_out_of_the_context() -> None:
     payload = issues_payload("assigned", title="", assignee=None)
     payload["issue"]["html_url"] = 42
+    payload["issue"]["body"] = None  # GitHub's body of an issue opened without one
     payload["sender"] = {"login": ["octocat"]}
     wanted = decided("issues", payload)
     assert isinstance(wanted, Trigger)
-    assert wanted.context == {"repository": "octo-org/hello-world", "githubIssue": 1347}
+    assert wanted.context == {
+        "projectName": "hello-world",
+        "repository": "octo-org/hello-world",
+        "githubIssue": 1347,
+    }
+
+
+def test_a_10000_char_body_is_kept_and_a_longer_one_cut() -> None:
+    payload = issues_payload()
+    payload["issue"]["body"] = "b" * 10_000 + "!"
+    wanted = decided("issues", payload)
+    assert isinstance(wanted, Trigger)
+    assert wanted.context["issueBody"] == "b" * 10_000
+
+
+@pytest.mark.parametrize("name", [None, "", 42, "n" * 201])
+def test_a_repository_name_that_is_not_a_bounded_string_gives_way_to_the_full_names_tail(
+    name: Any,
+) -> None:
+    payload = issues_payload()
+    payload["repository"]["name"] = name
+    wanted = decided("issues", payload)
+    assert isinstance(wanted, Trigger)
+    assert wanted.context["projectName"] == "hello-world"
+
+
+@pytest.mark.parametrize(
+    ("event", "labels", "machine_type"),
+    [("assigned", [], BUILD), ("opened", ["bug"], BUG)],
+)
+def test_the_context_of_each_trigger_matches_its_shipped_definitions_schema(
+    event: str, labels: list[str], machine_type: str
+) -> None:
+    wanted = decided("issues", issues_payload(event, labels=labels))
+    assert isinstance(wanted, Trigger)
+    schema = load_file(SHIPPED_DEFINITIONS / f"{machine_type}.yaml").context_schema
+    assert schema is not None and schema.get("required")
+    assert context_problem(schema, wanted.context) is None
 
 
 def test_an_opened_issue_has_no_assignee_in_its_context() -> None:
@@ -329,13 +371,16 @@ def test_the_context_takes_only_the_named_fields() -> None:
     wanted = decided("issues", payload)
     assert isinstance(wanted, Trigger)
     assert set(wanted.context) <= {
+        "projectName",
         "repository",
         "githubIssue",
         "issueTitle",
+        "issueBody",
         "issueUrl",
         "assignee",
         "sender",
     }
+    assert len(wanted.context["issueBody"]) == 10_000
 
 
 def test_deciding_leaves_the_payload_as_it_was() -> None:

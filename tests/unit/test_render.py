@@ -67,5 +67,6 @@ def test_a_rendered_prompt_over_the_limit_is_refused() -> None:
         render(prompt, {"line": "y" * 200}, LIMIT)
 
 
-def test_the_sandbox_hides_python_internals() -> None:
-    assert render("[{{ x.__class__.__mro__ }}]", {"x": 1}, LIMIT) == "[]"
+def test_the_sandbox_refuses_python_internals() -> None:
+    with pytest.raises(PromptError, match="unsafe"):
+        render("[{{ x.__class__.__mro__ }}]", {"x": 1}, LIMIT)

@@ -595,16 +595,25 @@ def test_any_other_outcome_starts_the_count_of_hand_backs_again(
     assert t.handbacks == 0
 
 
-def test_a_state_that_cannot_be_dispatched_takes_its_failure_edge_without_retrying(
+def test_a_state_that_cannot_be_dispatched_fails_its_machine_where_it_is_without_retrying(
     build_project: MachineDefinition,
 ) -> None:
     m = machine_in(build_project, "WRITE_CODE", attempt=4)
-    t = transition(build_project, m, DispatchFailed("WRITE_CODE", 4, "ZeroDivisionError"))
+    t = transition(build_project, m, DispatchFailed("WRITE_CODE", 4, "'topic' is undefined"))
     state = build_project.state("WRITE_CODE")
     assert state.max_retries > 0  # it would be retried if it were an agent's failure
-    assert t.to_state == state.on_failure.target if state.on_failure else None
+    assert state.on_failure is not None and state.on_failure.target != "WRITE_CODE"
+    assert (t.from_state, t.to_state, t.status) == ("WRITE_CODE", "WRITE_CODE", "failed")
     assert (t.success, t.failure, t.attempt) == (False, FailureKind.DISPATCH, 5)
-    assert t.error == "the state could not be dispatched: ZeroDivisionError"
+    assert t.error == "not dispatched: 'topic' is undefined"
+
+
+def test_a_state_that_cannot_be_dispatched_ignores_a_failure_edge_to_a_working_state() -> None:
+    """CHECK_UPTIME's failure edge leads to GENERATE_REPORT, where an agent would work."""
+    check = load_file(DEFINITIONS / "cto_infrastructure_check.yaml")
+    m = machine_in(check, "CHECK_UPTIME")
+    t = transition(check, m, DispatchFailed("CHECK_UPTIME", 1, "broken"))
+    assert (t.to_state, t.status) == ("CHECK_UPTIME", "failed")
 
 
 def test_an_output_that_would_grow_the_context_past_its_limit_is_invalid(
