@@ -281,7 +281,8 @@ def test_an_id_prefix_names_a_machine_in_the_embedded_mode(
     embedded = {"FSM_DATABASE_URL": url, "FSM_QUEUE": f"fsm-embedded-{uuid.uuid4().hex}"}
     for args in (("db", "upgrade"), ("definitions", "load")):
         assert cli(deployment, *args, extra=embedded).returncode == 0
-    started = cli(deployment, "start", "cto_fix_bug", extra=embedded)
+    context = '{"projectName": "sla-api", "githubIssue": 740}'
+    started = cli(deployment, "start", "cto_fix_bug", "--context", context, extra=embedded)
     assert started.returncode == 0, started.stderr
     mid = uuid.UUID(started.stdout.strip())
     shown = cli(deployment, "status", str(mid)[:8], extra=embedded)

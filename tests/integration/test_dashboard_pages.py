@@ -313,7 +313,6 @@ def test_a_bad_machine_address_is_a_404_page_in_the_layout_and_you_stay_signed_i
     for given, named in (
         ("not-a-machine", "'not-a-machine'"),
         (str(unknown), f"'{unknown}'"),
-        ("%00", "'\\x00'"),
     ):
         answer = page.goto(dashboard.at(f"/machines/{given}"))
         assert answer is not None and answer.status == 404, given
@@ -325,6 +324,8 @@ def test_a_bad_machine_address_is_a_404_page_in_the_layout_and_you_stay_signed_i
         assert "Input should be" not in page.content()
         assert_fits(page, f"/machines/{given}")
     shot(page, "dashboard-404.png")
+    nul = page.goto(dashboard.at("/machines/%00"))  # refused before routing, as in the API
+    assert nul is not None and nul.status == 400
     page.goto(dashboard.at("/"))
     expect(page.locator("table#machines")).to_be_visible()  # still signed in
 
