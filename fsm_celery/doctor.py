@@ -200,7 +200,7 @@ class Doctor:
                 "token secret",
                 False,
                 problem,
-                "set FSM_TASK_TOKEN_SECRET to 32+ random bytes "
+                f"set {problem.partition(' ')[0]} to 32+ random bytes "
                 "(python3 -c 'import secrets; print(secrets.token_hex(32))')",
             )
         return Result("token secret", True, f"set ({len(self.settings.token_secrets)} accepted)")
