@@ -74,11 +74,22 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True)
-def db_upgrade(revision: str) -> None:
+@click.option(
+    "--create",
+    is_flag=True,
+    help="Create the database first when it does not exist (CREATE DATABASE, through the "
+    "server's postgres database: the user needs the CREATEDB privilege).",
+)
+def db_upgrade(revision: str, create: bool) -> None:
     """Create or migrate the schema."""
-    from fsm_celery.store.db import connect, upgrade
+    from sqlalchemy.engine import make_url
 
-    upgrade(connect(get_settings().database_url), revision)
+    from fsm_celery.store.db import connect, create_database, upgrade
+
+    url = get_settings().database_url
+    if create and create_database(url):
+        click.echo(f"created database {make_url(url).database}")
+    upgrade(connect(url), revision)
     click.echo(f"database at {revision}")
 
 

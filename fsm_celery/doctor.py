@@ -57,16 +57,30 @@ class Doctor:
                 try:
                     yield check()
                 except Exception as exc:
-                    if _missing_table(exc):
-                        detail = f"the schema is missing ({_driver_message(exc)})"
-                        yield Result(name, False, detail, "run: fsm-celery db upgrade")
-                    else:
-                        yield Result(name, False, _one_line(exc), _fix_for(exc, fix))
+                    yield self._failed(name, exc, fix)
         finally:
             if self._db is not None:
                 self._db.dispose()
             if self._redis is not None:
                 self._redis.close()
+
+    def _failed(self, name: str, exc: Exception, fix: str) -> Result:
+        """The line of a check that raised: what is missing and how to get it, when known."""
+        from fsm_celery.store.db import createdb_command, missing_database
+
+        if _missing_table(exc):
+            detail = f"the schema is missing ({_driver_message(exc)})"
+            return Result(name, False, detail, "run: fsm-celery db upgrade")
+        database = missing_database(exc)
+        if database is not None:
+            return Result(
+                name,
+                False,
+                f"database {database} does not exist (PostgreSQL answered)",
+                f"create it ({createdb_command(self.settings.database_url)}) "
+                "or run: fsm-celery db upgrade --create",
+            )
+        return Result(name, False, _one_line(exc), _fix_for(exc, fix))
 
     def _database(self) -> Engine:
         if self._db is None:

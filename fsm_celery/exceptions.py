@@ -3,6 +3,7 @@
 FsmError                      root of everything this package raises
 ├── InsecureSecret            a signing secret is the default, empty, short or a pattern
 ├── InsecureDashboard         the HTTP API would serve without tokens, or with guessable ones
+├── DatabaseNotCreated        db upgrade --create could not create the database
 ├── DefinitionError           a machine definition is invalid (carries every problem)
 └── MachineError              an operation on a machine instance was refused
     ├── UnknownMachineType    no definition is loaded for that type
@@ -59,6 +60,10 @@ class InsecureDashboard(FsmError):
         super().__init__(f"{problem}: {fix}")
 
 
+class DatabaseNotCreated(FsmError):
+    """`fsm-celery db upgrade --create` could not create the database (no permission, say)."""
+
+
 class InsecureFlower(FsmError):
     """Flower was asked to serve without authentication, or beyond this machine without it.
 
@@ -74,9 +79,13 @@ class Problem:
     source: str = "<definition>"
     state: str | None = None
     field: str | None = None
+    line: int | None = None  # 1-based, where the YAML itself is wrong
+    column: int | None = None
 
     def __str__(self) -> str:
         where = self.source
+        if self.line is not None:
+            where += f":{self.line}:{self.column or 1}"
         if self.state is not None:
             where += f": state {self.state}"
         if self.field is not None:
