@@ -62,6 +62,12 @@ worker_send_task_events = True  # for Flower
 # event is one more Redis PUBLISH per task, from every process that enqueues one.
 task_send_sent_event = False
 
+# Beat's record of when each periodic task last ran: in FSM_STATE_DIR, not wherever beat was
+# started from (a celerybeat-schedule.* left in the working folder); the scheduler makes the
+# folder. `-s PATH` still overrides it.
+beat_scheduler = "fsm_celery.worker.beat:Scheduler"
+beat_schedule_filename = str(_settings.state_directory / "celerybeat-schedule")
+
 timezone = "UTC"
 enable_utc = True
 

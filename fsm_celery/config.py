@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -46,6 +47,11 @@ class Settings(BaseSettings):
     definitions_path: str | None = Field(
         default=None,
         description="The definitions folder (or file); unset, the ones shipped in the package.",
+    )
+    state_dir: str | None = Field(
+        default=None,
+        description="Where processes keep their local state (beat's celerybeat-schedule); "
+        "unset, $XDG_STATE_HOME/fsm-celery, else ~/.local/state/fsm-celery.",
     )
     task_token_secret: str = Field(
         default=DEFAULT_SECRET,
@@ -247,6 +253,15 @@ class Settings(BaseSettings):
         from fsm_celery.core.loader import SHIPPED_DEFINITIONS
 
         return Path(self.definitions_path) if self.definitions_path else SHIPPED_DEFINITIONS
+
+    @property
+    def state_directory(self) -> Path:
+        """FSM_STATE_DIR, else the user's state directory (XDG's convention)."""
+        if self.state_dir:
+            return Path(self.state_dir).expanduser()
+        xdg = os.environ.get("XDG_STATE_HOME", "")
+        base = Path(xdg) if Path(xdg).is_absolute() else Path.home() / ".local" / "state"
+        return base / "fsm-celery"
 
     @property
     def celery_broker_url(self) -> str:

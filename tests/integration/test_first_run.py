@@ -161,3 +161,32 @@ def test_a_yaml_syntax_error_is_one_line_with_its_position(
         f"error: {broken}:5:3: invalid YAML: expected <block end>, but found '?' "
         "(while parsing a block collection started at line 3)"
     ]
+
+
+@pytest.mark.parametrize("setting", ["FSM_STATE_DIR", "XDG_STATE_HOME"])
+def test_beat_keeps_its_schedule_in_the_state_directory(
+    setting: str, services: Services, tmp_path: Path
+) -> None:
+    work, state = tmp_path / "work", tmp_path / "state"
+    work.mkdir()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("FSM_", "XDG_"))}
+    environ.update(
+        FSM_TASK_TOKEN_SECRET=os.environ["FSM_TASK_TOKEN_SECRET"],
+        FSM_REDIS_URL=services.redis_url,
+        FSM_QUEUE=f"fsm-state-dir-{os.getpid()}",  # nobody consumes what it sends
+        **{setting: str(state)},
+    )
+    expected = state if setting == "FSM_STATE_DIR" else state / "fsm-celery"
+    argv = [sys.executable, "-m", "celery", "-A", "fsm_celery", "beat", "-l", "info"]
+    with (tmp_path / "beat.log").open("wb") as log:
+        beat = subprocess.Popen(argv, cwd=work, env=environ, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not list(expected.glob("celerybeat-schedule*")):
+            assert beat.poll() is None, (tmp_path / "beat.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "beat.log").read_text()
+            time.sleep(0.2)
+    finally:
+        beat.terminate()
+        beat.wait(timeout=30)
+    assert list(work.iterdir()) == []  # nothing left where it was started
