@@ -264,6 +264,12 @@ class Settings(BaseSettings):
         return base / "fsm-celery"
 
     @property
+    def housekeeping_queue(self) -> str:
+        """The queue of the engine's periodic work (scan, schedules, notifications, ...),
+        which every worker consumes besides FSM_QUEUE."""
+        return f"{self.queue}.housekeeping"
+
+    @property
     def celery_broker_url(self) -> str:
         return self.broker_url or self.redis_url
 
