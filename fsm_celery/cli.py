@@ -527,12 +527,18 @@ def demo(path: str | None) -> None:
 @click.option("--force", is_flag=True, help="Overwrite the files init writes.")
 def init(directory: Path, force: bool) -> None:
     """Write a starter deployment in DIRECTORY: definitions/ (the shipped ones, to edit) and a
-    .env with every main setting and a freshly generated task token secret."""
+    .env with every main setting, a freshly generated task token secret, the dashboard's
+    tokens and Flower's password."""
+    import shlex
+
     from fsm_celery.init import init as write
 
     for path in write(directory, force):
         click.echo(f"wrote {path}")
-    click.echo(f"next: cd {directory}; set -a; . ./.env; set +a; fsm-celery doctor")
+    click.echo("next, from that folder (the .env's relative paths are read from it):")
+    click.echo(f"  cd {shlex.quote(str(directory))}; set -a; . ./.env; set +a")
+    click.echo("  fsm-celery db upgrade --create && fsm-celery definitions load")
+    click.echo("  fsm-celery doctor")
 
 
 @main.command("ack-bridge")
