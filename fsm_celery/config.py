@@ -179,8 +179,8 @@ class Settings(BaseSettings):
     )
     session_secret: str = Field(
         default="",
-        description="Signs the dashboard's session cookies; unset, derived from "
-        "FSM_TASK_TOKEN_SECRET.",
+        description="Signs the dashboard's session cookies (at least 32 bytes); unset, derived "
+        "from FSM_TASK_TOKEN_SECRET.",
     )
     secure_cookies: bool = Field(
         default=False,
@@ -313,11 +313,12 @@ class Settings(BaseSettings):
                 problem = weak_secret(token, MIN_SECRET_BYTES)
                 if problem is not None:
                     return f"{name} holds a token that {problem}"
-        for name, value in (
-            ("FSM_SESSION_SECRET", self.session_secret),
-            ("FSM_GITHUB_WEBHOOK_SECRET", self.github_webhook_secret),
+        # GitHub's webhook secret is whatever was typed on GitHub: no length is asked of it.
+        for name, value, min_bytes in (
+            ("FSM_SESSION_SECRET", self.session_secret, MIN_SECRET_BYTES),
+            ("FSM_GITHUB_WEBHOOK_SECRET", self.github_webhook_secret, 0),
         ):
-            problem = _optional_secret_problem(name, value)
+            problem = _optional_secret_problem(name, value, min_bytes)
             if problem is not None:
                 return problem
         if not (self.admin_tokens or self.viewer_tokens or self.public_reads):
@@ -336,9 +337,9 @@ def weak_secret(secret: str, min_bytes: int = 0) -> str | None:
     return None
 
 
-def _optional_secret_problem(name: str, value: str) -> str | None:
+def _optional_secret_problem(name: str, value: str, min_bytes: int = 0) -> str | None:
     """An optional secret (unset is allowed) that is set must not be guessable."""
-    problem = weak_secret(value) if value else None
+    problem = weak_secret(value, min_bytes) if value else None
     return None if problem is None else f"{name} {problem}"
 
 

@@ -60,6 +60,7 @@ def test_a_long_running_process_refuses_a_guessable_secret(
         (DASHBOARD, "FSM_ADMIN_TOKEN", "a" * 40, "fewer than 8 different characters"),
         (DASHBOARD, "FSM_VIEWER_TOKEN", "viewer-token-" + "v" * 40, "more than half one"),
         (DASHBOARD, "FSM_SESSION_SECRET", "s" * 64, "fewer than 8 different characters"),
+        (DASHBOARD, "FSM_SESSION_SECRET", "0123456789abcdef", "shorter than 32 bytes"),
         (DASHBOARD, "FSM_GITHUB_WEBHOOK_SECRET", "abababab", "fewer than 8 different"),
     ],
 )
