@@ -29,6 +29,7 @@ Reliability choices:
 
 from __future__ import annotations
 
+from kombu import Exchange, Queue
 from pydantic import ValidationError
 
 from fsm_celery.config import get_settings
@@ -49,6 +50,16 @@ task_default_queue = _settings.queue
 # keys, and a FLUSHALL would make every later publish vanish silently until a worker restarts.
 task_default_exchange = ""
 task_default_routing_key = _settings.queue
+# The engine's periodic work has a queue of its own (FSM_QUEUE.housekeeping), so that a backlog
+# of transitions does not delay the scan nor the other way round; every worker consumes it
+# whatever its -Q says (fsm_celery/worker/app.py), so nothing more needs starting. Those tasks
+# send no events either: Flower lists the machines' tasks, not a scan every second.
+HOUSEKEEPING = ("fsm.scan", "fsm.run_schedules", "fsm.fold_stats", "fsm.notify", "fsm.prune")
+task_queues = [
+    Queue(name, Exchange("", type="direct"), routing_key=name)
+    for name in (_settings.queue, _settings.housekeeping_queue)
+]
+task_routes = {name: {"queue": _settings.housekeeping_queue} for name in HOUSEKEEPING}
 task_serializer = "json"
 accept_content = ["json"]
 task_ignore_result = True
@@ -61,6 +72,12 @@ worker_send_task_events = True  # for Flower
 # No task-sent events: Flower lists a task from the worker's task-received event on, and a sent
 # event is one more Redis PUBLISH per task, from every process that enqueues one.
 task_send_sent_event = False
+
+# Beat's record of when each periodic task last ran: in FSM_STATE_DIR, not wherever beat was
+# started from (a celerybeat-schedule.* left in the working folder); the scheduler makes the
+# folder. `-s PATH` still overrides it.
+beat_scheduler = "fsm_celery.worker.beat:Scheduler"
+beat_schedule_filename = str(_settings.state_directory / "celerybeat-schedule")
 
 timezone = "UTC"
 enable_utc = True

@@ -79,7 +79,7 @@ from bench.common import (
 from bench.scale import fill
 from bench.throughput import run_engine, start_workers
 
-VIEWER_TOKEN = "bench-dashboard-viewer-" + "b" * 32  # 32+ bytes, as the settings demand
+VIEWER_TOKEN = "bench-dashboard-viewer-" + "0123456789abcdef" * 2  # as the settings demand
 WARM_REQUESTS = 3
 FOLD_CALLS = 500  # bounds folding: each call folds up to 1,000,000 attempts
 EVENT_NAMES = (b"transitions", b"hello", b"resync")

@@ -82,11 +82,22 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True)
-def db_upgrade(revision: str) -> None:
+@click.option(
+    "--create",
+    is_flag=True,
+    help="Create the database first when it does not exist (CREATE DATABASE, through the "
+    "server's postgres database: the user needs the CREATEDB privilege).",
+)
+def db_upgrade(revision: str, create: bool) -> None:
     """Create or migrate the schema."""
-    from fsm_celery.store.db import connect, upgrade
+    from sqlalchemy.engine import make_url
 
-    upgrade(connect(get_settings().database_url), revision)
+    from fsm_celery.store.db import connect, create_database, upgrade
+
+    url = get_settings().database_url
+    if create and create_database(url):
+        click.echo(f"created database {make_url(url).database}")
+    upgrade(connect(url), revision)
     click.echo(f"database at {revision}")
 
 
@@ -543,12 +554,18 @@ def demo(path: str | None) -> None:
 @click.option("--force", is_flag=True, help="Overwrite the files init writes.")
 def init(directory: Path, force: bool) -> None:
     """Write a starter deployment in DIRECTORY: definitions/ (the shipped ones, to edit) and a
-    .env with every main setting and a freshly generated task token secret."""
+    .env with every main setting, a freshly generated task token secret, the dashboard's
+    tokens and Flower's password."""
+    import shlex
+
     from fsm_celery.init import init as write
 
     for path in write(directory, force):
         click.echo(f"wrote {path}")
-    click.echo(f"next: cd {directory}; set -a; . ./.env; set +a; fsm-celery doctor")
+    click.echo("next, from that folder (the .env's relative paths are read from it):")
+    click.echo(f"  cd {shlex.quote(str(directory))}; set -a; . ./.env; set +a")
+    click.echo("  fsm-celery db upgrade --create && fsm-celery definitions load")
+    click.echo("  fsm-celery doctor")
 
 
 @main.command("ack-bridge")

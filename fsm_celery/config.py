@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -14,6 +15,12 @@ from fsm_celery.exceptions import InsecureSecret
 
 DEFAULT_SECRET = "change-me-in-production"
 MIN_SECRET_BYTES = 32
+# A secret with fewer different characters than this, or one character in more than half of it,
+# is a pattern someone typed, not random bytes. Thresholds chosen never to refuse a generated
+# one: 32 random hex characters (secrets.token_hex(16), the shortest accepted) have fewer than 8
+# different ones with probability 3.5e-8, one character in more than half of them 1.2e-11;
+# token_hex(32) and token_urlsafe(32) less than 1e-12.
+MIN_DISTINCT_CHARACTERS = 8
 
 
 class Settings(BaseSettings):
@@ -40,6 +47,11 @@ class Settings(BaseSettings):
     definitions_path: str | None = Field(
         default=None,
         description="The definitions folder (or file); unset, the ones shipped in the package.",
+    )
+    state_dir: str | None = Field(
+        default=None,
+        description="Where processes keep their local state (beat's celerybeat-schedule); "
+        "unset, $XDG_STATE_HOME/fsm-celery, else ~/.local/state/fsm-celery.",
     )
     task_token_secret: str = Field(
         default=DEFAULT_SECRET,
@@ -167,8 +179,8 @@ class Settings(BaseSettings):
     )
     session_secret: str = Field(
         default="",
-        description="Signs the dashboard's session cookies; unset, derived from "
-        "FSM_TASK_TOKEN_SECRET.",
+        description="Signs the dashboard's session cookies (at least 32 bytes); unset, derived "
+        "from FSM_TASK_TOKEN_SECRET.",
     )
     secure_cookies: bool = Field(
         default=True,
@@ -246,6 +258,21 @@ class Settings(BaseSettings):
         return Path(self.definitions_path) if self.definitions_path else SHIPPED_DEFINITIONS
 
     @property
+    def state_directory(self) -> Path:
+        """FSM_STATE_DIR, else the user's state directory (XDG's convention)."""
+        if self.state_dir:
+            return Path(self.state_dir).expanduser()
+        xdg = os.environ.get("XDG_STATE_HOME", "")
+        base = Path(xdg) if Path(xdg).is_absolute() else Path.home() / ".local" / "state"
+        return base / "fsm-celery"
+
+    @property
+    def housekeeping_queue(self) -> str:
+        """The queue of the engine's periodic work (scan, schedules, notifications, ...),
+        which every worker consumes besides FSM_QUEUE."""
+        return f"{self.queue}.housekeeping"
+
+    @property
     def celery_broker_url(self) -> str:
         return self.broker_url or self.redis_url
 
@@ -255,13 +282,15 @@ class Settings(BaseSettings):
         return tuple(s.strip() for s in self.task_token_secret.split(",") if s.strip()) or ("",)
 
     def secret_problem(self) -> str | None:
-        """Why the task token secrets are unfit for a deployment, or None."""
+        """Why the task token secrets (or the notifications' secret) are unfit for a
+        deployment, or None."""
         for secret in self.token_secrets:
             if secret == DEFAULT_SECRET:
                 return "FSM_TASK_TOKEN_SECRET is the default"
-            if len(secret.encode()) < MIN_SECRET_BYTES:
-                return f"FSM_TASK_TOKEN_SECRET is shorter than {MIN_SECRET_BYTES} bytes"
-        return None
+            problem = weak_secret(secret, MIN_SECRET_BYTES)
+            if problem is not None:
+                return f"FSM_TASK_TOKEN_SECRET {problem}"
+        return _optional_secret_problem("FSM_NOTIFY_SECRET", self.notify_secret)
 
     def require_secret(self) -> None:
         """Refuse to run a long-lived process with a guessable task token secret."""
@@ -283,11 +312,38 @@ class Settings(BaseSettings):
             ("FSM_ADMIN_TOKEN", self.admin_tokens),
             ("FSM_VIEWER_TOKEN", self.viewer_tokens),
         ):
-            if any(len(t.encode()) < MIN_SECRET_BYTES for t in tokens):
-                return f"{name} holds a token shorter than {MIN_SECRET_BYTES} bytes"
+            for token in tokens:
+                problem = weak_secret(token, MIN_SECRET_BYTES)
+                if problem is not None:
+                    return f"{name} holds a token that {problem}"
+        # GitHub's webhook secret is whatever was typed on GitHub: no length is asked of it.
+        for name, value, min_bytes in (
+            ("FSM_SESSION_SECRET", self.session_secret, MIN_SECRET_BYTES),
+            ("FSM_GITHUB_WEBHOOK_SECRET", self.github_webhook_secret, 0),
+        ):
+            problem = _optional_secret_problem(name, value, min_bytes)
+            if problem is not None:
+                return problem
         if not (self.admin_tokens or self.viewer_tokens or self.public_reads):
             return "neither FSM_ADMIN_TOKEN nor FSM_VIEWER_TOKEN is set (and reads are not public)"
         return None
+
+
+def weak_secret(secret: str, min_bytes: int = 0) -> str | None:
+    """Why a secret is guessable ("is shorter than 32 bytes", ...), or None."""
+    if len(secret.encode()) < min_bytes:
+        return f"is shorter than {min_bytes} bytes"
+    if len(set(secret)) < MIN_DISTINCT_CHARACTERS:
+        return f"has fewer than {MIN_DISTINCT_CHARACTERS} different characters (a pattern)"
+    if 2 * max(secret.count(c) for c in set(secret)) > len(secret):
+        return "is more than half one character repeated"
+    return None
+
+
+def _optional_secret_problem(name: str, value: str, min_bytes: int = 0) -> str | None:
+    """An optional secret (unset is allowed) that is set must not be guessable."""
+    problem = weak_secret(value, min_bytes) if value else None
+    return None if problem is None else f"{name} {problem}"
 
 
 def _listed(value: str) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine
@@ -50,6 +50,7 @@ class Doctor:
             ("workers", self.workers, "start one: celery -A fsm_celery worker"),
             ("beat", self.beat, "start it: celery -A fsm_celery beat"),
             ("bridges", self.bridges, "start one: fsm-celery ack-bridge"),
+            ("agents", self.agents, "start one: fsm-celery agent --mock, or your agent"),
             ("token secret", self.secret, "set FSM_TASK_TOKEN_SECRET (see docs/protocol.md)"),
         ]
         try:
@@ -57,16 +58,30 @@ class Doctor:
                 try:
                     yield check()
                 except Exception as exc:
-                    if _missing_table(exc):
-                        detail = f"the schema is missing ({_driver_message(exc)})"
-                        yield Result(name, False, detail, "run: fsm-celery db upgrade")
-                    else:
-                        yield Result(name, False, _one_line(exc), _fix_for(exc, fix))
+                    yield self._failed(name, exc, fix)
         finally:
             if self._db is not None:
                 self._db.dispose()
             if self._redis is not None:
                 self._redis.close()
+
+    def _failed(self, name: str, exc: Exception, fix: str) -> Result:
+        """The line of a check that raised: what is missing and how to get it, when known."""
+        from fsm_celery.store.db import createdb_command, missing_database
+
+        if _missing_table(exc):
+            detail = f"the schema is missing ({_driver_message(exc)})"
+            return Result(name, False, detail, "run: fsm-celery db upgrade")
+        database = missing_database(exc)
+        if database is not None:
+            return Result(
+                name,
+                False,
+                f"database {database} does not exist (PostgreSQL answered)",
+                f"create it ({createdb_command(self.settings.database_url)}) "
+                "or run: fsm-celery db upgrade --create",
+            )
+        return Result(name, False, _one_line(exc), _fix_for(exc, fix))
 
     def _database(self) -> Engine:
         if self._db is None:
@@ -193,6 +208,31 @@ class Doctor:
             )
         return Result("bridges", True, f"{len(alive)} alive; {backlog}")
 
+    def agents(self) -> Result:
+        """An agent alive for every agent type the definitions name: without one, machines of
+        those types wait in their first state until they time out."""
+        from fsm_celery.store import queries as q
+
+        needed: dict[str, list[str]] = {}
+        for definition in load_all(definition_files(self.settings.definitions)):
+            needed.setdefault(definition.agent_type, []).append(definition.type)
+        since = datetime.now(UTC) - timedelta(seconds=self.settings.agent_liveness_seconds)
+        with self._database().connect() as conn:
+            alive = q.alive_agents_by_type_txn(conn, since)
+        missing = sorted(t for t in needed if not alive.get(t))
+        if missing:
+            serves = "; ".join(f"{t} ({', '.join(sorted(needed[t]))})" for t in missing)
+            flags = " ".join(f"--agent-type {t}" for t in missing)
+            return Result(
+                "agents",
+                False,
+                f"none alive for agent type {serves}: their machines would wait and time out",
+                f"start one: fsm-celery agent --mock {flags} (scripted outputs, to try it out), "
+                "or your agent (fsm-celery agent --app module:attribute)",
+            )
+        shown = ", ".join(f"{t} {alive[t]}" for t in sorted(needed))
+        return Result("agents", True, f"alive for every agent type ({shown})")
+
     def secret(self) -> Result:
         problem = self.settings.secret_problem()
         if problem is not None:
@@ -200,7 +240,7 @@ class Doctor:
                 "token secret",
                 False,
                 problem,
-                "set FSM_TASK_TOKEN_SECRET to 32+ random bytes "
+                f"set {problem.partition(' ')[0]} to 32+ random bytes "
                 "(python3 -c 'import secrets; print(secrets.token_hex(32))')",
             )
         return Result("token secret", True, f"set ({len(self.settings.token_secrets)} accepted)")

@@ -78,6 +78,8 @@ def describe(exc: BaseException) -> tuple[str, Exit]:
             f"({_first_line(exc.orig if hasattr(exc, 'orig') else exc)})",
             Exit.CONFIG,
         )
+    if isinstance(exc, sqlalchemy.exc.OperationalError) and _missing_database(exc):
+        return _missing_database(exc), Exit.CONFIG
     if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
         return (
             f"cannot reach the database at {_database()}: {_first_line(exc.orig)}; "
@@ -109,6 +111,27 @@ def _settings_error(exc: Any) -> str:
             shown = f" (got {error.get('input')!r})"
         parts.append(f"FSM_{name.upper()}: {message}{shown}")
     return "; ".join(parts)
+
+
+def _missing_database(exc: BaseException) -> str:
+    """What to do when the server runs but lacks the database; empty for other errors."""
+    from fsm_celery.config import get_settings
+    from fsm_celery.store.db import missing_database
+
+    name = missing_database(exc)
+    if name is None:
+        return ""
+    return missing_database_fix(name, get_settings().database_url)
+
+
+def missing_database_fix(name: str, url: str) -> str:
+    """`database X does not exist — create it (createdb X) or ...`, in one line."""
+    from fsm_celery.store.db import createdb_command
+
+    return (
+        f"database {name} does not exist — create it ({createdb_command(url)}) "
+        "or let `fsm-celery db upgrade --create` do it"
+    )
 
 
 def _database() -> str:

@@ -1,8 +1,9 @@
 """The fsm-celery error tree.
 
 FsmError                      root of everything this package raises
-├── InsecureSecret            the task token secret is the default, empty or too short
-├── InsecureDashboard         the HTTP API would serve without tokens, or with short ones
+├── InsecureSecret            a signing secret is the default, empty, short or a pattern
+├── InsecureDashboard         the HTTP API would serve without tokens, or with guessable ones
+├── DatabaseNotCreated        db upgrade --create could not create the database
 ├── DefinitionError           a machine definition is invalid (carries every problem)
 ├── CannotListen              the dashboard's address is taken or not this machine's
 └── MachineError              an operation on a machine instance was refused
@@ -25,28 +26,46 @@ class FsmError(Exception):
     """Root of all fsm-celery errors."""
 
 
+GENERATE = "$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+
+
+def _setting(problem: str, default: str) -> str:
+    """The FSM_* setting a problem starts by naming (each problem does), else the default."""
+    first = problem.partition(" ")[0]
+    return first if first.startswith("FSM_") else default
+
+
 class InsecureSecret(FsmError):
-    """A long-running process was asked to start with a guessable task token secret."""
+    """A long-running process was asked to start with a guessable secret (task tokens,
+    notifications)."""
 
     def __init__(self, problem: str) -> None:
         self.problem = problem
+        setting = _setting(problem, "FSM_TASK_TOKEN_SECRET")
         super().__init__(
-            f"{problem}: anyone could forge acks. Set it to at least 32 random bytes, e.g. "
-            "export FSM_TASK_TOKEN_SECRET="
-            "$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+            f"{problem}: anyone who guesses it could forge what it signs. Set it to at least "
+            f"32 random bytes, e.g. export {setting}={GENERATE}"
         )
 
 
 class InsecureDashboard(FsmError):
-    """The HTTP API and dashboard were asked to serve without a token anyone needs to know."""
+    """The HTTP API and dashboard were asked to serve without a token anyone needs to know,
+    or with a guessable token or secret."""
 
     def __init__(self, problem: str) -> None:
         self.problem = problem
-        super().__init__(
-            f"{problem}: set FSM_ADMIN_TOKEN (and FSM_VIEWER_TOKEN) to 32+ random bytes each, "
-            "e.g. $(python3 -c 'import secrets; print(secrets.token_urlsafe(32))'), or "
-            "FSM_PUBLIC_READS=true to serve reads to anyone"
-        )
+        if problem.startswith("FSM_"):  # a guessable one: that setting, named
+            fix = f"set {_setting(problem, '')} to 32+ random bytes, e.g. {GENERATE}"
+        else:
+            fix = (
+                "set FSM_ADMIN_TOKEN (and FSM_VIEWER_TOKEN) to 32+ random bytes each, e.g. "
+                f"{GENERATE}, or FSM_PUBLIC_READS=true to serve reads to anyone"
+            )
+        super().__init__(f"{problem}: {fix}")
+
+
+class DatabaseNotCreated(FsmError):
+    """`fsm-celery db upgrade --create` could not create the database (no permission, say)."""
 
 
 class InsecureFlower(FsmError):
@@ -64,9 +83,13 @@ class Problem:
     source: str = "<definition>"
     state: str | None = None
     field: str | None = None
+    line: int | None = None  # 1-based, where the YAML itself is wrong
+    column: int | None = None
 
     def __str__(self) -> str:
         where = self.source
+        if self.line is not None:
+            where += f":{self.line}:{self.column or 1}"
         if self.state is not None:
             where += f": state {self.state}"
         if self.field is not None:

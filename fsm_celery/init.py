@@ -10,19 +10,31 @@ from fsm_celery.core.loader import SHIPPED_DEFINITIONS, definition_files
 from fsm_celery.exceptions import FsmError
 
 ENV_TEMPLATE = """\
-# fsm-celery settings (every one: README.md, "Configuration"). Load them into a shell with
+# fsm-celery settings (every one: README.md, "Configuration"). Run every command from this
+# folder (the relative paths below are read from the working directory), with these settings
+# loaded into the shell:
 #   set -a; . ./.env; set +a
-# or give this file to docker compose (env_file: .env) or systemd (EnvironmentFile=).
+# or give this file to docker compose (env_file: .env) or systemd (EnvironmentFile=, with
+# WorkingDirectory= this folder). The secrets and tokens below were generated for this folder.
 
 # PostgreSQL holds the machines (postgresql:// or postgres://; sqlite:///PATH is embedded).
+# A database that does not exist yet: fsm-celery db upgrade --create
 FSM_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/fsm_celery
 # Redis carries the agents' tasks and acks, and is Celery's broker (rediss:// for TLS).
 FSM_REDIS_URL=redis://127.0.0.1:6379/0
 # Signs the task tokens agents echo in their acks: keep it secret, rotate by prepending a new
-# one (comma-separated). Generated for this folder.
+# one (comma-separated).
 FSM_TASK_TOKEN_SECRET={secret}
+# The dashboard and HTTP API (fsm-celery dashboard): sign in, or send Authorization: Bearer,
+# with the admin token to read and act, with the viewer token to read.
+FSM_ADMIN_TOKEN={admin}
+FSM_VIEWER_TOKEN={viewer}
+# Flower (celery -A fsm_celery flower) serves only behind this user:password.
+FLOWER_BASIC_AUTH=ops:{flower}
 # The definitions this deployment runs: edit them, then `fsm-celery definitions load`.
-FSM_DEFINITIONS_PATH={definitions}
+FSM_DEFINITIONS_PATH=definitions
+# Where beat keeps its schedule (celerybeat-schedule).
+FSM_STATE_DIR=state
 # celery: every step is a Celery task (Flower shows it); inline: the ack bridge applies acks
 # itself (fewer hops, lower latency).
 FSM_TRANSITION_MODE=celery
@@ -49,6 +61,13 @@ def init(directory: Path, force: bool = False) -> list[Path]:
     definitions.mkdir(parents=True, exist_ok=True)
     for target, source in targets.items():
         shutil.copyfile(source, target)
-    env.write_text(ENV_TEMPLATE.format(secret=secrets.token_hex(32), definitions=definitions))
+    env.write_text(
+        ENV_TEMPLATE.format(
+            secret=secrets.token_hex(32),
+            admin=secrets.token_urlsafe(32),  # shell-safe: letters, digits, - and _
+            viewer=secrets.token_urlsafe(32),
+            flower=secrets.token_hex(16),  # no ':' nor ',', which basic auth's list splits on
+        )
+    )
     env.chmod(0o600)  # it holds the secret
     return [*targets, env]

@@ -17,7 +17,21 @@ SHIPPED_DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate mapping keys instead of keeping the last one."""
+    """A safe loader that refuses duplicate mapping keys instead of keeping the last one, and
+    aliases: each expands to a copy of its anchor's node, so nested ones (a "billion laughs")
+    grow exponentially and would hang every walk of the tree (validation, serialising a
+    schedule's context), or exhaust memory."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"aliases (*{event.anchor}) are not allowed in definitions: write the value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -62,17 +76,24 @@ def load_text(text: str, source: str = "<definition>") -> MachineDefinition:
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
-        raise DefinitionError([Problem(yaml_problem(exc), source)]) from exc
+        raise DefinitionError([_yaml_problem(exc, source)]) from exc
+    except RecursionError as exc:  # brackets nested thousands deep
+        raise DefinitionError([Problem("invalid YAML: nested too deeply", source)]) from exc
     return parse_definition(data, source)
 
 
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's error in one line: where, what, and in what (it prints six, with a caret)."""
-    mark = getattr(exc, "problem_mark", None)
-    what = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
-    context = getattr(exc, "context", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"invalid YAML{where}: {what}" + (f" ({context})" if context else "")
+def _yaml_problem(exc: yaml.YAMLError, source: str) -> Problem:
+    """One line, `file:line:column: invalid YAML: what`, of PyYAML's several."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return Problem(f"invalid YAML: {str(exc).splitlines()[0]}", source)
+    mark = exc.problem_mark or exc.context_mark
+    what = " ".join(str(exc.problem or exc.context or "").split())
+    if exc.context and exc.problem:
+        started = exc.context_mark
+        at = f" started at line {started.line + 1}" if started and started != mark else ""
+        what = f"{what} ({' '.join(exc.context.split())}{at})"
+    line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+    return Problem(f"invalid YAML: {what}", source, line=line, column=column)
 
 
 def load_file(path: str | Path) -> MachineDefinition:

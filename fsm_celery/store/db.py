@@ -3,14 +3,25 @@ means the machine engine) and schema migrations."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, exc, text
+from sqlalchemy.engine import URL, make_url
+
+from fsm_celery.exceptions import DatabaseNotCreated
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# What PostgreSQL answers a connection to a database it does not have (libpq's connection
+# errors carry no SQLSTATE, so the text is all there is).
+MISSING_DATABASE = re.compile(r'database "(?P<name>.*)" does not exist')
+# Where CREATE DATABASE is sent from: every server has one of these.
+MAINTENANCE_DATABASES = ("postgres", "template1")
+DUPLICATE_DATABASE = "42P04"
 
 
 def connect(url: str, pool_size: int = 5, pre_ping: bool = True) -> Engine:
@@ -72,3 +83,59 @@ def current_revision(db: Engine) -> str | None:
 
     with db.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def missing_database(error: BaseException) -> str | None:
+    """The database a connection was refused for not existing (the server runs), or None."""
+    found = MISSING_DATABASE.search(str(getattr(error, "orig", None) or error))
+    return found["name"] if found else None
+
+
+def createdb_command(url: str) -> str:
+    """The createdb command line that makes the URL's database on its server."""
+    parts = make_url(url)
+    argv = ["createdb"]
+    for flag, value in (("-h", parts.host), ("-p", parts.port), ("-U", parts.username)):
+        if value:
+            argv += [flag, str(value)]
+    return shlex.join([*argv, parts.database or ""])
+
+
+def create_database(url: str) -> bool:
+    """Create the URL's PostgreSQL database unless it exists; whether it did. CREATE DATABASE
+    cannot run inside the database it makes, so it goes through the server's maintenance
+    database with the same credentials."""
+    target = make_url(url)
+    if target.get_backend_name() != "postgresql" or not target.database:
+        return False  # SQLite makes its file on the first connection
+    for maintenance in MAINTENANCE_DATABASES:
+        admin = create_engine(target.set(database=maintenance), isolation_level="AUTOCOMMIT")
+        try:
+            return _create_database(admin, target)
+        except exc.OperationalError as error:
+            if missing_database(error) != maintenance or maintenance == MAINTENANCE_DATABASES[-1]:
+                raise
+        finally:
+            admin.dispose()
+    return False  # unreachable: the last maintenance database raises
+
+
+def _create_database(admin: Engine, target: URL) -> bool:
+    name = str(target.database)
+    with admin.connect() as conn:
+        found = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name})
+        if found.first() is not None:
+            return False
+        quoted = conn.dialect.identifier_preparer.quote_identifier(name)  # any name, safely
+        try:
+            conn.exec_driver_sql(f"CREATE DATABASE {quoted}")
+        except exc.DBAPIError as error:
+            if getattr(error.orig, "pgcode", None) == DUPLICATE_DATABASE:
+                return False  # made meanwhile by another
+            reason = str(error.orig).strip().splitlines()[0]
+            owner = ["-O", target.username] if target.username else []
+            raise DatabaseNotCreated(
+                f"cannot create database {name}: {reason}; ask an administrator of the server "
+                f"to run {shlex.join(['createdb', *owner, name])}"
+            ) from error
+    return True

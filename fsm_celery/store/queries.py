@@ -342,3 +342,13 @@ def budget_changes_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
 
 def list_agents_txn(conn: Connection) -> Sequence[AnyRow]:
     return conn.execute(select(agents).order_by(agents.c.agent_type, agents.c.started_at)).all()
+
+
+def alive_agents_by_type_txn(conn: Connection, since: datetime) -> dict[str, int]:
+    """How many agents of each type said they are active at or after `since`."""
+    rows = conn.execute(
+        select(agents.c.agent_type, func.count())
+        .where(agents.c.status == "active", agents.c.last_seen_at >= since)
+        .group_by(agents.c.agent_type)
+    ).all()
+    return {agent_type: int(count) for agent_type, count in rows}

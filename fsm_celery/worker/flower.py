@@ -9,6 +9,8 @@ Flower's options as Flower starts (Flower loads the app's modules then, which se
   or `--basic_auth`, every entry with a user and a password; or OAuth (`--auth`);
 - or `--unauthenticated` is given: Flower then serves its pages and API without credentials,
   on 127.0.0.1 only (an explicit non-loopback `--address` is refused), and says so loudly.
+
+It also shows each task's args in the task list (what machine, state and attempt it is for).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from fsm_celery.exceptions import InsecureFlower
 log = logging.getLogger(__name__)
 
 UNAUTHENTICATED = "--unauthenticated"
+# Flower's task list shows a task's name but not its args, and the args are what say which
+# machine, state and attempt an fsm task is for (argsrepr, worker/enqueue.py): shown unless
+# --tasks_columns (FLOWER_TASKS_COLUMNS) chose other columns.
+FLOWER_COLUMNS = "name,uuid,state,received,runtime,worker"
+FSM_COLUMNS = "name,args,state,received,runtime,worker,uuid"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -77,6 +84,8 @@ def _guard_flower(**_: Any) -> None:
         )
     except InsecureFlower as exc:
         sys.exit(f"fsm-celery: {exc}")
+    if options.tasks_columns == FLOWER_COLUMNS:
+        options.tasks_columns = FSM_COLUMNS
     if options.basic_auth or options.auth:
         return
     options.address = address  # Flower's default ('') is every interface

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 _engine: MachineEngine | None = None
 _building = threading.Lock()
 SCAN_BATCH = 500  # machines per scan transaction
+# The engine's periodic work sends no events (send_events=False below): beat sends it every
+# second, and Flower would list little else. Its failures are in the worker's log, its
+# liveness in `fsm-celery doctor` (beat's last scan).
 RETRY: dict[str, Any] = {
     "autoretry_for": TRANSIENT,
     "retry_backoff": True,
@@ -116,7 +119,7 @@ def apply_acks(task: Task, messages: list[tuple[str, str | None]]) -> int:
     return len(batch)
 
 
-@app.task(name="fsm.scan", **RETRY)
+@app.task(name="fsm.scan", send_events=False, **RETRY)
 def scan() -> None:
     """Time out overdue attempts and enter due states (beat runs it every second)."""
     while True:
@@ -126,7 +129,7 @@ def scan() -> None:
             return
 
 
-@app.task(name="fsm.run_schedules", **RETRY)
+@app.task(name="fsm.run_schedules", send_events=False, **RETRY)
 def run_schedules() -> int:
     """Start a machine for each schedule whose cron tick is due (beat runs it every second);
     how many schedules were due."""
@@ -135,21 +138,21 @@ def run_schedules() -> int:
     return due
 
 
-@app.task(name="fsm.fold_stats", **RETRY)
+@app.task(name="fsm.fold_stats", send_events=False, **RETRY)
 def fold_stats() -> int:
     """Fold the attempts recorded since the last fold into the statistics' counters (beat,
     every few seconds); how many."""
     return engine().stats.fold()
 
 
-@app.task(name="fsm.notify", **RETRY)
+@app.task(name="fsm.notify", send_events=False, **RETRY)
 def send_notifications() -> int:
     """Send the notifications of machines that ended (beat, every second); how many went."""
     delivered, _ = engine().notifier.deliver()
     return delivered
 
 
-@app.task(name="fsm.prune", **RETRY)
+@app.task(name="fsm.prune", send_events=False, **RETRY)
 def prune() -> None:
     """Delete rejected messages and silent agents past their retention (beat, every minute)."""
     rejections, agents = engine().scan.prune()

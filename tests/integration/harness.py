@@ -47,9 +47,10 @@ from tests.secret import TEST_SECRET
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_DEFINITIONS = ROOT / "tests" / "fixtures" / "definitions"
 LOGS = Path(os.environ.get("FSM_TEST_LOGS", "/tmp/fsm-celery-test-logs"))
-# The HTTP API's credentials in every test deployment (32+ bytes, as the settings demand).
-ADMIN_TOKEN = "test-admin-token-" + "a" * 32
-VIEWER_TOKEN = "test-viewer-token-" + "v" * 32
+# The HTTP API's credentials in every test deployment (32+ bytes of no one repeated character,
+# as the settings demand).
+ADMIN_TOKEN = "test-admin-token-" + "0a1b2c3d4e5f6789" * 2
+VIEWER_TOKEN = "test-viewer-token-" + "9f8e7d6c5b4a3210" * 2
 WEBHOOK_SECRET = "test-github-webhook-secret"
 API_BASE = "https://testserver"  # what env.api() asks: the dashboard behind TLS
 TERMINAL = {"completed", "failed", "cancelled"}

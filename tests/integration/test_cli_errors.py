@@ -105,7 +105,7 @@ def _cases(deployment: FsmEnv, tmp: Path) -> dict[str, Case]:
             ("definitions", "validate", str(broken)),
             {},
             3,
-            (f"{broken}: invalid YAML at line 3, column 3: expected the node content",),
+            (f"{broken}:3:3: invalid YAML: expected the node content",),
         ),
         "wrong --app module": Case(
             ("agent", "--app", "nosuchmodule:agent"), {}, 2, ("--app", "cannot import")

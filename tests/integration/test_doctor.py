@@ -38,6 +38,7 @@ def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
         "workers",
         "beat",
         "bridges",
+        "agents",
         "token secret",
     }, done.stdout
     return done.returncode, lines
@@ -70,17 +71,33 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         assert lines["beat"] == "✘ beat: no scan ever ran — start it: celery -A fsm_celery beat"
         assert lines["bridges"].startswith("✘ bridges: none alive; ack stream lag 0, pending 0")
         assert lines["token secret"].startswith("✘ token secret: FSM_TASK_TOKEN_SECRET is the")
+        assert lines["agents"].startswith(
+            "✘ agents: none alive for agent type cto (cto_build_project, cto_fix_bug, "
+            "cto_infrastructure_check); research (research_pipeline)"
+        )
+        assert (
+            "start one: fsm-celery agent --mock --agent-type cto --agent-type research"
+            in (lines["agents"])
+        )
 
         server_client = env.redis.__class__.from_url(server.url)
         server_client.config_set("maxmemory-policy", "noeviction")
         server_client.close()
         env.start_worker(beat=True)
         env.start_bridge()
+        env.start_agent("--mock", "--agent-type", "cto")
+        env.wait_for_agents(1)
         _wait_for_scan(env)
+        status, lines = _doctor(env)
+        assert status == 1  # nothing serves the research pipeline yet
+        assert lines["agents"].startswith("✘ agents: none alive for agent type research ")
+        env.start_agent("--mock", "--agent-type", "research")
+        env.wait_for_agents(2)
         status, lines = _doctor(env)
         assert status == 0, lines
         assert all(line.startswith("✔") for line in lines.values()), lines
         assert "1 answering" in lines["workers"] and "1 alive" in lines["bridges"]
+        assert lines["agents"] == "✔ agents: alive for every agent type (cto 1, research 1)"
 
         env.stop_all()
         status, lines = _doctor(

@@ -15,11 +15,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
+from fsm_celery.store.tables import liveness
 from tests.integration.harness import ROOT, FsmEnv, ScriptedAgent
 
 AUTH = "operator:flower-test-password"
 INFRA_STATES = ["CHECK_UPTIME", "CHECK_CERTS", "CHECK_CONTAINERS", "GENERATE_REPORT"]
+HOUSEKEEPING = {"fsm.scan", "fsm.run_schedules", "fsm.fold_stats", "fsm.notify", "fsm.prune"}
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +72,53 @@ def test_flower_shows_one_enter_state_per_state_visited(flower: tuple[FsmEnv, in
     # The acks that moved it are in fsm.apply_acks tasks, which the same search finds.
     relayed = tasks_of(port, str(mid), "fsm.apply_acks", 1)
     assert relayed and all(str(mid) in t["args"] for t in relayed)
+
+
+def test_flower_lists_the_machines_tasks_not_the_engines_housekeeping(
+    flower: tuple[FsmEnv, int],
+) -> None:
+    env, port = flower
+    with ScriptedAgent(env) as agent:
+        started = time.monotonic()
+        mid = env.client.start_machine("cto_infrastructure_check", {}, agent_id=agent.id)
+        env.wait_until_done(mid)
+        time.sleep(max(0.0, 6 - (time.monotonic() - started)))  # 6 s of beat's every-second work
+    scans = _last_scan(env)
+    assert scans is not None and time.time() - scans < 3  # the worker ran beat's scan meanwhile
+    listed = Counter(t["name"] for t in get(port, "/api/tasks?limit=10000").values())
+    assert listed["fsm.enter_state"] >= len(INFRA_STATES), listed
+    assert not HOUSEKEEPING & set(listed), listed  # ~30 scan/schedules/notify before
+
+
+def test_flowers_task_list_shows_what_each_task_is_for(flower: tuple[FsmEnv, int]) -> None:
+    env, port = flower
+    with ScriptedAgent(env) as agent:
+        mid = env.client.start_machine("cto_infrastructure_check", {}, agent_id=agent.id)
+        env.wait_until_done(mid)
+    tasks_of(port, str(mid), "fsm.enter_state", len(INFRA_STATES))  # Flower has them all
+    page = _page(port, "/tasks")
+    assert '<th data-column="args">' in page  # the list view's own column, by default
+    query = (
+        "/tasks/datatable?draw=1&start=0&length=100&order[0][column]=0&order[0][dir]=asc"
+        f"&columns[0][data]=received&search[value]={mid}"
+    )
+    rows = get(port, query)["data"]
+    labels = sorted(r["args"] for r in rows if r["name"] == "fsm.enter_state")
+    assert len(labels) == len(INFRA_STATES)
+    assert all(label.startswith(f"cto_infrastructure_check {mid} state=") for label in labels)
+
+
+def _page(port: int, path: str) -> str:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    request.add_header("Authorization", "Basic " + base64.b64encode(AUTH.encode()).decode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def _last_scan(env: FsmEnv) -> float | None:
+    with env.client.engine.db.connect() as conn:
+        at = conn.execute(select(liveness.c.at).where(liveness.c.name == "scan")).scalar()
+    return None if at is None else at.timestamp()
 
 
 def test_flower_answers_401_without_credentials(flower: tuple[FsmEnv, int]) -> None:

@@ -170,7 +170,7 @@ def test_a_wrong_token_at_sign_in_is_refused(http: Any) -> None:
 
 
 def test_a_session_ends_when_its_token_is_removed(env: FsmEnv, http: Any) -> None:
-    rotated = env.settings.model_copy(update={"admin_token": "x" * 40})
+    rotated = env.settings.model_copy(update={"admin_token": "rotated-admin-" + "0123456789" * 3})
     other = create_app(rotated, env.client)  # the same session key: the same task secret
     with http.__class__(http.app, base_url=API_BASE) as browser:
         csrf = browser.get("/login").text.split('name="csrf" value="')[1].split('"')[0]

@@ -164,6 +164,16 @@ def test_every_command_the_project_image_runs_exists(
     assert checked >= 6
 
 
+def test_a_mock_agent_serves_every_shipped_type_only_when_asked_for(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    agent = services["mock-agent"]
+    assert agent["command"] == ["fsm-celery", "agent", "--mock"]
+    assert agent["profiles"] == ["mock-agent"]  # made-up outputs: never in production unasked
+    assert "migrate" in agent["depends_on"]  # the definitions it serves are loaded first
+    assert _REDIS_URL.match(environment(agent)["FSM_REDIS_URL"])
+
+
 def test_every_fsm_variable_the_file_sets_is_a_setting(
     services: dict[str, dict[str, Any]],
 ) -> None:

@@ -321,7 +321,14 @@ def test_empty_state_list() -> None:
 def test_duplicate_key_in_a_state() -> None:
     p = only_problem(edit("    timeout: 10\n", "    timeout: 10\n    timeout: 20\n"))
     assert_problem(p, None, None, "duplicate key 'timeout'")
-    assert "line 8" in p.message
+    assert (p.line, p.column) == (8, 5)
+    assert str(p) == "machine.yaml:8:5: invalid YAML: duplicate key 'timeout'"
+
+
+def test_an_alias_is_refused_where_it_is_used() -> None:
+    p = only_problem(GOOD + "x-shared: &shared {a: 1}\nx-again: *shared\n")
+    assert_problem(p, None, None, "aliases (*shared) are not allowed in definitions")
+    assert p.line == GOOD.count("\n") + 2
 
 
 def test_duplicate_top_level_key() -> None:
