@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 from fsm_celery.core.transition import Rejected, Timeout, decide
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.steps import Scanned
+from fsm_celery.engine.steps import Scanned, Sent
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store
@@ -26,6 +26,7 @@ class Scan:
     def __init__(self, runtime: Runtime, entry: Entry) -> None:
         self._rt = runtime
         self._entry = entry
+        self._sent = Sent()  # what a scan that failed sent: the next one sends it not again
 
     def run(self, limit: int = 500) -> Scanned:
         """Time out attempts past their deadline and enter the states whose dispatch is due
@@ -34,7 +35,7 @@ class Scan:
         The database is the truth: this also repairs a dispatch lost with a killed worker, a
         dropped message or a flushed Redis. Rows another transaction holds are skipped.
         """
-        writes = Writes(self._rt.clock())
+        writes = Writes(self._rt.clock(), sent=self._sent)
         grace = timedelta(seconds=self._rt.settings.dispatch_grace_seconds)
         with self._rt.transaction(writes) as conn:
             overdue = q.lock_overdue_txn(conn, writes.now, limit)

@@ -7,10 +7,17 @@ fails the unit test that compares them with the schema, not a transaction in pro
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 from uuid import UUID
+
+from sqlalchemy import BigInteger, Float, Integer, SmallInteger, String, Table, Text
+from sqlalchemy.types import TypeEngine
+
+from fsm_celery.store.tables import agents, machines, rejected_messages, transitions
 
 
 @dataclass(slots=True)
@@ -147,3 +154,76 @@ _COLUMNS: dict[type[Row], tuple[str, ...]] = {}
 def values(row: Row) -> dict[str, Any]:
     """The row as column → value (shallow: its JSON values are passed as they are)."""
     return {name: getattr(row, name) for name in columns(type(row))}
+
+
+# ---- what each column can hold ------------------------------------------------------------
+
+Check = Callable[[Any], str | None]
+TABLES: dict[type[Row], Table] = {
+    NewMachine: machines,
+    Move: machines,
+    Dispatch: machines,
+    Beat: machines,
+    History: transitions,
+    Rejection: rejected_messages,
+    AgentReport: agents,
+}
+_CHECKS: dict[type[Row], tuple[tuple[str, Check], ...]] = {}
+
+
+def unfit(row: Row) -> str | None:
+    """Which value of the row its column cannot hold, and why, or None.
+
+    The numbers and text PostgreSQL refuses (a whole number past the column's range, NaN or
+    infinity, a NUL character, a string longer than its column) are found here, before the
+    transaction's state_tasks are sent; JSON values are checked where they arrive (intake).
+    """
+    checks = _CHECKS.get(type(row))
+    if checks is None:
+        table = TABLES[type(row)]
+        found = ((name, _check(table.c[name].type)) for name in columns(type(row)))
+        checks = _CHECKS[type(row)] = tuple((n, c) for n, c in found if c is not None)
+    for name, check in checks:
+        value = getattr(row, name)
+        problem = None if value is None else check(value)
+        if problem is not None:
+            return f"{name} {problem}"
+    return None
+
+
+def _check(kind: TypeEngine[Any]) -> Check | None:
+    if isinstance(kind, SmallInteger):
+        return _whole(2**15)
+    if isinstance(kind, BigInteger):
+        return _whole(2**63)
+    if isinstance(kind, Integer):
+        return _whole(2**31)
+    if isinstance(kind, Float):
+        return _finite
+    if isinstance(kind, String):  # Text too
+        return _text(None if isinstance(kind, Text) else kind.length)
+    return None
+
+
+def _whole(limit: int) -> Check:
+    def check(value: Any) -> str | None:
+        if -limit <= value < limit:
+            return None
+        return f"{value} does not fit its column (from {-limit} to {limit - 1})"
+
+    return check
+
+
+def _finite(value: Any) -> str | None:
+    return None if math.isfinite(value) else f"{value} is not a finite number"
+
+
+def _text(length: int | None) -> Check:
+    def check(value: Any) -> str | None:
+        if "\x00" in value:
+            return "holds a NUL character (\\u0000)"
+        if length is not None and len(value) > length:
+            return f"is {len(value)} characters long, over its column's {length}"
+        return None
+
+    return check

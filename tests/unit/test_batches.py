@@ -32,7 +32,7 @@ class Engine:
         self.rejected: list[tuple[str, RejectReason, str]] = []
         self.inbox = self
 
-    def apply(self, batch: list[Inbound], *, enter: bool = True) -> Next:
+    def apply(self, batch: list[Inbound], *, enter: bool = True, sent: object = None) -> Next:
         if self.error is not None:
             raise self.error
         payloads = [item.raw for item in batch]
