@@ -165,6 +165,8 @@ def test_a_write_refused_after_the_batch_sent_its_tasks_sends_none_of_them_twice
     recorded without being sent again."""
     script = {"FIRST": [SILENT], "SECOND": [SILENT]}  # what the failed try sent, unanswered
     with ScriptedAgent(overflow, script, own_stream=True) as hostile, _Honest(overflow) as honest:
+        hostile.send(_status(hostile))  # its stream is read in the same batch
+        _wait(lambda: hostile.id in _active(overflow), "the hostile agent's status was applied")
         mid = overflow.client.start_machine("test_pair", {}, agent_id=hostile.id)
         first = hostile.wait_for_tasks(1)
         with _refusing_history_of(overflow, mid):
