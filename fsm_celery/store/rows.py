@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 from uuid import UUID
 
@@ -158,7 +159,6 @@ def values(row: Row) -> dict[str, Any]:
 
 # ---- what each column can hold ------------------------------------------------------------
 
-Check = Callable[[Any], str | None]
 TABLES: dict[type[Row], Table] = {
     NewMachine: machines,
     Move: machines,
@@ -168,7 +168,9 @@ TABLES: dict[type[Row], Table] = {
     Rejection: rejected_messages,
     AgentReport: agents,
 }
-_CHECKS: dict[type[Row], tuple[tuple[str, Check], ...]] = {}
+WHOLE, DOUBLE, TEXT = 0, 1, 2
+Limit = tuple[str, int, int | None]  # a column, its kind, and its bound (range, length)
+_LIMITS: dict[type[Row], tuple[Callable[[Row], Any], tuple[Limit, ...]]] = {}
 
 
 def unfit(row: Row) -> str | None:
@@ -177,53 +179,51 @@ def unfit(row: Row) -> str | None:
     The numbers and text PostgreSQL refuses (a whole number past the column's range, NaN or
     infinity, a NUL character, a string longer than its column) are found here, before the
     transaction's state_tasks are sent; JSON values are checked where they arrive (intake).
+    On every transition: one attribute fetch per row and no call per column.
     """
-    checks = _CHECKS.get(type(row))
-    if checks is None:
-        table = TABLES[type(row)]
-        found = ((name, _check(table.c[name].type)) for name in columns(type(row)))
-        checks = _CHECKS[type(row)] = tuple((n, c) for n, c in found if c is not None)
-    for name, check in checks:
-        value = getattr(row, name)
-        problem = None if value is None else check(value)
-        if problem is not None:
-            return f"{name} {problem}"
-    return None
-
-
-def _check(kind: TypeEngine[Any]) -> Check | None:
-    if isinstance(kind, SmallInteger):
-        return _whole(2**15)
-    if isinstance(kind, BigInteger):
-        return _whole(2**63)
-    if isinstance(kind, Integer):
-        return _whole(2**31)
-    if isinstance(kind, Float):
-        return _finite
-    if isinstance(kind, String):  # Text too
-        return _text(None if isinstance(kind, Text) else kind.length)
-    return None
-
-
-def _whole(limit: int) -> Check:
-    def check(value: Any) -> str | None:
-        if -limit <= value < limit:
-            return None
-        return f"{value} does not fit its column (from {-limit} to {limit - 1})"
-
-    return check
-
-
-def _finite(value: Any) -> str | None:
-    return None if math.isfinite(value) else f"{value} is not a finite number"
-
-
-def _text(length: int | None) -> Check:
-    def check(value: Any) -> str | None:
+    found = _LIMITS.get(type(row))
+    if found is None:
+        found = _LIMITS[type(row)] = _limits(type(row))
+    get, limits = found
+    for value, (name, kind, bound) in zip(get(row), limits, strict=True):
+        if value is None:
+            continue
+        if kind == WHOLE:
+            assert bound is not None
+            if -bound <= value < bound:
+                continue
+            return f"{name} {value} does not fit its column (from {-bound} to {bound - 1})"
+        if kind == DOUBLE:
+            if math.isfinite(value):
+                continue
+            return f"{name} {value} is not a finite number"
         if "\x00" in value:
-            return "holds a NUL character (\\u0000)"
-        if length is not None and len(value) > length:
-            return f"is {len(value)} characters long, over its column's {length}"
-        return None
+            return f"{name} holds a NUL character (\\u0000)"
+        if bound is not None and len(value) > bound:
+            return f"{name} is {len(value)} characters long, over its column's {bound}"
+    return None
 
-    return check
+
+def _limits(kind: type[Row]) -> tuple[Callable[[Row], Any], tuple[Limit, ...]]:
+    table = TABLES[kind]
+    limits = []
+    for name in columns(kind):
+        limit = _limit(table.c[name].type)
+        if limit is not None:
+            limits.append((name, *limit))
+    getter = attrgetter(*(name for name, _, _ in limits))
+    return (lambda row: (getter(row),)) if len(limits) == 1 else getter, tuple(limits)
+
+
+def _limit(kind: TypeEngine[Any]) -> tuple[int, int | None] | None:
+    if isinstance(kind, SmallInteger):
+        return WHOLE, 2**15
+    if isinstance(kind, BigInteger):
+        return WHOLE, 2**63
+    if isinstance(kind, Integer):
+        return WHOLE, 2**31
+    if isinstance(kind, Float):
+        return DOUBLE, None
+    if isinstance(kind, String):  # Text too
+        return TEXT, None if isinstance(kind, Text) else kind.length
+    return None

@@ -232,6 +232,13 @@ def test_a_reason_with_a_nul_character_is_refused() -> None:
         writes.transition(row, _moved(row, "B", MachineStatus.PAUSED), "pause", reason="a\x00b")
 
 
+def test_an_actor_longer_than_its_column_is_refused() -> None:
+    writes = Writes(NOW)
+    row = _row()
+    with pytest.raises(Unstorable, match="actor is 101 characters long, over its column's 100"):
+        writes.transition(row, _moved(row, "B", MachineStatus.PAUSED), "pause", actor="a" * 101)
+
+
 def test_a_duration_is_kept_within_bigint() -> None:
     assert duration_ms(timedelta(days=30)) == 30 * 86_400_000  # past INTEGER's 24.8 days
     assert duration_ms(timedelta.max) < 2**63
