@@ -1,8 +1,9 @@
 """an attempt's duration in BIGINT milliseconds: INTEGER holds 24.8 days, and a state may wait
 30 (a machine paused or failed for longer ends an attempt longer still)
 
-PostgreSQL rewrites state_transitions for it, under a lock that holds the engine's writes back
-meanwhile (seconds per million rows): run it while the workers and the bridge are stopped.
+PostgreSQL rewrites the whole of state_transitions for it, under a lock that holds the engine's
+writes back until it is done: on a long history, run it while the workers and the bridge are
+stopped.
 
 Revision ID: 0008
 Revises: 0007
