@@ -12,6 +12,7 @@ import sqlalchemy.exc
 
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.engine import Inbound, MachineEngine, Next
+from fsm_celery.engine.steps import Sent
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,15 @@ class BatchApplier:
         self.engine = engine
         self.enter = enter
         self.inline = inline
+        # The state_tasks a failed try sent before its write was refused: a split, or the
+        # caller's next try, records them without sending them again (DESIGN.md, invariant 8).
+        self.sent = Sent()
 
     def __call__(self, batch: list[Inbound]) -> list[Inbound]:
         """Apply the batch; the messages neither applied nor recorded. Raises only transient
         errors (the caller keeps the whole batch and tries again)."""
         try:
-            next_states = self.engine.inbox.apply(batch, enter=self.inline)
+            next_states = self.engine.inbox.apply(batch, enter=self.inline, sent=self.sent)
         except TRANSIENT:
             raise
         except Exception as exc:

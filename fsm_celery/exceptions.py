@@ -13,7 +13,8 @@ FsmError                      root of everything this package raises
     ├── InvalidContext        the context given at start is not a JSON object
     │   └── ContextMismatch   … or does not match its definition's context_schema
     ├── InvalidAgentId        the agent id given at start is not a UUID
-    └── CommandRefused        an admin command does not apply to the machine as it is
+    ├── CommandRefused        an admin command does not apply to the machine as it is
+    └── Unstorable            what a transition would write does not fit its columns
 """
 
 from __future__ import annotations
@@ -182,6 +183,16 @@ class CommandRefused(MachineError):
         self.machine_id = machine_id
         self.detail = detail
         super().__init__(f"{action} refused for machine {machine_id}: {detail}")
+
+
+class Unstorable(MachineError):
+    """What a transition would write cannot be stored (a number past its column, a NUL):
+    found before anything is sent or written, so that the transition is refused alone."""
+
+    def __init__(self, machine_id: str, detail: str) -> None:
+        self.machine_id = machine_id
+        self.detail = detail
+        super().__init__(f"machine {machine_id}: {detail}")
 
 
 class ScheduleNotFound(FsmError):

@@ -265,8 +265,28 @@ def _has_loops(d: MachineDefinition) -> bool:
     return any(edge.loop for state in d.states for edge in state.edges)
 
 
+# The longest a state's timeout, heartbeat window, max_duration or retry delay may be: an attempt
+# that waits longer is a schedule or an approval, not an agent's work. Versions stored before the
+# bound are read as they were checked then (fsm_celery.store.queries).
+LONGEST_WAIT = timedelta(days=30)
+
+
+def _too_long(state: StateDefinition) -> Iterator[str]:
+    waits = {
+        "timeout": state.timeout,
+        "heartbeat_timeout": state.heartbeat_timeout,
+        "max_duration": state.max_duration,
+        "backoff": state.backoff.max_delay,
+    }
+    for field, wait in waits.items():
+        if wait is not None and wait > LONGEST_WAIT:
+            yield field
+
+
 def _timing_problems(state: StateDefinition, source: str) -> Iterator[Problem]:
     name = state.name
+    for field in _too_long(state):
+        yield Problem(f"{field} must be at most 30 days (2592000s)", source, name, field)
     if state.timeout <= timedelta(0):
         yield Problem(
             f"timeout must be positive, got {state.timeout_seconds:g}s", source, name, "timeout"

@@ -6,6 +6,7 @@ to within the bucket's width (a quarter of its value)."""
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,20 @@ from dataclasses import dataclass, field
 GROWTH = 1.25
 NO_DURATION = -1
 MAX_BUCKET = 150  # 1.25**150 ms is far past any attempt's limit
+# Sums saturate at what their columns hold (BIGINT, a finite double): a total that stops at the
+# largest value is a figure; one that overflows stops the fold and every read after it.
+MOST = 2**63 - 1
+MOST_COST = sys.float_info.max
+
+
+def saturated(total: int) -> int:
+    """A sum of whole numbers, at most what BIGINT holds."""
+    return min(total, MOST)
+
+
+def saturated_cost(total: float) -> float:
+    """A sum of costs, finite (infinity and NaN, from rows stored before the bounds, too)."""
+    return total if total <= MOST_COST else MOST_COST
 
 
 def bucket_of(duration_ms: int | None) -> int:

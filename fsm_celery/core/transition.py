@@ -19,7 +19,7 @@ from fsm_celery.core.definition import (
     compile_guard,
 )
 from fsm_celery.core.retry import jitter_unit, retry_delay
-from fsm_celery.core.usage import NO_BUDGET, NOTHING, Budget, Usage, usage_of
+from fsm_celery.core.usage import NO_BUDGET, NOTHING, Budget, Usage, unbounded, usage_of
 
 LOOP_COUNT = "retryCount"
 LOOP_LIMIT = "maxRetries"
@@ -48,7 +48,7 @@ class RejectReason(StrEnum):
     STALE_ATTEMPT = "stale_attempt"
     UNKNOWN_ATTEMPT = "unknown_attempt"
     INVALID_OUTPUT = "invalid_output"  # missing required keys, a guard that fails on it, too big
-    INVALID_VALUE = "invalid_value"  # a value PostgreSQL cannot store (NUL, NaN, 2**64)
+    INVALID_VALUE = "invalid_value"  # what cannot be stored (NUL, NaN, 2**64, a total past it)
     WRONG_AGENT = "wrong_agent"  # sent by an agent the machine is not assigned to
     REFUSED_COMMAND = "refused_command"
     UNPROCESSABLE = "unprocessable"
@@ -180,6 +180,9 @@ def decide(
     if isinstance(decision, Rejected) or not isinstance(event, Ack):
         return decision
     usage = usage_of(event.output)
+    unfit = unbounded(machine.usage, usage)
+    if unfit is not None:  # refused whole: a total the database cannot hold is no total
+        return Rejected(RejectReason.INVALID_VALUE, unfit)
     over = machine.budget.exceeded_by(machine.usage + usage)
     if over is not None and decision.status is MachineStatus.RUNNING:
         # The work is recorded and the machine moves on, but spends nothing more until an

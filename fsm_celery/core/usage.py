@@ -8,7 +8,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fsm_celery.core.messages import INT64_MAX
+
 BUDGET_EXCEEDED = "budget exceeded"
+
+# The most a machine may have spent, bounds that an ack's report cannot pass (it is rejected as
+# invalid_value, auditable, instead of being summed into a total the database refuses after the
+# batch's next states were sent). Tokens: 2**53 - 1, the largest whole number every JSON reader
+# (the dashboard's JavaScript too) reads exactly, so that sums over many machines stay far inside
+# BIGINT. Cost: a trillion in the agents' currency, kept to a ten-thousandth as a float; no agent
+# bills near it, and sums over millions of machines stay finite.
+MAX_TOKENS = 2**53 - 1
+MAX_COST = 1e12
 
 
 @dataclass(frozen=True)
@@ -21,14 +32,38 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         return Usage(self.tokens + other.tokens, round(self.cost + other.cost, 6))
 
+    def past_bounds(self) -> str | None:
+        """Why these totals are more than a machine may have spent, or None."""
+        if self.tokens > MAX_TOKENS:
+            return f"{self.tokens} tokens, over the most a machine may spend ({MAX_TOKENS})"
+        if not self.cost <= MAX_COST:  # inf and nan too
+            return f"cost {self.cost:g}, over the most a machine may spend ({MAX_COST:g})"
+        return None
+
+
+def unbounded(spent: Usage, reported: Usage) -> str | None:
+    """Why an ack's reported usage cannot be added to what its machine spent, or None.
+
+    Only what is added is checked: a total stored past the bounds before they existed does not
+    stop the acks that report nothing."""
+    if reported.tokens == 0 and reported.cost == 0:
+        return None
+    total = spent + reported
+    problem = total.past_bounds()
+    if problem is None:
+        return None
+    what = f"tokensUsed {reported.tokens}, cost {reported.cost:g}"
+    return f"{what} would take the machine's totals to {problem}"
+
 
 class Budget(BaseModel):
     """The most a machine may spend; None means no limit."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tokens: int | None = Field(default=None, ge=0)
-    cost: float | None = Field(default=None, ge=0)
+    # within the columns that store them (BIGINT, a finite double)
+    tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    cost: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     def exceeded_by(self, usage: Usage) -> str | None:
         """Why the usage is over this budget, or None."""
@@ -49,4 +84,11 @@ def usage_of(output: Mapping[str, Any]) -> Usage:
     cost = output.get("cost", 0.0)
     valid_tokens = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0
     valid_cost = isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0
-    return Usage(tokens if valid_tokens else 0, float(cost) if valid_cost else 0.0)
+    return Usage(tokens if valid_tokens else 0, _float(cost) if valid_cost else 0.0)
+
+
+def _float(value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # a whole number past a double's range: as good as infinite
+        return float("inf")

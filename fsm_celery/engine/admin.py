@@ -34,6 +34,7 @@ from fsm_celery.exceptions import (
     InvalidAgentId,
     InvalidContext,
     MachineNotFound,
+    Unstorable,
 )
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import History, NewMachine
@@ -115,9 +116,12 @@ class Admin:
             )
             if isinstance(decision, Rejected):
                 raise CommandRefused(command.action.value, str(machine_id), decision.detail)
-            writes.transition(
-                row, decision, command.action.value, actor=command.actor, reason=command.reason
-            )
+            try:
+                writes.transition(
+                    row, decision, command.action.value, actor=command.actor, reason=command.reason
+                )
+            except Unstorable as exc:
+                raise CommandRefused(command.action.value, str(machine_id), exc.detail) from exc
             self._entry.enter_due_txn(conn, {row.id: row}, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()

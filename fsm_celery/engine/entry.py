@@ -67,8 +67,9 @@ class Entry:
             assert not isinstance(decision, Rejected)  # the machine is at that attempt
             writes.transition(row, decision, "dispatch_error")
             return
-        agent = self._route(conn, row, writes.now)
-        writes.dispatch(row.id, agent, task.to_wire(), task.deadline)
+        earlier = writes.sent_before(row.id, task.attempt, task.state)
+        agent = self._route(conn, row, writes.now, earlier)
+        writes.dispatch(task, agent)
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.
@@ -76,11 +77,16 @@ class Entry:
         The rows are locked and the decision is made, so the tasks go out at once: the write
         and the commit (a few milliseconds under load) are not part of an agent's wait. A
         failure or a crash before the commit rolls the decision back and the message that caused
-        it is delivered again, so a state_task may be sent twice (at least once); its duplicate
-        ack is then refused as stale, and the work is applied once. What the database is known
-        to refuse (a NUL character) is rejected before the batch, so it does not cause this.
+        it is delivered again. What the database is known to refuse (a number past its column,
+        a NUL character) is refused before this, one message or machine alone (Writes.transition,
+        fsm_celery.core.intake); and a caller that tries the same messages again with the same
+        Sent (the batch applier, the scan) records those dispatches without sending them twice.
+        Only a crash between the send and the commit sends a state_task twice (at least once);
+        its duplicate ack is then refused as stale, and the work is applied once.
         """
         self._rt.dispatcher.dispatch_many(writes.outbox)
+        if writes.sent is not None:
+            writes.sent.add(writes.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)
         if writes.ended:
             outbox_txn(conn, self._rt, writes)
@@ -103,9 +109,16 @@ class Entry:
             heartbeat_timeout=_ms(state.heartbeat_timeout),
         )
 
-    def _route(self, conn: Connection, row: q.AnyRow, now: datetime) -> str:
+    def _route(
+        self, conn: Connection, row: q.AnyRow, now: datetime, earlier: str | None = None
+    ) -> str:
         """Where the task goes: the machine's agent, else a live agent of its type, else the
-        type's own channel and stream, where any agent of the type may take it."""
+        type's own channel and stream, where any agent of the type may take it. A task a failed
+        transaction sent already stays where it went (`earlier`)."""
+        if earlier is not None:
+            if earlier not in (str(row.agent_id), row.agent_type):
+                q.assign_agent_txn(conn, row.id, UUID(earlier))  # as that transaction did
+            return earlier
         since = now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
         if row.agent_id is not None and (
             row.agent_pinned or q.agent_alive_txn(conn, row.agent_id, since)

@@ -31,8 +31,9 @@ from fsm_celery.core.transition import (
 )
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.steps import Inbound, Next
+from fsm_celery.engine.steps import Inbound, Next, Sent
 from fsm_celery.engine.writes import Writes, aware
+from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import AgentReport
 
@@ -45,16 +46,19 @@ class Inbox:
         self._entry = entry
         self._longest_attempt = timedelta(seconds=runtime.settings.max_attempt_seconds)
 
-    def apply(self, batch: Iterable[Inbound], *, enter: bool = True) -> Next:
+    def apply(
+        self, batch: Iterable[Inbound], *, enter: bool = True, sent: Sent | None = None
+    ) -> Next:
         """Apply a batch of raw agent messages in one transaction.
 
         With enter, the states due now are entered in the same transaction (their state_tasks
-        go out before it commits), as the inline mode does. Without, nothing is sent and every
+        go out before it commits), as the inline mode does; those that a failed try of the same
+        messages sent (`sent`) are recorded, not sent again. Without, nothing is sent and every
         state the batch moved a machine to is in the Next, for an enter_state task each (the
         celery mode).
         """
         settings = self._rt.settings
-        writes = Writes(self._rt.clock())
+        writes = Writes(self._rt.clock(), sent=sent)
         parsed: list[tuple[MachineMessage, Inbound]] = []
         statuses: dict[UUID, tuple[AgentStatus, Inbound]] = {}
         for item in batch:
@@ -148,9 +152,13 @@ class Inbox:
         if isinstance(decision, Rejected):
             writes.reject(decision.reason, decision.detail, raw, **where)
             return
+        try:
+            writes.transition(row, decision, event)
+        except Unstorable as exc:  # refused alone, before the batch sends anything
+            writes.reject(RejectReason.INVALID_VALUE, exc.detail, raw, **where)
+            return
         if decision.failure is FailureKind.INVALID_OUTPUT:
             writes.reject(RejectReason.INVALID_OUTPUT, decision.error or "", raw, **where)
-        writes.transition(row, decision, event)
 
     def _heartbeat(
         self,

@@ -83,4 +83,6 @@ class Runtime:
         (never before: a listener must not see a move that was rolled back)."""
         with self.db.begin() as conn:
             yield conn
+        if writes.sent is not None:
+            writes.sent.forget(writes.sending)  # recorded as sent: nothing decides them again
         self.dispatcher.announce(writes.events)

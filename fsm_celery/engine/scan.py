@@ -7,40 +7,72 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
+import redis
 import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.transition import Rejected, Timeout, decide
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.steps import Scanned
+from fsm_celery.engine.steps import Scanned, Sent
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store
 
 log = logging.getLogger(__name__)
+# The database or Redis is away, not refusing a row: beat's next tick tries again.
+TRANSIENT = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
 
 
 class Scan:
     def __init__(self, runtime: Runtime, entry: Entry) -> None:
         self._rt = runtime
         self._entry = entry
+        self._sent = Sent()  # what a scan that failed sent: the next one sends it not again
 
     def run(self, limit: int = 500) -> Scanned:
         """Time out attempts past their deadline and enter the states whose dispatch is due
         (since FSM_DISPATCH_GRACE_SECONDS: until then, an enter_state task is on its way).
 
         The database is the truth: this also repairs a dispatch lost with a killed worker, a
-        dropped message or a flushed Redis. Rows another transaction holds are skipped.
+        dropped message or a flushed Redis. Rows another transaction holds are skipped. A
+        scan whose write the database refuses goes on machine by machine, so that one machine
+        it cannot write holds back no other (what the failed try sent is not sent again).
         """
-        writes = Writes(self._rt.clock())
+        try:
+            return self._scan(limit)
+        except TRANSIENT:
+            raise
+        except Exception:
+            log.exception("the scan's transaction failed; it goes on machine by machine")
+        handled, next_states = 0, []
+        for machine_id in self._candidates(limit):
+            try:
+                scanned = self._scan(limit, machine_id)
+            except TRANSIENT:
+                raise
+            except Exception:
+                log.exception("the scan could not write machine %s; it goes on", machine_id)
+                continue
+            handled += scanned.handled
+            next_states += scanned.next
+        return Scanned(handled, next_states)
+
+    def _scan(self, limit: int, only: UUID | None = None) -> Scanned:
+        writes = Writes(self._rt.clock(), sent=self._sent)
         grace = timedelta(seconds=self._rt.settings.dispatch_grace_seconds)
         with self._rt.transaction(writes) as conn:
-            overdue = q.lock_overdue_txn(conn, writes.now, limit)
+            overdue = q.lock_overdue_txn(conn, writes.now, limit, only)
             for row in overdue:
                 _contained(row, self._time_out, conn, row, writes)
-            due = q.lock_due_txn(conn, writes.now - grace, limit)
+            due = q.lock_due_txn(conn, writes.now - grace, limit, only)
             rows = {row.id: row for row in (*overdue, *due)}
             for mid in writes.due_now():
                 _contained(rows[mid], self._entry.enter_txn, conn, rows[mid], writes)
@@ -49,6 +81,13 @@ class Scan:
             self._entry.send_and_write(conn, writes)
             schedule_store.touch_txn(conn, "scan", writes.now)  # beat is alive (fsm-celery doctor)
         return Scanned(len(overdue) + len(due), writes.next())
+
+    def _candidates(self, limit: int) -> list[UUID]:
+        """The machines a scan would handle now, read without a lock."""
+        now = self._rt.clock()
+        grace = timedelta(seconds=self._rt.settings.dispatch_grace_seconds)
+        with self._rt.db.connect() as conn:
+            return q.scan_candidates_txn(conn, now, now - grace, limit)
 
     def _time_out(self, conn: Connection, row: q.AnyRow, writes: Writes) -> None:
         definition = self._rt.catalog.version(conn, row.type, row.definition_version)

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from fsm_celery.core.stats import Tally, bucket_of, tallies
+from fsm_celery.core.stats import Tally, bucket_of, saturated, saturated_cost, tallies
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import aware
 from fsm_celery.store import dialects
@@ -105,7 +105,7 @@ def _by_state(rows: Iterable[AnyRow]) -> list[tuple[str, str, int, int, int, int
         found[key] += 1
         successes[key] += int(row.success)
         durations[key] += row.duration_ms or 0
-    return [(*key, n, successes[key], durations[key]) for key, n in found.items()]
+    return [(*key, n, successes[key], saturated(durations[key])) for key, n in found.items()]
 
 
 def _by_agent(rows: Iterable[AnyRow]) -> list[tuple[UUID, int, int, float]]:
@@ -116,7 +116,10 @@ def _by_agent(rows: Iterable[AnyRow]) -> list[tuple[UUID, int, int, float]]:
             total[0] += 1
             total[1] += row.tokens_used
             total[2] += row.cost
-    return [(agent, int(n), int(tokens), cost) for agent, (n, tokens, cost) in found.items()]
+    return [
+        (agent, int(n), saturated(int(tokens)), saturated_cost(cost))
+        for agent, (n, tokens, cost) in found.items()
+    ]
 
 
 def _stored(rows: Sequence[AnyRow]) -> list[tuple[str, str, int, int, int, int]]:
@@ -159,8 +162,9 @@ def _usage_by_type(
 ) -> dict[str, dict[str, Any]]:
     usage: dict[str, dict[str, Any]] = defaultdict(lambda: {"tokens": 0, "cost": 0.0})
     for row in counts:
-        usage[row.type]["tokens"] += int(row.tokens or 0)
-        usage[row.type]["cost"] += float(row.cost or 0)
+        entry = usage[row.type]
+        entry["tokens"] = saturated(entry["tokens"] + int(row.tokens or 0))
+        entry["cost"] = saturated_cost(entry["cost"] + float(row.cost or 0))
     for (machine_type, _), tally in states.items():
         usage[machine_type]["attempts"] = usage[machine_type].get("attempts", 0) + tally.attempts
     return dict(usage)
@@ -170,12 +174,16 @@ def _usage_by_agent(
     folded: dict[UUID, AnyRow], tail: list[tuple[UUID, int, int, float]]
 ) -> dict[str, dict[str, Any]]:
     usage = {
-        str(agent): {"tokens": int(row.tokens), "cost": float(row.cost), "attempts": row.attempts}
+        str(agent): {
+            "tokens": int(row.tokens),
+            "cost": saturated_cost(float(row.cost)),  # stored before it saturated: inf
+            "attempts": row.attempts,
+        }
         for agent, row in folded.items()
     }
     for agent, attempts, tokens, cost in tail:
         entry = usage.setdefault(str(agent), {"tokens": 0, "cost": 0.0, "attempts": 0})
-        entry["tokens"] += tokens
-        entry["cost"] += cost
+        entry["tokens"] = saturated(entry["tokens"] + tokens)
+        entry["cost"] = saturated_cost(entry["cost"] + cost)
         entry["attempts"] += attempts
     return usage

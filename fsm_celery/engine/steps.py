@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
 from typing import NamedTuple
 from uuid import UUID
 
@@ -37,3 +40,39 @@ class Scanned(NamedTuple):
 
     handled: int
     next: Next
+
+
+Sending = tuple[UUID, int, str]  # a state_task: its machine, attempt and state
+
+
+class Sent:
+    """The state_tasks sent by transactions that then failed, and where each went.
+
+    The transaction that applies the same messages again (a batch split, or tried again once
+    the database is back) decides the same attempts: it records their dispatch, to the same
+    agent, without sending them a second time (DESIGN.md, invariant 8). A commit forgets its
+    own; the oldest are forgotten past `most` (a message parked for good never commits).
+    """
+
+    def __init__(self, most: int = 10_000) -> None:
+        self._most = most
+        self._where: OrderedDict[Sending, str] = OrderedDict()
+        self._lock = threading.Lock()  # the bridge's sources share their applier
+
+    def where(self, sending: Sending) -> str | None:
+        """The agent (or agent type) the state_task was sent to, if it was."""
+        with self._lock:
+            return self._where.get(sending)
+
+    def add(self, sent: Mapping[Sending, str]) -> None:
+        with self._lock:
+            self._where.update(sent)
+            while len(self._where) > self._most:
+                self._where.popitem(last=False)
+
+    def forget(self, committed: Mapping[Sending, str]) -> None:
+        if not committed:
+            return
+        with self._lock:
+            for sending in committed:
+                self._where.pop(sending, None)

@@ -10,12 +10,20 @@ from uuid import UUID
 
 from sqlalchemy import Connection
 
-from fsm_celery.core.messages import EVENT_ERROR_CHARS, INT32_MAX, StateEvent
+from fsm_celery.core.messages import (
+    EVENT_ERROR_CHARS,
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    StateEvent,
+    StateTask,
+)
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
 from fsm_celery.core.usage import Budget, Usage
-from fsm_celery.engine.steps import Next, Step
+from fsm_celery.engine.steps import Next, Sending, Sent, Step
+from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import queries as q
-from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection
+from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
 
 KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or why it paused
 ENDED = (MachineStatus.COMPLETED, MachineStatus.FAILED, MachineStatus.CANCELLED)
@@ -60,6 +68,8 @@ class Writes:
     history: list[History] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     outbox: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_task)
+    sending: dict[Sending, str] = field(default_factory=dict)  # dispatched here: where to
+    sent: Sent | None = None  # what failed transactions sent (kept across them by the caller)
     machines: dict[UUID, Machine] = field(default_factory=dict)  # as moved in this transaction
     delays: dict[UUID, float] = field(default_factory=dict)
     types: dict[UUID, str] = field(default_factory=dict)
@@ -80,10 +90,19 @@ class Writes:
         actor: str | None = None,
         reason: str | None = None,
     ) -> None:
-        """Record a decided transition: the machine's new state and the attempt's history row."""
+        """Record a decided transition: the machine's new state and the attempt's history row.
+
+        Raises Unstorable, having recorded nothing, when a value would not fit its column: the
+        caller refuses that transition alone, before anything is sent (a write refused after
+        the transaction's state_tasks went out would roll back moves already dispatched).
+        """
         machine = self.machine(row)
-        running = t.status is MachineStatus.RUNNING
         spent = machine.usage + t.usage
+        move = self._move(row, t, spent)
+        history = self._history(row, machine, t, event, actor, reason)
+        problem = unfit(move) or unfit(history)
+        if problem is not None:
+            raise Unstorable(str(row.id), problem)
         self.machines[row.id] = Machine(
             id=row.id,
             current_state=t.to_state,
@@ -98,7 +117,15 @@ class Writes:
         self.delays[row.id] = t.delay_seconds
         self.types[row.id] = row.type
         self.entered.discard(row.id)  # entered earlier in this transaction, and left again
-        self.moves[row.id] = Move(
+        self.moves[row.id] = move
+        self.history.append(history)
+        self.announce(history, row, t.status.value, t.state_retries)
+        if t.status in ENDED:
+            self.ended.append((row, t))
+
+    def _move(self, row: q.AnyRow, t: Transition, spent: Usage) -> Move:
+        running = t.status is MachineStatus.RUNNING
+        return Move(
             id=row.id,
             current_state=t.to_state,
             status=t.status.value,
@@ -116,34 +143,39 @@ class Writes:
             error=t.error if t.status in KEEPS_ERROR else None,
             updated_at=self.now,
         )
+
+    def _history(
+        self,
+        row: q.AnyRow,
+        machine: Machine,
+        t: Transition,
+        event: str,
+        actor: str | None,
+        reason: str | None,
+    ) -> History:
         beat = self.beats.get(row.id)
         entered = aware(row.entered_at)
         # how long the state ran; a move out of a paused or ended machine (resume, retry,
         # force) times nothing: the time since it stopped is not the state's
         timed = machine.status is MachineStatus.RUNNING
-        self.history.append(
-            History(
-                machine_id=row.id,
-                from_state=t.from_state,
-                to_state=t.to_state,
-                success=t.success,
-                output=t.output,
-                error_message=t.error,
-                duration_ms=_ms(self.now - entered) if entered and timed else None,
-                attempt=machine.attempt,
-                event=event,
-                actor=actor,
-                reason=reason,
-                progress=beat.progress if beat is not None else row.progress,
-                agent_id=row.agent_id,
-                tokens_used=t.usage.tokens,
-                cost=t.usage.cost,
-                created_at=self.now,
-            )
+        return History(
+            machine_id=row.id,
+            from_state=t.from_state,
+            to_state=t.to_state,
+            success=t.success,
+            output=t.output,
+            error_message=t.error,
+            duration_ms=duration_ms(self.now - entered) if entered and timed else None,
+            attempt=machine.attempt,
+            event=event,
+            actor=actor,
+            reason=reason,
+            progress=beat.progress if beat is not None else row.progress,
+            agent_id=row.agent_id,
+            tokens_used=t.usage.tokens,
+            cost=t.usage.cost,
+            created_at=self.now,
         )
-        self.announce(self.history[-1], row, t.status.value, t.state_retries)
-        if t.status in ENDED:
-            self.ended.append((row, t))
 
     def announce(
         self,
@@ -176,17 +208,28 @@ class Writes:
             )
         )
 
-    def dispatch(self, machine_id: UUID, agent: str, message: str, deadline: datetime) -> None:
-        """Record that the machine's attempt is sent now, with its deadline, and queue it."""
+    def dispatch(self, task: StateTask, agent: str) -> None:
+        """Record that the machine's attempt is sent now, with its deadline, and queue it (unless
+        a transaction that failed sent it already: see Sent)."""
+        machine_id = task.machine_id
         moved = self.moves.get(machine_id)
         if moved is not None:  # decided in this transaction: one UPDATE does both
             moved.dispatch_due_at = None
             moved.entered_at = self.now
-            moved.deadline_at = deadline
+            moved.deadline_at = task.deadline
         else:
-            self.dispatches[machine_id] = Dispatch(machine_id, None, self.now, deadline, self.now)
+            self.dispatches[machine_id] = Dispatch(
+                machine_id, None, self.now, task.deadline, self.now
+            )
         self.entered.add(machine_id)
-        self.outbox.append((agent, message))
+        sending = (machine_id, task.attempt, task.state)
+        self.sending[sending] = agent
+        if self.sent is None or self.sent.where(sending) is None:
+            self.outbox.append((agent, task.to_wire()))
+
+    def sent_before(self, machine_id: UUID, attempt: int, state: str) -> str | None:
+        """Where a failed transaction sent this attempt's state_task, if one did."""
+        return None if self.sent is None else self.sent.where((machine_id, attempt, state))
 
     def due_now(self) -> list[UUID]:
         """Machines this transaction moved on whose next state is to be entered at once."""
@@ -243,5 +286,6 @@ class Writes:
         q.insert_rejections_txn(conn, self.rejections)
 
 
-def _ms(delta: timedelta) -> int:
-    return int(delta.total_seconds() * 1000)
+def duration_ms(delta: timedelta) -> int:
+    """A duration in whole milliseconds, within BIGINT (state_transitions.duration_ms)."""
+    return max(INT64_MIN, min(INT64_MAX, int(delta.total_seconds() * 1000)))

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, Row, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Row, and_, delete, func, insert, select, update
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
@@ -79,7 +79,7 @@ def latest_definition_txn(
     ).first()
     if row is None:
         return None
-    return row.version, parse_definition(row.body, f"{machine_type} v{row.version}")
+    return row.version, _stored(row.body, f"{machine_type} v{row.version}")
 
 
 def definition_txn(conn: Connection, machine_type: str, version: int) -> MachineDefinition:
@@ -89,7 +89,13 @@ def definition_txn(conn: Connection, machine_type: str, version: int) -> Machine
             definitions.c.type == machine_type, definitions.c.version == version
         )
     ).scalar_one()
-    return parse_definition(body, f"{machine_type} v{version}")
+    return _stored(body, f"{machine_type} v{version}")
+
+
+def _stored(body: Any, source: str) -> MachineDefinition:
+    """A stored version, as the static checker passed it when it was loaded: a check added
+    since (a bound on timeouts, say) must not stop the machines already running on it."""
+    return parse_definition(body, source, check=False)
 
 
 def insert_machine_txn(conn: Connection, machine: NewMachine) -> None:
@@ -170,30 +176,58 @@ def rejections_txn(
     return conn.execute(query).all()
 
 
-def lock_overdue_txn(conn: Connection, now: datetime, limit: int) -> Sequence[AnyRow]:
-    """Lock running, dispatched machines whose deadline passed (skipping rows others hold)."""
-    return conn.execute(
+def lock_overdue_txn(
+    conn: Connection, now: datetime, limit: int, only: UUID | None = None
+) -> Sequence[AnyRow]:
+    """Lock running, dispatched machines whose deadline passed (skipping rows others hold);
+    only: that machine, if it is one."""
+    query = (
         select(machines)
-        .where(
-            machines.c.status == "running",
-            machines.c.dispatch_due_at.is_(None),
-            machines.c.deadline_at <= now,
-        )
+        .where(_overdue(now))
         .order_by(machines.c.deadline_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
-    ).all()
+    )
+    return conn.execute(query if only is None else query.where(machines.c.id == only)).all()
 
 
-def lock_due_txn(conn: Connection, now: datetime, limit: int) -> Sequence[AnyRow]:
-    """Lock running machines whose next state is due to be dispatched (skipping held rows)."""
-    return conn.execute(
+def lock_due_txn(
+    conn: Connection, now: datetime, limit: int, only: UUID | None = None
+) -> Sequence[AnyRow]:
+    """Lock running machines whose next state is due to be dispatched (skipping held rows);
+    only: that machine, if it is one."""
+    query = (
         select(machines)
-        .where(machines.c.status == "running", machines.c.dispatch_due_at <= now)
+        .where(_due(now))
         .order_by(machines.c.dispatch_due_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
-    ).all()
+    )
+    return conn.execute(query if only is None else query.where(machines.c.id == only)).all()
+
+
+def scan_candidates_txn(
+    conn: Connection, overdue: datetime, due: datetime, limit: int
+) -> list[UUID]:
+    """The machines past their deadline, then those due to be dispatched (no lock taken)."""
+    c = machines.c
+    found: list[UUID] = []
+    for where, order in ((_overdue(overdue), c.deadline_at), (_due(due), c.dispatch_due_at)):
+        query = select(c.id).where(where).order_by(order).limit(limit)
+        found += [row.id for row in conn.execute(query)]
+    return list(dict.fromkeys(found))
+
+
+def _overdue(now: datetime) -> ColumnElement[bool]:
+    return and_(
+        machines.c.status == "running",
+        machines.c.dispatch_due_at.is_(None),
+        machines.c.deadline_at <= now,
+    )
+
+
+def _due(now: datetime) -> ColumnElement[bool]:
+    return and_(machines.c.status == "running", machines.c.dispatch_due_at <= now)
 
 
 def upsert_agents_txn(conn: Connection, reports: Sequence[AgentReport]) -> None:

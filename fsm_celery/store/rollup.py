@@ -5,10 +5,22 @@ and never commits; fsm_celery.engine.stats owns the transactions and explains th
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Float,
+    case,
+    func,
+    literal,
+    select,
+    update,
+)
 
+from fsm_celery.core.stats import MOST, MOST_COST
 from fsm_celery.store import dialects
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.tables import (
@@ -21,6 +33,7 @@ from fsm_celery.store.tables import (
 )
 
 HISTORY = "history"
+ROW_COST = MOST_COST / 2**63  # ~1.9e289, far past any machine's (MAX_COST: 1e12)
 ATTEMPTS = ("ack", "timeout")  # the history rows that end an agent's attempt
 
 
@@ -100,9 +113,8 @@ def add_state_stats_txn(
         insert.on_conflict_do_update(
             index_elements=["machine_type", "state", "bucket"],
             set_={
-                "attempts": state_stats.c.attempts + insert.excluded.attempts,
-                "successes": state_stats.c.successes + insert.excluded.successes,
-                "duration_ms": state_stats.c.duration_ms + insert.excluded.duration_ms,
+                name: _plus(state_stats.c[name], insert.excluded[name], MOST)
+                for name in ("attempts", "successes", "duration_ms")
             },
         ),
         values,
@@ -119,13 +131,20 @@ def add_agent_usage_txn(conn: Connection, rows: Iterable[tuple[UUID, int, int, f
         insert.on_conflict_do_update(
             index_elements=["agent_id"],
             set_={
-                "attempts": agent_usage.c.attempts + insert.excluded.attempts,
-                "tokens": agent_usage.c.tokens + insert.excluded.tokens,
-                "cost": agent_usage.c.cost + insert.excluded.cost,
+                "attempts": _plus(agent_usage.c.attempts, insert.excluded.attempts, MOST),
+                "tokens": _plus(agent_usage.c.tokens, insert.excluded.tokens, MOST),
+                "cost": _plus(agent_usage.c.cost, insert.excluded.cost, MOST_COST),
             },
         ),
         values,
     )
+
+
+def _plus(stored: ColumnElement[Any], added: ColumnElement[Any], most: float) -> ColumnElement[Any]:
+    """stored + added, saturated at most: compared before adding (both are >= 0), as the sum
+    itself would overflow and fail the fold."""
+    top = literal(most, Float() if isinstance(most, float) else BigInteger())
+    return case((stored > top - added, top), else_=stored + added)
 
 
 def state_stats_txn(conn: Connection) -> Sequence[AnyRow]:
@@ -145,8 +164,10 @@ def machine_counts_txn(conn: Connection) -> Sequence[AnyRow]:
             c.agent_type,
             c.status,
             func.count().label("total"),
-            func.sum(c.tokens_used).label("tokens"),
-            func.sum(c.cost).label("cost"),
+            func.sum(c.tokens_used).label("tokens"),  # numeric in PostgreSQL: no overflow
+            # a double's sum past its range is an error: each row counts for at most a share
+            # of it small enough that no count of rows reaches it
+            func.sum(case((c.cost > ROW_COST, ROW_COST), else_=c.cost)).label("cost"),
         ).group_by(c.type, c.agent_type, c.status)
     ).all()
 

@@ -7,10 +7,18 @@ fails the unit test that compares them with the schema, not a transaction in pro
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 from uuid import UUID
+
+from sqlalchemy import BigInteger, Float, Integer, SmallInteger, String, Table, Text
+from sqlalchemy.types import TypeEngine
+
+from fsm_celery.store.tables import agents, machines, rejected_messages, transitions
 
 
 @dataclass(slots=True)
@@ -147,3 +155,75 @@ _COLUMNS: dict[type[Row], tuple[str, ...]] = {}
 def values(row: Row) -> dict[str, Any]:
     """The row as column → value (shallow: its JSON values are passed as they are)."""
     return {name: getattr(row, name) for name in columns(type(row))}
+
+
+# ---- what each column can hold ------------------------------------------------------------
+
+TABLES: dict[type[Row], Table] = {
+    NewMachine: machines,
+    Move: machines,
+    Dispatch: machines,
+    Beat: machines,
+    History: transitions,
+    Rejection: rejected_messages,
+    AgentReport: agents,
+}
+WHOLE, DOUBLE, TEXT = 0, 1, 2
+Limit = tuple[str, int, int | None]  # a column, its kind, and its bound (range, length)
+_LIMITS: dict[type[Row], tuple[Callable[[Row], Any], tuple[Limit, ...]]] = {}
+
+
+def unfit(row: Row) -> str | None:
+    """Which value of the row its column cannot hold, and why, or None.
+
+    The numbers and text PostgreSQL refuses (a whole number past the column's range, NaN or
+    infinity, a NUL character, a string longer than its column) are found here, before the
+    transaction's state_tasks are sent; JSON values are checked where they arrive (intake).
+    On every transition: one attribute fetch per row and no call per column.
+    """
+    found = _LIMITS.get(type(row))
+    if found is None:
+        found = _LIMITS[type(row)] = _limits(type(row))
+    get, limits = found
+    for value, (name, kind, bound) in zip(get(row), limits, strict=True):
+        if value is None:
+            continue
+        if kind == WHOLE:
+            assert bound is not None
+            if -bound <= value < bound:
+                continue
+            return f"{name} {value} does not fit its column (from {-bound} to {bound - 1})"
+        if kind == DOUBLE:
+            if math.isfinite(value):
+                continue
+            return f"{name} {value} is not a finite number"
+        if "\x00" in value:
+            return f"{name} holds a NUL character (\\u0000)"
+        if bound is not None and len(value) > bound:
+            return f"{name} is {len(value)} characters long, over its column's {bound}"
+    return None
+
+
+def _limits(kind: type[Row]) -> tuple[Callable[[Row], Any], tuple[Limit, ...]]:
+    table = TABLES[kind]
+    limits = []
+    for name in columns(kind):
+        limit = _limit(table.c[name].type)
+        if limit is not None:
+            limits.append((name, *limit))
+    getter = attrgetter(*(name for name, _, _ in limits))
+    return (lambda row: (getter(row),)) if len(limits) == 1 else getter, tuple(limits)
+
+
+def _limit(kind: TypeEngine[Any]) -> tuple[int, int | None] | None:
+    if isinstance(kind, SmallInteger):
+        return WHOLE, 2**15
+    if isinstance(kind, BigInteger):
+        return WHOLE, 2**63
+    if isinstance(kind, Integer):
+        return WHOLE, 2**31
+    if isinstance(kind, Float):
+        return DOUBLE, None
+    if isinstance(kind, String):  # Text too
+        return TEXT, None if isinstance(kind, Text) else kind.length
+    return None

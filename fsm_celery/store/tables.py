@@ -112,7 +112,7 @@ transitions = Table(
     Column("success", Boolean, nullable=False),
     Column("output", Json),
     Column("error_message", Text),
-    Column("duration_ms", Integer),
+    Column("duration_ms", BigInteger),  # 0008: INTEGER held 24.8 days
     _created(),
     # engine additions: one row per attempt, enforced by the database
     Column("attempt", Integer, nullable=False),

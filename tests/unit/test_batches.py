@@ -30,9 +30,11 @@ class Engine:
         self.unrecordable = unrecordable
         self.applied: list[list[str]] = []
         self.rejected: list[tuple[str, RejectReason, str]] = []
+        self.memories: list[object] = []  # the Sent each try was given
         self.inbox = self
 
-    def apply(self, batch: list[Inbound], *, enter: bool = True) -> Next:
+    def apply(self, batch: list[Inbound], *, enter: bool = True, sent: object = None) -> Next:
+        self.memories.append(sent)
         if self.error is not None:
             raise self.error
         payloads = [item.raw for item in batch]
@@ -105,3 +107,11 @@ def test_a_message_that_cannot_even_be_recorded_is_handed_back_and_the_others_ap
     assert _applier(engine, entered)(batch) == [batch[1]]
     assert engine.applied == [["a"], ["c"]]
     assert engine.rejected == []
+
+
+def test_every_try_of_a_batch_and_of_its_split_shares_what_the_failed_tries_sent() -> None:
+    engine, entered = Engine({"b"}), list[Step]()
+    applier = _applier(engine, entered)
+    applier(_batch("a", "b", "c"))
+    applier(_batch("d"))
+    assert len(engine.memories) == 5 and all(m is applier.sent for m in engine.memories)

@@ -499,6 +499,42 @@ def test_spending_past_the_budget_pauses_in_the_next_state(
     assert not t.enters_state
 
 
+@pytest.mark.parametrize(
+    ("spent", "output"),
+    [
+        (Usage(2**53 - 1), {"tokensUsed": 1}),
+        (Usage(2**63 - 1), {"tokensUsed": 2**63 - 1}),
+        (Usage(0, 1.7e308), {"cost": 1.7e308}),
+        (Usage(0, 1e12), {"cost": 0.5}),
+        (Usage(), {"cost": 10**400}),
+    ],
+    ids=[
+        "tokens-past-2**53",
+        "tokens-past-bigint",
+        "cost-to-infinity",
+        "cost-past-1e12",
+        "10**400",
+    ],
+)
+def test_an_ack_whose_usage_would_take_the_totals_past_their_bounds_is_rejected(
+    build_project: MachineDefinition, spent: Usage, output: dict[str, Any]
+) -> None:
+    m = machine_in(build_project, "WRITE_SPEC")
+    m = Machine(m.id, m.current_state, m.status, 1, 0, m.context, spent)
+    r = rejection(build_project, m, Ack("WRITE_SPEC", 1, True, {"specPath": "s.md", **output}))
+    assert r.reason is RejectReason.INVALID_VALUE
+    assert "would take the machine's totals to" in r.detail
+
+
+def test_an_ack_reporting_nothing_moves_a_machine_whose_stored_totals_are_past_the_bounds(
+    build_project: MachineDefinition,
+) -> None:
+    m = machine_in(build_project, "WRITE_SPEC")
+    m = Machine(m.id, m.current_state, m.status, 1, 0, m.context, Usage(2**63 - 1, 1e300))
+    t = transition(build_project, m, Ack("WRITE_SPEC", 1, True, {"specPath": "s.md"}))
+    assert t.to_state == "CREATE_PROJECT"
+
+
 # -- rejections -------------------------------------------------------------------------------
 
 

@@ -257,6 +257,32 @@ def test_backoff_delay_above_its_cap() -> None:
     assert p == Problem("backoff needs 0 <= delay <= max_delay", SOURCE, "A", "backoff")
 
 
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("timeout", "timeout: 2592001"),
+        ("max_duration", "timeout: 10\n    max_duration: 5184000"),  # 60 days
+        ("heartbeat_timeout", "timeout: 10\n    heartbeat_timeout: 2592001"),
+        ("backoff", "timeout: 10\n    backoff: {delay: 1, max_delay: 2592001}"),
+    ],
+)
+def test_a_wait_past_30_days_is_refused(field: str, text: str) -> None:
+    p = only_problem(edit("timeout: 10", text))
+    assert p == Problem(f"{field} must be at most 30 days (2592000s)", SOURCE, "A", field)
+
+
+def test_a_wait_of_30_days_is_accepted() -> None:
+    load_text(edit("timeout: 10", "timeout: 2592000\n    max_duration: 2592000"), SOURCE)
+
+
+def test_a_stored_version_past_a_newer_bound_is_still_read() -> None:
+    body = load_text(GOOD).to_json()
+    body["states"][0]["timeout"] = 60 * 86_400.0
+    with pytest.raises(DefinitionError):
+        parse_definition(body, SOURCE)
+    assert parse_definition(body, SOURCE, check=False).states[0].timeout.days == 60
+
+
 def test_prompt_template_that_does_not_compile() -> None:
     p = only_problem(edit("Do {{ thing }}.", "Do {{ thing }."))
     assert_problem(p, "A", "prompt", "prompt template does not compile")

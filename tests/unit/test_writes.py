@@ -5,7 +5,7 @@ states moved to and not entered in the transaction."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -14,10 +14,13 @@ import pytest
 from sqlalchemy import Table
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
+from fsm_celery.core.messages import StateTask
 from fsm_celery.core.transition import MachineStatus, Transition
-from fsm_celery.engine.steps import Step
-from fsm_celery.engine.writes import Writes
-from fsm_celery.store import postgres, sqlite
+from fsm_celery.core.usage import Usage
+from fsm_celery.engine.steps import Sent, Step
+from fsm_celery.engine.writes import Writes, duration_ms
+from fsm_celery.exceptions import Unstorable
+from fsm_celery.store import postgres, rows, sqlite
 from fsm_celery.store.rows import (
     AgentReport,
     Beat,
@@ -120,7 +123,7 @@ def test_next_holds_the_states_moved_to_and_not_entered() -> None:
     writes.transition(waiting, _moved(waiting, "C", MachineStatus.RUNNING), "ack")
     writes.transition(done, _moved(done, "END", MachineStatus.COMPLETED), "ack")
     assert writes.due_now() == [entered.id, waiting.id]
-    writes.dispatch(entered.id, "agent", "{}", NOW)
+    writes.dispatch(_task(entered.id, 2, "B"), "agent")
     assert writes.due_now() == [waiting.id]
     assert writes.next() == [Step(delayed.id, 2, 2.0, "A", "t"), Step(waiting.id, 2, 0.0, "C", "t")]
     move = writes.moves[entered.id]
@@ -155,9 +158,95 @@ def test_each_transition_queues_its_event_as_its_history_row_says() -> None:
 def test_entering_a_machine_not_moved_records_a_dispatch_of_its_own() -> None:
     writes = Writes(NOW)
     row = _row(entered_at=None)
-    writes.dispatch(row.id, "agent", "{}", NOW)
+    task = _task(row.id, 1, "A")
+    writes.dispatch(task, "agent")
     assert writes.dispatches[row.id] == Dispatch(row.id, None, NOW, NOW, NOW)
-    assert writes.next() == [] and writes.outbox == [("agent", "{}")]
+    assert writes.next() == [] and writes.outbox == [("agent", task.to_wire())]
+
+
+def _task(machine_id: uuid.UUID, attempt: int, state: str) -> StateTask:
+    return StateTask(
+        machine_id=machine_id,
+        machine_type="t",
+        state=state,
+        attempt=attempt,
+        context={},
+        prompt="",
+        required_output=[],
+        timeout=1000,
+        deadline=NOW,
+        task_token="token",
+    )
+
+
+def test_a_state_task_a_failed_transaction_sent_is_recorded_and_not_sent_again() -> None:
+    sent = Sent()
+    row = _row(entered_at=None)
+    failed = Writes(NOW, sent=sent)
+    failed.dispatch(_task(row.id, 1, "A"), "agent-1")
+    sent.add(failed.sending)  # what send_and_write does once it sent them; then it rolled back
+    again = Writes(NOW, sent=sent)
+    assert again.sent_before(row.id, 1, "A") == "agent-1"
+    again.dispatch(_task(row.id, 1, "A"), "agent-1")
+    assert again.outbox == [] and row.id in again.dispatches  # recorded, not sent
+    sent.forget(again.sending)  # committed
+    assert sent.where((row.id, 1, "A")) is None
+
+
+def test_the_memory_of_sent_state_tasks_is_bounded() -> None:
+    sent = Sent(most=2)
+    keys = [(uuid.uuid4(), 1, "A") for _ in range(3)]
+    for key in keys:
+        sent.add({key: "agent"})
+    assert [sent.where(k) for k in keys] == [None, "agent", "agent"]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"attempt": 2**31 - 1}, "attempt 2147483648 does not fit its column"),
+        ({"tokens_used": 2**63 - 1}, "tokens_used 9223372036854775808 does not fit"),
+        ({"cost": 1.7e308}, "cost inf is not a finite number"),
+    ],
+    ids=["attempt", "tokens", "cost"],
+)
+def test_a_transition_whose_row_would_not_fit_is_refused_and_records_nothing(
+    change: dict[str, Any], problem: str
+) -> None:
+    writes = Writes(NOW)
+    row = _row(**change)
+    moved = replace(
+        _moved(row, "B", MachineStatus.RUNNING), usage=Usage(1 if "tokens_used" in change else 0)
+    )
+    if "cost" in change:
+        moved = replace(moved, usage=Usage(0, 1.7e308))
+    with pytest.raises(Unstorable, match=problem):
+        writes.transition(row, moved, "ack")
+    assert (writes.moves, writes.history, writes.events, writes.machines) == ({}, [], [], {})
+
+
+def test_a_reason_with_a_nul_character_is_refused() -> None:
+    writes = Writes(NOW)
+    row = _row()
+    with pytest.raises(Unstorable, match="reason holds a NUL"):
+        writes.transition(row, _moved(row, "B", MachineStatus.PAUSED), "pause", reason="a\x00b")
+
+
+def test_an_actor_longer_than_its_column_is_refused() -> None:
+    writes = Writes(NOW)
+    row = _row()
+    with pytest.raises(Unstorable, match="actor is 101 characters long, over its column's 100"):
+        writes.transition(row, _moved(row, "B", MachineStatus.PAUSED), "pause", actor="a" * 101)
+
+
+def test_a_duration_is_kept_within_bigint() -> None:
+    assert duration_ms(timedelta(days=30)) == 30 * 86_400_000  # past INTEGER's 24.8 days
+    assert duration_ms(timedelta.max) < 2**63
+
+
+@pytest.mark.parametrize(("kind", "table"), TABLES, ids=[k.__name__ for k, _ in TABLES])
+def test_every_column_a_row_writes_knows_what_it_can_hold(kind: type[Row], table: Table) -> None:
+    assert rows.TABLES[kind] is table
 
 
 @pytest.mark.parametrize(
