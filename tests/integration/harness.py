@@ -554,6 +554,8 @@ def dispatches(env: FsmEnv, agent_id: str) -> dict[tuple[str, int], int]:
     counts: dict[tuple[str, int], int] = {}
     for _, fields in env.redis.xrange(stream):
         task = json.loads(fields[b"message"])
+        if task["type"] != "state_task":
+            continue
         key = (task["machineId"], task["attempt"])
         counts[key] = counts.get(key, 0) + 1
     return counts
