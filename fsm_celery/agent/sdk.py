@@ -17,7 +17,8 @@ never answered (the agent died) is read again when an agent with the same id sta
 deadline has passed.
 
 An attempt the engine superseded is dropped: on its `state_cancel` (an operator paused,
-cancelled, retried or forced the machine), or when a newer attempt of the same machine arrives.
+cancelled, retried or forced the machine, or the attempt timed out), or when a newer attempt of
+the same machine arrives.
 Its slot is freed at once, its heartbeats stop and its answer is never sent; an async handler
 is cancelled, a sync one is left to return into nothing (`task.cancelled` tells it to stop).
 Stopping, the agent says so first, gives running handlers `shutdown_grace` seconds, then hands

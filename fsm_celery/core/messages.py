@@ -64,10 +64,11 @@ class StateTask(_Message):
 
 class StateCancel(_Message):
     """Engine → agent: stop working on this attempt and send nothing for it; an operator's
-    command (pause, cancel, retry, force) superseded it, and its ack would be refused as stale.
+    command (pause, cancel, retry, force) or its deadline superseded it, and its ack would be
+    refused as stale.
 
     Sent on the agent's task stream only (pub/sub agents of the seed's protocol do not know
-    it), after the command committed. It echoes the attempt's taskToken, so an agent cancels
+    it), once the move committed. It echoes the attempt's taskToken, so an agent cancels
     only the task it holds: the token is known only to the engine and the task's reader.
     """
 

@@ -13,7 +13,7 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core.admin import Action, Command, decide_command
-from fsm_celery.core.messages import INT32_MAX, StateCancel, task_token, unstorable
+from fsm_celery.core.messages import INT32_MAX, unstorable
 from fsm_celery.core.transition import (
     LOOP_COUNT,
     LOOP_LIMIT,
@@ -22,6 +22,7 @@ from fsm_celery.core.transition import (
     initial_context,
 )
 from fsm_celery.core.usage import BUDGET_EXCEEDED, Budget
+from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.steps import Next, Step
@@ -34,8 +35,6 @@ from fsm_celery.exceptions import (
 )
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import History, NewMachine
-
-REASON_CHARS = 2000  # of a state_cancel's reason, as an agent's own texts are bounded
 
 
 class Admin:
@@ -116,30 +115,11 @@ class Admin:
             writes.transition(
                 row, decision, command.action.value, actor=command.actor, reason=command.reason
             )
-            self._cancel_in_flight(row, command, writes)
+            secret = self._rt.settings.token_secrets[0]
+            cancel_in_flight(writes, row, secret, _cancel_reason(command))
             self._entry.enter_due_txn(conn, {row.id: row}, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()
-
-    def _cancel_in_flight(self, row: q.AnyRow, command: Command, writes: Writes) -> None:
-        """Tell the agent working on the attempt the command superseded to drop it (once the
-        command commits): it would hold a slot and heartbeat for an attempt whose ack is
-        refused. Nothing is in flight when the machine was not running or its attempt not sent
-        yet (a retry delay)."""
-        if row.status != MachineStatus.RUNNING.value or row.dispatch_due_at is not None:
-            return
-        secret = self._rt.settings.token_secrets[0]
-        why = f"{command.action.value} by {command.actor}"
-        cancel = StateCancel(
-            machine_id=row.id,
-            state=row.current_state,
-            attempt=row.attempt,
-            task_token=task_token(secret, row.id, row.current_state, row.attempt),
-            reason=f"{why}: {command.reason}"[:REASON_CHARS] if command.reason else why,
-        )
-        # Where its state_task went: the machine's agent, else its type's stream.
-        agent = str(row.agent_id) if row.agent_id is not None else str(row.agent_type)
-        writes.cancels.append((agent, cancel.to_wire()))
 
     def set_budget(self, machine_id: UUID, budget: Budget, actor: str, reason: str = "") -> Next:
         """Change the machine's budget (audited: who, why, from what); one paused for its budget
@@ -198,6 +178,12 @@ def _started(machine: NewMachine) -> History:
         cost=0.0,
         created_at=machine.created_at,
     )
+
+
+def _cancel_reason(command: Command) -> str:
+    """What an agent is told of the command that took its attempt away."""
+    why = f"{command.action.value} by {command.actor}"
+    return f"{why}: {command.reason}" if command.reason else why
 
 
 def _checked_context(context: Mapping[str, Any] | None, max_bytes: int) -> dict[str, Any]:

@@ -93,3 +93,20 @@ def test_a_redis_that_cannot_take_the_cancel_fails_no_command(
         dispatcher._client = client  # type: ignore[attr-defined]
     assert fsm.machine(mid).status == "paused"
     assert "1 state_cancels not sent" in caplog.text
+
+
+def test_an_attempt_that_timed_out_is_cancelled_and_its_retry_sent(fsm: Fsm) -> None:
+    agent_id = uuid.uuid4()
+    agent = fsm.agent(str(agent_id))
+    mid = fsm.start("test_timeout", {"who": "the oracle"}, agent_id=agent_id)
+    first = agent.task()
+    fsm.clock.advance(1.1)
+    fsm.scan()
+    assert [(t["state"], t["attempt"]) for t in agent.tasks()] == [("WAIT", 2)]
+    [cancel] = agent.cancels
+    assert (cancel["machineId"], cancel["attempt"], cancel["taskToken"]) == (
+        str(mid),
+        1,
+        first["taskToken"],
+    )
+    assert cancel["reason"] == "timed out: no ack or heartbeat before its deadline"

@@ -33,6 +33,7 @@ from fsm_celery.channel.acl import (
     new_password,
 )
 from fsm_celery.core.messages import (
+    StateCancel,
     ack_channel,
     ack_stream,
     agent_ack_stream,
@@ -324,6 +325,24 @@ def test_agent_cannot_add_tasks(pair: Pair, as_a: redis.Redis, which: str) -> No
     stream = pair.a.task_stream() if which == "own" else pair.a.type_stream()
 
     deny(lambda: as_a.xadd(stream, {"message": "forged task"}))
+
+
+@pytest.mark.parametrize("where", ["stream", "type stream", "channel"])
+def test_agent_cannot_forge_a_cancel_to_another_agent(
+    pair: Pair, as_a: redis.Redis, where: str
+) -> None:
+    cancel = StateCancel(
+        machine_id=uuid.uuid4(),
+        state="WRITE_CODE",
+        attempt=4,
+        task_token="0" * 64,
+        reason="pause by nobody",
+    ).to_wire()
+    if where == "channel":
+        deny(lambda: as_a.publish(task_channel(pair.b.id, pair.prefix), cancel))
+    else:
+        stream = pair.b.task_stream() if where == "stream" else pair.b.type_stream()
+        deny(lambda: as_a.xadd(stream, {"message": cancel}))
 
 
 @pytest.mark.parametrize(
