@@ -115,7 +115,7 @@ def test_a_stopped_agent_exits_within_its_grace_and_its_task_goes_to_another_at_
     done = env.wait_until_done(mid, timeout=30)
     finished_after = time.monotonic() - stopped
 
-    assert exited_after < GRACE + 2.0, f"the agent took {exited_after:.1f}s to exit"
+    assert exited_after < GRACE + 3.0, f"the agent took {exited_after:.1f}s to exit"
     assert done.status == "completed"
     assert finished_after < 20, "the attempt waited for its deadline"
     history = env.client.history(mid)
