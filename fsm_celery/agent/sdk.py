@@ -182,39 +182,42 @@ class Agent:
                     raise
                 self._ensure_groups()  # Redis lost its data: start the groups again
 
-    def _take(self, streams: dict[Any, Any]) -> None:
+    def _take(self, streams: dict[Any, Any]) -> int:
+        """Read what the free slots allow; how many tasks were started."""
         with self._lock:
             free = self.concurrency - len(self._running)
         if free <= 0:
             time.sleep(0.05)
-            return
+            return 0
         found: Any = self._redis().xreadgroup(GROUP, self.id, streams, count=free, block=1000)
-        for stream, entries in found or []:
-            for entry_id, fields in entries:
-                self._read(stream.decode(), entry_id.decode(), fields)
+        return sum(
+            self._read(stream.decode(), entry_id.decode(), fields)
+            for stream, entries in found or []
+            for entry_id, fields in entries
+        )
 
-    def _read(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        """Start a task, or apply a cancel, read from a task stream."""
+    def _read(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> bool:
+        """Start a task, or apply a cancel, read from a task stream; whether a task started."""
         if not fields:  # deleted while pending: nothing left to do
             self._done(stream, entry_id)
-            return
+            return False
         with self._lock:
             if (stream, entry_id) in self._running:
-                return  # read again as pending (after a reconnect) while being worked on
+                return False  # read again as pending (after a reconnect) while worked on
         raw = fields.get(b"message", b"")
         try:
             message = parse_task_message(raw)
         except ValidationError as exc:
             self._refuse(raw, exc)
             self._done(stream, entry_id)
-            return
+            return False
         if isinstance(message, StateCancel):
             self._cancel(message)
             self._done(stream, entry_id)
-            return
-        self._accept(Slot(stream, entry_id, message))
+            return False
+        return self._accept(Slot(stream, entry_id, message))
 
-    def _accept(self, slot: Slot) -> None:
+    def _accept(self, slot: Slot) -> bool:
         task = slot.message
         skip = self._stale(task)
         if skip is not None:
@@ -222,16 +225,17 @@ class Agent:
                 "skipping %s %s attempt %d: %s", task.machine_id, task.state, task.attempt, skip
             )
             self._done(slot.stream, slot.entry_id)
-            return
+            return False
         if self._stop.is_set():  # read in the last poll: another agent is to do it
             self._late.append(slot)
-            return
+            return False
         for older in self._slots(lambda s: s.message.machine_id == task.machine_id):
             self._drop(older, f"superseded by attempt {task.attempt}")
         with self._lock:
             self._running[slot.key] = slot
         name = f"agent-{self.id[:8]}-{task.state}"
         threading.Thread(target=self._work, args=(slot,), name=name, daemon=True).start()
+        return True
 
     def _stale(self, task: StateTask) -> str | None:
         """Why the task is not to be worked on, or None."""

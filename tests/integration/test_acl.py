@@ -13,7 +13,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -247,14 +246,19 @@ def test_sdk_agent_sets_up_its_groups_and_serves_with_its_credentials(
         prefix=user.prefix,
     )
     expired = state_task(datetime.now(UTC) - timedelta(minutes=1))
-    with ThreadPoolExecutor(1) as pool:
-        agent._ensure_groups()
-        entry_id = server.admin.xadd(user.task_stream(), {"message": expired})
-        taken = agent._take(pool, agent._streams())  # its deadline passed: XACK and XDEL only
+    cancel = StateCancel(
+        machine_id=uuid.uuid4(), state="WRITE_CODE", attempt=4, task_token="0" * 64, reason="x"
+    ).to_wire()
+    agent._ensure_groups()
+    entry_ids = [
+        server.admin.xadd(user.task_stream(), {"message": message}) for message in (expired, cancel)
+    ]
+    taken = agent._take(agent._streams())  # a task past its deadline, a cancel: XACK, XDEL only
     agent._redis().close()
 
     assert taken == 0
-    assert server.admin.xrange(user.task_stream(), entry_id, entry_id) == []
+    for entry_id in entry_ids:
+        assert server.admin.xrange(user.task_stream(), entry_id, entry_id) == []
     assert server.admin.xpending(user.task_stream(), GROUP)["pending"] == 0
 
 
