@@ -76,6 +76,9 @@ class Agent:
         found = pipe.execute()[-1]
         for entry_id, fields in found[0][1] if found else []:
             task = json.loads(fields[b"message"])
+            if task.get("type") == "state_cancel":  # a timed-out attempt: nothing to answer
+                self.answered_ids.append(entry_id)
+                continue
             self.log.write(f"T {task['machineId']} {task['attempt']} {stored_ms(entry_id)}\n")
             self.waiting.append((entry_id, task))
 

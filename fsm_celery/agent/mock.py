@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -99,9 +98,9 @@ def serve_mock(agent: Agent, script: MockScript) -> Agent:
 
     @agent.handler()
     def handle(task: Task) -> Mapping[str, Any]:
-        time.sleep(
-            script.slow.get(task.state, 0.0) + script.think_seconds(task.machine_id, task.attempt)
-        )
+        think = script.think_seconds(task.machine_id, task.attempt)
+        if task.wait_cancelled(script.slow.get(task.state, 0.0) + think):
+            raise NoAck  # the engine moved on: no visit, no answer
         return script.respond(task.machine_id, task.state)
 
     return agent

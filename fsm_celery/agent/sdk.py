@@ -3,7 +3,7 @@
     agent = Agent("cto", redis_url="redis://127.0.0.1:6379/0")
 
     @agent.handler("cto_build_project", "WRITE_CODE")
-    def write_code(task: Task) -> dict:
+    def write_code(task: Task) -> dict:     # or `async def`
         task.progress("compiling")          # a heartbeat, with progress text
         return {"filesCreated": [...]}      # the ack's output; raising sends a failed ack
 
@@ -14,12 +14,24 @@ group, at most `concurrency` at a time; acks, heartbeats and the agent's status 
 own ack stream (`stream:state:ack:<agent id>`), which under the deployment's Redis ACLs only this
 agent may write: that is how the engine knows who sent them. A task whose entry was read but
 never answered (the agent died) is read again when an agent with the same id starts, unless its
-deadline has passed. Stopping, the agent says so first, then hands back what it could not
-finish (`state_handback`), so that it goes at once to another agent, without counting a retry.
+deadline has passed.
+
+An attempt the engine superseded is dropped: on its `state_cancel` (an operator paused,
+cancelled, retried or forced the machine, or the attempt timed out), or when a newer attempt of
+the same machine arrives.
+Its slot is freed at once, its heartbeats stop and its answer is never sent; an async handler
+is cancelled, a sync one is left to return into nothing (`task.cancelled` tells it to stop).
+Stopping, the agent says so first, gives running handlers `shutdown_grace` seconds, then hands
+back what they did not finish (`state_handback`), so that it goes at once to another agent,
+without counting a retry, and exits: handlers run on daemon threads, which do not hold the
+process.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
+import inspect
 import json
 import logging
 import signal
@@ -27,65 +39,40 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from pydantic import ValidationError
 
-from fsm_celery.core.messages import StateTask, agent_ack_stream, task_stream
+from fsm_celery.agent.task import Slot, Task, cancellable, reply
+from fsm_celery.core.messages import (
+    TASK_MESSAGE_TYPES,
+    StateCancel,
+    StateTask,
+    agent_ack_stream,
+    parse_task_message,
+    task_stream,
+)
+
+__all__ = ["ANY", "Agent", "Handler", "NoAck", "Task"]
 
 log = logging.getLogger(__name__)
 
 GROUP = "agents"
 ANY = "*"
 ACK_MAXLEN = 10_000  # entries kept on the agent's ack stream while no bridge reads it
+CANCELLED_KEPT = 1_000  # cancelled attempts remembered, so a task read after its cancel is skipped
+SHUTTING_DOWN = "the agent is shutting down"
 
 
 class NoAck(Exception):
     """Raised by a handler to send no ack at all (the state will time out)."""
 
 
-@dataclass
-class Task:
-    """One state attempt handed to a handler."""
-
-    message: StateTask
-    _send: Callable[[dict[str, Any]], None] = field(repr=False)
-
-    @property
-    def machine_id(self) -> str:
-        return str(self.message.machine_id)
-
-    @property
-    def machine_type(self) -> str:
-        return self.message.machine_type
-
-    @property
-    def state(self) -> str:
-        return self.message.state
-
-    @property
-    def attempt(self) -> int:
-        return self.message.attempt
-
-    @property
-    def context(self) -> dict[str, Any]:
-        return self.message.context
-
-    @property
-    def prompt(self) -> str:
-        return self.message.prompt
-
-    def progress(self, text: str) -> None:
-        """Send a heartbeat now, with progress text shown on the machine."""
-        self._send(_reply(self.message, "state_heartbeat", progress=text[:2000]))
-
-
-Handler = Callable[[Task], Mapping[str, Any]]
+Handler = Callable[[Task], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
 
 
 class Agent:
@@ -112,9 +99,11 @@ class Agent:
         self.shutdown_grace = shutdown_grace
         self._handlers: dict[tuple[str, str], Handler] = {}
         self._stop = threading.Event()
+        self._stop_asked = 0.0  # monotonic time of stop(): the grace counts from it
         self._lock = threading.Lock()
-        self._running: dict[str, StateTask] = {}  # entry id -> task being worked on
-        self._handed_back: set[str] = set()
+        self._running: dict[tuple[str, str], Slot] = {}  # (stream, entry id) -> slot
+        self._late: list[Slot] = []  # read after stop(): handed back, never started
+        self._cancelled: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._client: redis.Redis | None = None
 
     # registration -----------------------------------------------------------------------
@@ -139,6 +128,8 @@ class Agent:
 
     def stop(self) -> None:
         """Ask run() to finish: no new tasks, running ones get shutdown_grace to finish."""
+        if not self._stop.is_set():
+            self._stop_asked = time.monotonic()
         self._stop.set()
 
     def run(self, install_signals: bool = True) -> None:
@@ -146,21 +137,20 @@ class Agent:
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: self.stop())
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"agent-{self.id[:8]}")
         status = threading.Thread(target=self._report_status, daemon=True)
         status.start()
         delay = 0.2
         while not self._stop.is_set():
             try:
-                self._serve(pool)
+                self._serve()
                 delay = 0.2
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("agent %s lost Redis (%s); reconnecting in %.1fs", self.id, exc, delay)
                 self._client = None
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
-        self._shut_down(pool)
-        status.join(2)
+        status.join(2)  # its last "active" must not follow the "stopped"
+        self._shut_down()
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
@@ -181,104 +171,169 @@ class Agent:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    def _serve(self, pool: ThreadPoolExecutor) -> None:
+    def _serve(self) -> None:
         self._ensure_groups()
-        self._take(pool, {s: "0" for s in self._streams()})  # what this id read but never answered
+        self._take({s: "0" for s in self._streams()})  # what this id read but never answered
         while not self._stop.is_set():
             try:
-                if not self._take(pool, self._streams()):
-                    continue
+                self._take(self._streams())
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
                 self._ensure_groups()  # Redis lost its data: start the groups again
 
-    def _take(self, pool: ThreadPoolExecutor, streams: dict[Any, Any]) -> int:
+    def _take(self, streams: dict[Any, Any]) -> int:
+        """Read what the free slots allow; how many tasks were started."""
         with self._lock:
             free = self.concurrency - len(self._running)
         if free <= 0:
             time.sleep(0.05)
             return 0
         found: Any = self._redis().xreadgroup(GROUP, self.id, streams, count=free, block=1000)
-        taken = 0
-        for stream, entries in found or []:
-            for entry_id, fields in entries:
-                if not fields:  # deleted while pending: nothing left to do
-                    self._done(stream.decode(), entry_id.decode())
-                elif self._accept(pool, stream.decode(), entry_id.decode(), fields):
-                    taken += 1
-        return taken
+        return sum(
+            self._read(stream.decode(), entry_id.decode(), fields)
+            for stream, entries in found or []
+            for entry_id, fields in entries
+        )
 
-    def _accept(
-        self, pool: ThreadPoolExecutor, stream: str, entry_id: str, fields: dict[bytes, bytes]
-    ) -> bool:
+    def _read(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> bool:
+        """Start a task, or apply a cancel, read from a task stream; whether a task started."""
+        if not fields:  # deleted while pending: nothing left to do
+            self._done(stream, entry_id)
+            return False
+        with self._lock:
+            if (stream, entry_id) in self._running:
+                return False  # read again as pending (after a reconnect) while worked on
         raw = fields.get(b"message", b"")
         try:
-            task = StateTask.model_validate_json(raw)
+            message = parse_task_message(raw)
         except ValidationError as exc:
             self._refuse(raw, exc)
             self._done(stream, entry_id)
             return False
-        if task.deadline <= datetime.now(UTC):
-            log.info(
-                "skipping %s %s attempt %d: its deadline passed",
-                task.machine_id,
-                task.state,
-                task.attempt,
-            )
+        if isinstance(message, StateCancel):
+            self._cancel(message)
             self._done(stream, entry_id)
             return False
+        return self._accept(Slot(stream, entry_id, message))
+
+    def _accept(self, slot: Slot) -> bool:
+        task = slot.message
+        skip = self._stale(task)
+        if skip is not None:
+            log.info(
+                "skipping %s %s attempt %d: %s", task.machine_id, task.state, task.attempt, skip
+            )
+            self._done(slot.stream, slot.entry_id)
+            return False
+        if self._stop.is_set():  # read in the last poll: another agent is to do it
+            self._late.append(slot)
+            return False
+        for older in self._slots(lambda s: s.message.machine_id == task.machine_id):
+            self._drop(older, f"superseded by attempt {task.attempt}")
         with self._lock:
-            self._running[entry_id] = task
-        pool.submit(self._work, stream, entry_id, task)
+            self._running[slot.key] = slot
+        name = f"agent-{self.id[:8]}-{task.state}"
+        threading.Thread(target=self._work, args=(slot,), name=name, daemon=True).start()
         return True
 
-    def _work(self, stream: str, entry_id: str, message: StateTask) -> None:
-        task = Task(message, self._send)
-        beating = threading.Event()
-        beats = threading.Thread(target=self._beat, args=(message, beating), daemon=True)
+    def _stale(self, task: StateTask) -> str | None:
+        """Why the task is not to be worked on, or None."""
+        if task.deadline <= datetime.now(UTC):
+            return "its deadline passed"
+        if (str(task.machine_id), task.attempt) in self._cancelled:
+            return "the engine cancelled it"
+        same = self._slots(lambda s: s.message.machine_id == task.machine_id)
+        if any(s.message.attempt >= task.attempt for s in same):
+            return "the machine's attempt being worked on is as new"
+        return None
+
+    def _slots(self, which: Callable[[Slot], bool]) -> list[Slot]:
+        with self._lock:
+            return [slot for slot in self._running.values() if which(slot)]
+
+    def _cancel(self, cancel: StateCancel) -> None:
+        """Drop the attempt the engine cancelled, if this agent works on it."""
+        self._cancelled[(str(cancel.machine_id), cancel.attempt)] = None
+        while len(self._cancelled) > CANCELLED_KEPT:
+            self._cancelled.popitem(last=False)
+        for slot in self._slots(
+            lambda s: (
+                s.message.machine_id == cancel.machine_id and s.message.attempt == cancel.attempt
+            )
+        ):
+            if hmac.compare_digest(slot.message.task_token, cancel.task_token):
+                self._drop(slot, f"cancelled: {cancel.reason}")
+            else:
+                log.warning("ignoring a state_cancel for %s without its taskToken", slot.key)
+
+    def _drop(self, slot: Slot, why: str, reply: dict[str, Any] | None = None) -> None:
+        """Stop answering for the slot's attempt: free the slot, stop its heartbeats, cancel
+        an async handler, and settle its entry (with the reply given, never the handler's)."""
+        with self._lock:
+            if self._running.pop(slot.key, None) is None:
+                return  # its handler finished first: its answer went out
+            slot.cancelled.set()
+            slot.ended.set()
+        if slot.cancel_async is not None:
+            slot.cancel_async()
+        message = slot.message
+        log.info(
+            "dropped %s %s attempt %d: %s", message.machine_id, message.state, message.attempt, why
+        )
+        self._done(slot.stream, slot.entry_id, reply)
+
+    def _work(self, slot: Slot) -> None:
+        beats = threading.Thread(target=self._beat, args=(slot,), daemon=True)
         beats.start()
-        reply: dict[str, Any] | None
+        reply = self._answer(Task(slot.message, self._send, slot))
+        with self._lock:
+            mine = self._running.pop(slot.key, None) is not None
+            slot.ended.set()
+        if mine:  # not dropped meanwhile: the answer counts
+            self._done(slot.stream, slot.entry_id, reply)
+
+    def _answer(self, task: Task) -> dict[str, Any] | None:
+        """The handler's ack for the task (None for no ack, or when the task was dropped)."""
+        message = task.message
         try:
             handler = self.handler_for(message.machine_type, message.state)
             if handler is None:
                 raise LookupError(f"no handler for {message.machine_type} / {message.state}")
             output = handler(task)
-            reply = _reply(message, "state_ack", success=True, output=dict(output))
-        except NoAck:
-            reply = None
+            if inspect.isawaitable(output):
+                output = asyncio.run(cancellable(output, task._slot))
+            return reply(message, "state_ack", success=True, output=dict(output))
+        except (NoAck, asyncio.CancelledError):
+            return None
         except Exception as exc:
+            if task.cancelled:
+                return None  # it stopped because it was told to: nobody wants its error
             log.exception("handler for %s / %s failed", message.machine_type, message.state)
-            reply = _reply(
-                message, "state_ack", success=False, output={}, error=f"{type(exc).__name__}: {exc}"
-            )
-        finally:
-            beating.set()
-        with self._lock:
-            handed_back = entry_id in self._handed_back
-            self._running.pop(entry_id, None)
-        self._done(stream, entry_id, None if handed_back else reply)
+            error = f"{type(exc).__name__}: {exc}"
+            return reply(message, "state_ack", success=False, output={}, error=error)
 
-    def _beat(self, message: StateTask, done: threading.Event) -> None:
+    def _beat(self, slot: Slot) -> None:
+        message = slot.message
         window_ms = message.heartbeat_timeout or message.timeout
         interval = min(max(window_ms / 3000, 0.2), 30.0)
-        while not done.wait(interval):
+        while not slot.ended.wait(interval):
             try:
-                self._send(_reply(message, "state_heartbeat"))
+                self._send(reply(message, "state_heartbeat"))
             except redis.RedisError as exc:
                 log.warning("heartbeat for %s failed: %s", message.machine_id, exc)
 
     def _refuse(self, raw: bytes, exc: ValidationError) -> None:
         """Answer a state_task that breaks the schema with a failed ack naming the problem."""
-        problem = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors()
-        )
-        log.error("refusing an invalid state_task: %s", problem)
+        problem = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
+        log.error("refusing an invalid task message: %s", problem)
         try:
             data = json.loads(raw)
             ack = {key: data[key] for key in ("machineId", "state", "attempt", "taskToken")}
         except (ValueError, TypeError, KeyError):
             return  # nothing to answer to: the engine will time the attempt out
+        if data.get("type", "state_task") != "state_task":
+            return  # a cancel (or a newer message) is no attempt to fail
         self._send(
             {
                 "type": "state_ack",
@@ -331,30 +386,25 @@ class Agent:
         except redis.RedisError as exc:
             log.warning("could not report status: %s", exc)
 
-    def _shut_down(self, pool: ThreadPoolExecutor) -> None:
-        deadline = time.monotonic() + self.shutdown_grace
-        while time.monotonic() < deadline:
-            with self._lock:
-                if not self._running:
-                    break
-            time.sleep(0.05)
-        with self._lock:
-            left = dict(self._running)
-            self._handed_back.update(left)
-        # Stopped first: a hand-back is then routed to another live agent, not back to this one.
+    def _shut_down(self) -> None:
+        """Say so, give running handlers the rest of the grace, then hand back what is left."""
+        # Stopped first: nothing new is routed here, and a hand-back goes to another live agent.
         self._status("stopped")
-        for message in left.values():
-            reason = "the agent is shutting down"
-            self._send(_reply(message, "state_handback", reason=reason))
-        pool.shutdown(wait=False, cancel_futures=True)
+        for slot in self._late:
+            self._done(slot.stream, slot.entry_id, _handback(slot.message))
+        deadline = (self._stop_asked or time.monotonic()) + self.shutdown_grace
+        while self._slots(lambda _: True) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for slot in self._slots(lambda _: True):
+            self._drop(slot, SHUTTING_DOWN, _handback(slot.message))
 
 
-def _reply(task: StateTask, kind: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "type": kind,
-        "machineId": str(task.machine_id),
-        "state": task.state,
-        "attempt": task.attempt,
-        "taskToken": task.task_token,
-        **fields,
-    }
+def _where(loc: tuple[int | str, ...]) -> str:
+    """An error's location without the message type the union leads it with."""
+    if loc and loc[0] in TASK_MESSAGE_TYPES:
+        loc = loc[1:]
+    return ".".join(map(str, loc)) or "message"
+
+
+def _handback(task: StateTask) -> dict[str, Any]:
+    return reply(task, "state_handback", reason=SHUTTING_DOWN)

@@ -16,6 +16,11 @@ class Dispatcher(Protocol):
         """Send each (agent, message), all in as few round trips as the transport allows."""
         ...
 
+    def cancel_many(self, messages: list[tuple[str, str]]) -> None:
+        """Send each (agent, state_cancel) where the agent reads it (its task stream); never
+        raises: the command committed, and an agent that misses it learns from its next task."""
+        ...
+
     def announce(self, events: Sequence[StateEvent]) -> None:
         """Publish the events on the events channel; never raises (a listener may miss them,
         a transition must not fail for it)."""

@@ -32,6 +32,9 @@ class MemoryBus:
         for agent, message in messages:
             self.publish(task_channel(agent, self._prefix), message)
 
+    def cancel_many(self, messages: list[tuple[str, str]]) -> None:
+        """Nothing: the embedded demo's agents read no stream, and answer at once."""
+
     def announce(self, events: Sequence[StateEvent]) -> None:
         channel = events_channel(self._prefix)
         for event in events:

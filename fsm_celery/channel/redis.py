@@ -49,6 +49,22 @@ class RedisDispatcher:
                     self._renewed[stream] = now
         pipe.execute()
 
+    def cancel_many(self, messages: list[tuple[str, str]]) -> None:
+        """XADD each state_cancel to the agent's task stream, all in one round trip.
+
+        Not published: agents of the seed's pub/sub protocol would take it for a task.
+        """
+        if not messages or not self._streams:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for agent, message in messages:
+            stream = task_stream(agent, self._prefix)
+            pipe.xadd(stream, {"message": message}, maxlen=STREAM_MAXLEN, approximate=True)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("%d state_cancels not sent: %s", len(messages), exc)
+
     def announce(self, events: Sequence[StateEvent]) -> None:
         """PUBLISH each event on the events channel, all in one round trip."""
         if not events:

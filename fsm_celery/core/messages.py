@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 from pydantic.alias_generators import to_camel
 
 TASK_CHANNEL = "channel:agent:{agent}"
@@ -60,6 +60,24 @@ class StateTask(_Message):
     heartbeat_timeout: int | None = Field(
         default=None, description="milliseconds of silence allowed between heartbeats"
     )
+
+
+class StateCancel(_Message):
+    """Engine → agent: stop working on this attempt and send nothing for it; an operator's
+    command (pause, cancel, retry, force) or its deadline superseded it, and its ack would be
+    refused as stale.
+
+    Sent on the agent's task stream only (pub/sub agents of the seed's protocol do not know
+    it), once the move committed. It echoes the attempt's taskToken, so an agent cancels
+    only the task it holds: the token is known only to the engine and the task's reader.
+    """
+
+    type: Literal["state_cancel"] = "state_cancel"
+    machine_id: UUID
+    state: str
+    attempt: int
+    task_token: str = Field(description="the taskToken of the state_task it cancels")
+    reason: str = Field(description="who superseded the attempt, how and why")
 
 
 class StateAck(_Message):
@@ -149,6 +167,27 @@ MachineMessage = StateAck | StateHeartbeat | StateHandBack
 AnyAgentMessage = StateAck | StateHeartbeat | StateHandBack | AgentStatus
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
 AGENT_MESSAGE: TypeAdapter[AnyAgentMessage] = TypeAdapter(AgentMessage)
+
+
+def _task_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "state_task" if kind is None else str(kind)  # seed-style tasks may omit it
+
+
+AnyTaskMessage = StateTask | StateCancel
+TASK_MESSAGE: TypeAdapter[AnyTaskMessage] = TypeAdapter(
+    Annotated[
+        Annotated[StateTask, Tag("state_task")] | Annotated[StateCancel, Tag("state_cancel")],
+        Discriminator(_task_kind),
+    ]
+)
+TASK_MESSAGE_TYPES = ("state_task", "state_cancel")
+
+
+def parse_task_message(raw: str | bytes) -> AnyTaskMessage:
+    """Parse what an agent reads from its task stream: a state_task or a state_cancel
+    (ValidationError says what is wrong, each error's location led by the message type)."""
+    return TASK_MESSAGE.validate_json(raw)
 
 
 def parse_agent_message(raw: str | bytes) -> AnyAgentMessage:
@@ -244,6 +283,7 @@ def message_schemas() -> dict[str, dict[str, Any]]:
     """JSON Schemas of every wire message, keyed by message type."""
     return {
         "state_task": StateTask.model_json_schema(by_alias=True),
+        "state_cancel": StateCancel.model_json_schema(by_alias=True),
         "state_ack": StateAck.model_json_schema(by_alias=True),
         "state_heartbeat": StateHeartbeat.model_json_schema(by_alias=True),
         "state_handback": StateHandBack.model_json_schema(by_alias=True),

@@ -24,6 +24,7 @@ from fsm_celery.core.transition import (
     initial_context,
 )
 from fsm_celery.core.usage import BUDGET_EXCEEDED, Budget
+from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.steps import Next, Step
@@ -122,6 +123,8 @@ class Admin:
                 )
             except Unstorable as exc:
                 raise CommandRefused(command.action.value, str(machine_id), exc.detail) from exc
+            secret = self._rt.settings.token_secrets[0]
+            cancel_in_flight(writes, row, secret, _cancel_reason(command))
             self._entry.enter_due_txn(conn, {row.id: row}, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()
@@ -183,6 +186,12 @@ def _started(machine: NewMachine) -> History:
         cost=0.0,
         created_at=machine.created_at,
     )
+
+
+def _cancel_reason(command: Command) -> str:
+    """What an agent is told of the command that took its attempt away."""
+    why = f"{command.action.value} by {command.actor}"
+    return f"{why}: {command.reason}" if command.reason else why
 
 
 def _checked_context(context: Mapping[str, Any] | None, max_bytes: int) -> dict[str, Any]:

@@ -80,9 +80,11 @@ class Runtime:
     @contextmanager
     def transaction(self, writes: Writes) -> Iterator[Connection]:
         """A transaction of a use case; once it commits, the transitions it wrote are announced
-        (never before: a listener must not see a move that was rolled back)."""
+        and the attempts it superseded cancelled (never before: a listener must not see a move
+        that was rolled back, nor an agent drop work that still counts)."""
         with self.db.begin() as conn:
             yield conn
         if writes.sent is not None:
             writes.sent.forget(writes.sending)  # recorded as sent: nothing decides them again
+        self.dispatcher.cancel_many(writes.cancels)
         self.dispatcher.announce(writes.events)

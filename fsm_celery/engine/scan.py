@@ -14,6 +14,7 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.transition import Rejected, Timeout, decide
+from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.steps import Scanned, Sent
@@ -94,6 +95,8 @@ class Scan:
         decision = decide(definition, snapshot(row), Timeout(row.current_state, row.attempt))
         assert not isinstance(decision, Rejected)  # the query chose dispatched attempts
         writes.transition(row, decision, "timeout")
+        why = "timed out: no ack or heartbeat before its deadline"
+        cancel_in_flight(writes, row, self._rt.settings.token_secrets[0], why)
 
     def prune(self, batch: int = 1000, most: int = 50) -> tuple[int, int]:
         """Delete rejected messages and unregistered agents past their retention, in small

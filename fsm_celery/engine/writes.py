@@ -75,6 +75,7 @@ class Writes:
     types: dict[UUID, str] = field(default_factory=dict)
     entered: set[UUID] = field(default_factory=set)
     events: list[StateEvent] = field(default_factory=list)  # announced once committed
+    cancels: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_cancel), too
     ended: list[tuple[q.AnyRow, Transition]] = field(default_factory=list)  # to notify
 
     def machine(self, row: q.AnyRow) -> Machine:

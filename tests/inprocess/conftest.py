@@ -65,14 +65,18 @@ class Agent:
     stream: str
     last: bytes = b"-"
     seen: list[dict[str, Any]] = field(default_factory=list)
+    cancels: list[dict[str, Any]] = field(default_factory=list)  # the state_cancels, in order
 
     def tasks(self) -> list[dict[str, Any]]:
-        """The state_tasks sent since the last call."""
+        """The state_tasks sent since the last call (state_cancels go to `cancels`)."""
         start = self.last if self.last == b"-" else b"(" + self.last
         entries = self.redis.xrange(self.stream, min=start)
         if entries:
             self.last = entries[-1][0]
-        found = [json.loads(fields[b"message"]) for _, fields in entries]
+        found = []
+        for _, fields in entries:
+            message = json.loads(fields[b"message"])
+            (self.cancels if message["type"] == "state_cancel" else found).append(message)
         self.seen.extend(found)
         return found
 

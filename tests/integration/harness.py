@@ -225,13 +225,13 @@ class FsmEnv:
         if not alive:
             self.start_worker(beat=beat)
 
-    def start_agent(self, *args: str) -> Proc:
+    def start_agent(self, *args: str, extra_env: dict[str, str] | None = None) -> Proc:
         """An agent process: `fsm-celery agent ARGS`, or a script given as its first arg."""
         if args and args[0].endswith(".py"):
             argv = [sys.executable, str(ROOT / args[0]), *args[1:]]
         else:
             argv = [sys.executable, "-m", "fsm_celery", "agent", *args]
-        return self._spawn("agent", argv)
+        return self._spawn("agent", argv, {**self.env, **(extra_env or {})})
 
     def wait_for_agents(self, count: int, timeout: float = 20.0) -> list[dict[str, Any]]:
         """The active agents, once at least count reported."""
@@ -558,6 +558,8 @@ def dispatches(env: FsmEnv, agent_id: str) -> dict[tuple[str, int], int]:
     counts: dict[tuple[str, int], int] = {}
     for _, fields in env.redis.xrange(stream):
         task = json.loads(fields[b"message"])
+        if task["type"] != "state_task":
+            continue
         key = (task["machineId"], task["attempt"])
         counts[key] = counts.get(key, 0) + 1
     return counts

@@ -5,10 +5,17 @@
 Serves every shipped CTO definition and the test definitions. With MARKER, the first visit of
 test_linear's ONE works for a minute (so a test can kill it mid-task) and leaves MARKER behind;
 later visits answer at once.
+
+With SDK_AGENT_HOLD=SECONDS, test_pair's FIRST holds its first attempt that long, sending
+progress as it goes and ignoring any cancel (an `async def` handler with SDK_AGENT_ASYNC=1,
+which a cancel interrupts), and writes what it did to the file SDK_AGENT_JOURNAL: "start",
+"cancelled" or "returned", with the machine and the attempt. SDK_AGENT_GRACE sets the agent's
+shutdown grace (5 s by default).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -37,7 +44,7 @@ def build(agent_type: str, agent_id: str, marker: Path | None) -> Agent:
         prefix=os.environ.get("FSM_CHANNEL_PREFIX", ""),
         concurrency=8,
         status_interval=1.0,
-        shutdown_grace=5.0,
+        shutdown_grace=float(os.environ.get("SDK_AGENT_GRACE", "5")),
     )
 
     @agent.handler()
@@ -49,8 +56,46 @@ def build(agent_type: str, agent_id: str, marker: Path | None) -> Agent:
         task.progress(f"working on {task.state}")
         return {**OUTPUTS.get(task.state, {}), **EXTRA.get(task.state, {})}
 
+    if "SDK_AGENT_HOLD" in os.environ:
+        hold(agent, float(os.environ["SDK_AGENT_HOLD"]), Path(os.environ["SDK_AGENT_JOURNAL"]))
     serve_pipeline(agent)
     return agent
+
+
+def hold(agent: Agent, seconds: float, journal: Path) -> None:
+    """test_pair's FIRST holds its first attempt for `seconds`, journalled."""
+
+    def note(task: Task, what: str) -> None:
+        with journal.open("a") as out:
+            out.write(f"{what} {task.machine_id} {task.attempt}\n")
+
+    if os.environ.get("SDK_AGENT_ASYNC") == "1":
+
+        @agent.handler("test_pair", "FIRST")
+        async def held_async(task: Task) -> dict[str, Any]:
+            if task.attempt == 1:
+                note(task, "start")
+                try:
+                    for _ in range(int(seconds / 0.2)):
+                        task.progress("holding")
+                        await asyncio.sleep(0.2)
+                except asyncio.CancelledError:
+                    note(task, "cancelled")
+                    raise
+                note(task, "returned")
+            return {"first": 1}
+
+        return
+
+    @agent.handler("test_pair", "FIRST")
+    def held(task: Task) -> dict[str, Any]:
+        if task.attempt == 1:
+            note(task, "start")
+            for _ in range(int(seconds / 0.2)):
+                task.progress("holding")  # sent only while the attempt is still the agent's
+                time.sleep(0.2)  # deliberately deaf to cancels: the SDK must not need it
+            note(task, "returned")
+        return {"first": 1}
 
 
 if __name__ == "__main__":

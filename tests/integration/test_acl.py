@@ -13,7 +13,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +32,7 @@ from fsm_celery.channel.acl import (
     new_password,
 )
 from fsm_celery.core.messages import (
+    StateCancel,
     ack_channel,
     ack_stream,
     agent_ack_stream,
@@ -246,14 +246,19 @@ def test_sdk_agent_sets_up_its_groups_and_serves_with_its_credentials(
         prefix=user.prefix,
     )
     expired = state_task(datetime.now(UTC) - timedelta(minutes=1))
-    with ThreadPoolExecutor(1) as pool:
-        agent._ensure_groups()
-        entry_id = server.admin.xadd(user.task_stream(), {"message": expired})
-        taken = agent._take(pool, agent._streams())  # its deadline passed: XACK and XDEL only
+    cancel = StateCancel(
+        machine_id=uuid.uuid4(), state="WRITE_CODE", attempt=4, task_token="0" * 64, reason="x"
+    ).to_wire()
+    agent._ensure_groups()
+    entry_ids = [
+        server.admin.xadd(user.task_stream(), {"message": message}) for message in (expired, cancel)
+    ]
+    taken = agent._take(agent._streams())  # a task past its deadline, a cancel: XACK, XDEL only
     agent._redis().close()
 
     assert taken == 0
-    assert server.admin.xrange(user.task_stream(), entry_id, entry_id) == []
+    for entry_id in entry_ids:
+        assert server.admin.xrange(user.task_stream(), entry_id, entry_id) == []
     assert server.admin.xpending(user.task_stream(), GROUP)["pending"] == 0
 
 
@@ -324,6 +329,24 @@ def test_agent_cannot_add_tasks(pair: Pair, as_a: redis.Redis, which: str) -> No
     stream = pair.a.task_stream() if which == "own" else pair.a.type_stream()
 
     deny(lambda: as_a.xadd(stream, {"message": "forged task"}))
+
+
+@pytest.mark.parametrize("where", ["stream", "type stream", "channel"])
+def test_agent_cannot_forge_a_cancel_to_another_agent(
+    pair: Pair, as_a: redis.Redis, where: str
+) -> None:
+    cancel = StateCancel(
+        machine_id=uuid.uuid4(),
+        state="WRITE_CODE",
+        attempt=4,
+        task_token="0" * 64,
+        reason="pause by nobody",
+    ).to_wire()
+    if where == "channel":
+        deny(lambda: as_a.publish(task_channel(pair.b.id, pair.prefix), cancel))
+    else:
+        stream = pair.b.task_stream() if where == "stream" else pair.b.type_stream()
+        deny(lambda: as_a.xadd(stream, {"message": cancel}))
 
 
 @pytest.mark.parametrize(

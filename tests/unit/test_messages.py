@@ -15,11 +15,13 @@ from pydantic import ValidationError
 from fsm_celery.core.messages import (
     AgentStatus,
     StateAck,
+    StateCancel,
     StateHandBack,
     StateHeartbeat,
     StateTask,
     message_schemas,
     parse_agent_message,
+    parse_task_message,
     schemas_json,
     task_token,
     token_matches,
@@ -275,12 +277,40 @@ def test_token_matches_checks_heartbeats_too() -> None:
     assert not token_matches([SECRET], beat, 3)
 
 
+def test_a_task_stream_holds_state_tasks_and_state_cancels() -> None:
+    token = task_token(SECRET, MACHINE, "WRITE_CODE", 4)
+    cancel = StateCancel(
+        machine_id=MACHINE, state="WRITE_CODE", attempt=4, task_token=token, reason="pause by al"
+    )
+    assert parse_task_message(cancel.to_wire()) == cancel
+    assert json.loads(cancel.to_wire())["type"] == "state_cancel"
+    seed_style = {  # the seed's tasks carry no type: still a state_task
+        "machineId": str(MACHINE),
+        "machineType": "cto_build_project",
+        "state": "WRITE_CODE",
+        "attempt": 4,
+        "context": {},
+        "prompt": "",
+        "requiredOutput": [],
+        "timeout": 1000,
+        "deadline": "2999-01-01T00:00:00Z",
+        "taskToken": token,
+    }
+    assert isinstance(parse_task_message(json.dumps(seed_style)), StateTask)
+
+
+def test_an_unknown_task_message_type_is_refused_by_name() -> None:
+    with pytest.raises(ValidationError, match="'state_unknown'"):
+        parse_task_message('{"type": "state_unknown", "machineId": "x"}')
+
+
 # -- JSON Schemas -----------------------------------------------------------------------------
 
 
 def test_schemas_cover_every_message_type() -> None:
     assert set(message_schemas()) == {
         "state_task",
+        "state_cancel",
         "state_ack",
         "state_heartbeat",
         "state_handback",
@@ -289,7 +319,9 @@ def test_schemas_cover_every_message_type() -> None:
     }
 
 
-@pytest.mark.parametrize("message", ["state_task", "state_ack", "state_handback", "state_event"])
+@pytest.mark.parametrize(
+    "message", ["state_task", "state_cancel", "state_ack", "state_handback", "state_event"]
+)
 def test_schema_property_names_are_camel_case(message: str) -> None:
     schema = message_schemas()[message]
     names = list(schema["properties"]) + list(schema["required"])
