@@ -39,6 +39,7 @@ def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
         "beat",
         "bridges",
         "token secret",
+        "channel prefix",
     }, done.stdout
     return done.returncode, lines
 
