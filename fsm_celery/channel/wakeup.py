@@ -39,6 +39,7 @@ class Wakeup:
         # The agents' streams and the shared one: `<prefix>stream:state:ack[:<agent>]`.
         self.pattern = f"__keyspace@{db}__:" + glob_escape(ack_stream(prefix)) + "*"
         self._pubsub: Any = None
+        self._connection: Any = None
         self._polling = False
 
     def wait(self, seconds: float) -> None:
@@ -54,8 +55,9 @@ class Wakeup:
             if not self._added(seconds):
                 return
             for _ in range(DRAIN):
-                if self._pubsub.get_message(timeout=0) is None:
+                if not self._connection.can_read(0):
                     return
+                self._connection.read_response(push_request=True)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.info("the ack streams' notifications were cut (%s); subscribing again", exc)
         # A busy spell left many waiting (reading them all would delay the next batch), or
@@ -64,11 +66,14 @@ class Wakeup:
 
     def _added(self, seconds: float) -> bool:
         """Whether an XADD was notified within `seconds` (the bridge's own XDEL and XTRIM,
-        notified too, wake nobody)."""
+        notified too, wake nobody). Read off the connection: an idle bridge reads about one
+        notification per ack, and PubSub.get_message costs more than the rest of its wait."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
-            message = self._pubsub.get_message(timeout=left)
-            if message is not None and message["data"] in (b"xadd", "xadd"):
+            if not self._connection.can_read(left):
+                return False
+            reply = self._connection.read_response(push_request=True)  # [pmessage, _, key, cmd]
+            if isinstance(reply, list) and reply[-1] == b"xadd":
                 return True
         return False
 
@@ -82,9 +87,9 @@ class Wakeup:
         if not self._enable():
             self._polling = True
             return
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]
         pubsub.psubscribe(self.pattern)
-        self._pubsub = pubsub
+        self._pubsub, self._connection = pubsub, pubsub.connection
 
     def _enable(self) -> bool:
         """Whether Redis sends the notifications (after adding the flags they need)."""
