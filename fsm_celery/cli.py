@@ -295,8 +295,9 @@ def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool) -> Non
     prefix = settings.channel_prefix
     password = acl.new_password()
     try:
-        line = acl.acl_setuser_command(agent_id, agent_type, prefix, password)
-        file_line = acl.acl_file_line(agent_id, agent_type, prefix, password)
+        database = acl.database_of(settings.redis_url)
+        line = acl.acl_setuser_command(agent_id, agent_type, prefix, password, database=database)
+        file_line = acl.acl_file_line(agent_id, agent_type, prefix, password, database=database)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     if apply:

@@ -52,6 +52,7 @@ class Doctor:
             ("bridges", self.bridges, "start one: fsm-celery ack-bridge"),
             ("agents", self.agents, "start one: fsm-celery agent --mock, or your agent"),
             ("token secret", self.secret, "set FSM_TASK_TOKEN_SECRET (see docs/protocol.md)"),
+            ("channel prefix", self.prefix, "set FSM_CHANNEL_PREFIX (see docs/protocol.md)"),
         ]
         try:
             for name, check, fix in checks:
@@ -244,6 +245,28 @@ class Doctor:
                 "(python3 -c 'import secrets; print(secrets.token_hex(32))')",
             )
         return Result("token secret", True, f"set ({len(self.settings.token_secrets)} accepted)")
+
+    def prefix(self) -> Result:
+        """Deployments sharing a Redis must not share key names: ACLs cannot split databases."""
+        from fsm_celery.channel.acl import database_of
+
+        if self.settings.channel_prefix:
+            return Result("channel prefix", True, repr(self.settings.channel_prefix))
+        database = database_of(self.settings.redis_url)
+        others = sorted(
+            int(name[2:]) for name in self._client().info("keyspace") if name != f"db{database}"
+        )
+        if database == 0 and not others:
+            return Result("channel prefix", True, "none (the only deployment on this Redis)")
+        shared = f"database {database}" + (f"; databases {others} hold keys" if others else "")
+        return Result(
+            "channel prefix",
+            False,
+            f"none, on a shared Redis ({shared}): an agent user can SELECT another database "
+            "and reach its deployment's keys",
+            "give each deployment its own FSM_CHANNEL_PREFIX (docs/protocol.md, Identity), "
+            "then reissue its agents' credentials",
+        )
 
 
 def _group_backlog(client: Any, stream: str, group: str) -> tuple[int, int, float | None]:

@@ -9,6 +9,12 @@ It cannot touch the shared ack stream or channel, add tasks, or run anything els
 Every builder here is pure; create_agent_user is the one function that talks to Redis. The
 rules are built for Redis 7.0+ (root permissions plus one selector) and store a SHA-256 of the
 password, so a printed rule never carries it in clear.
+
+Redis ACLs cannot keep a user in one database: key patterns hold in every database, and SELECT
+is all or nothing. So an agent of a deployment in database 0 is denied SELECT (it cannot reach
+another database at all), and one in any other database, which needs SELECT to reach its own,
+is issued only under a channel prefix of its own: whatever it writes in another database lands
+under its prefix, which no other deployment reads, and it can read nothing there.
 """
 
 from __future__ import annotations
@@ -44,12 +50,17 @@ COMMANDS = (
     "hello",  # redis-py 8 connects with HELLO 3 AUTH
     "auth",  # RESP2 clients
     "quit",  # clients that say goodbye (ioredis, node-redis)
-    "select",  # redis-py sends SELECT n when the URL names database n; ACLs span all databases
     "client|setname",  # clients given a connection name (client_name=…)
 )
 # redis-py 8 also sends these on connect and ignores a refusal, but a refusal fills ACL LOG.
 # Redis 7.0 knows neither, and ACL SETUSER refuses a command it does not know.
 OPTIONAL_COMMANDS = ("client|setinfo", "client|maint_notifications")
+
+
+def database_of(redis_url: str) -> int:
+    """The database a Redis URL selects (redis-py's reading of it)."""
+    kwargs = redis.connection.parse_url(redis_url)  # type: ignore[no-untyped-call]
+    return int(kwargs.get("db") or 0)
 
 
 def agent_username(agent_id: UUID | str) -> str:
@@ -84,12 +95,16 @@ def agent_acl_rules(
     password: str,
     *,
     optional_commands: Iterable[str] = (),
+    database: int = 0,
 ) -> list[str]:
-    """The ACL SETUSER rule tokens of an agent user (optional_commands: see OPTIONAL_COMMANDS)."""
+    """The ACL SETUSER rule tokens of an agent user of a deployment in `database`
+    (optional_commands: see OPTIONAL_COMMANDS)."""
     agent = str(_agent_id(agent_id))
     _check_agent_type(agent_type)
-    _check_prefix(prefix)
-    commands = [*COMMANDS, *_optional(optional_commands)]
+    _check_prefix(prefix, database)
+    # redis-py sends SELECT n when the URL names database n > 0; in 0, SELECT is only a way out.
+    select = ["select"] if database else []
+    commands = [*COMMANDS, *select, *_optional(optional_commands)]
     return [
         "reset",
         "on",
@@ -115,10 +130,16 @@ def acl_setuser_command(
     password: str,
     *,
     optional_commands: Iterable[str] = (),
+    database: int = 0,
 ) -> str:
     """The `ACL SETUSER …` line an operator pastes into redis-cli."""
     line = acl_file_line(
-        agent_id, agent_type, prefix, password, optional_commands=optional_commands
+        agent_id,
+        agent_type,
+        prefix,
+        password,
+        optional_commands=optional_commands,
+        database=database,
     )
     return "ACL SETUSER " + line.removeprefix("user ")
 
@@ -130,10 +151,16 @@ def acl_file_line(
     password: str,
     *,
     optional_commands: Iterable[str] = (),
+    database: int = 0,
 ) -> str:
     """The `user …` line of the agent in a Redis ACL file (aclfile)."""
     rules = agent_acl_rules(
-        agent_id, agent_type, prefix, password, optional_commands=optional_commands
+        agent_id,
+        agent_type,
+        prefix,
+        password,
+        optional_commands=optional_commands,
+        database=database,
     )
     return " ".join(["user", agent_username(agent_id), *rules])
 
@@ -141,9 +168,15 @@ def acl_file_line(
 def create_agent_user(
     admin: redis.Redis, agent_id: UUID | str, agent_type: str, prefix: str, password: str
 ) -> None:
-    """Create the agent's Redis user, or replace its rules and password (ACL SETUSER)."""
+    """Create the agent's Redis user, or replace its rules and password (ACL SETUSER), for
+    the database the admin client uses."""
     rules = agent_acl_rules(
-        agent_id, agent_type, prefix, password, optional_commands=known_optional_commands(admin)
+        agent_id,
+        agent_type,
+        prefix,
+        password,
+        optional_commands=known_optional_commands(admin),
+        database=int(admin.connection_pool.connection_kwargs.get("db") or 0),
     )
     admin.execute_command(  # type: ignore[no-untyped-call]
         "ACL SETUSER", agent_username(agent_id), *rules
@@ -176,11 +209,17 @@ def _check_agent_type(agent_type: str) -> None:
         )
 
 
-def _check_prefix(prefix: str) -> None:
+def _check_prefix(prefix: str, database: int) -> None:
     if _UNSAFE_IN_PREFIX.search(prefix):
         raise ValueError(
             f"channel prefix: expected no blanks, quotes or control characters (the ACL rule "
             f"must stay one token), got {prefix!r}"
+        )
+    if database and not prefix:
+        raise ValueError(
+            f"channel prefix: a deployment in Redis database {database} needs an "
+            "FSM_CHANNEL_PREFIX of its own (Redis ACLs cannot keep an agent in one database: "
+            "without one it reaches another deployment's keys)"
         )
 
 

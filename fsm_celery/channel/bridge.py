@@ -10,8 +10,10 @@ Streams are durable: entries are read through a consumer group and acknowledged 
 once the transaction that applied them has committed, so a bridge that dies leaves them pending;
 it reads its own pending entries first when it serves again, and other bridges claim what a dead
 one left (XAUTOCLAIM). Nothing one message does can stall the others:
-- a read is bounded in entries and bytes, and each message is cut to the payload limit inside
-  Redis (read_acks.lua), so an entry of any size never reaches the bridge whole;
+- a read is bounded in entries and in bytes of every field, inside Redis (read_acks.lua): an
+  entry over the payload limit never leaves Redis (it is parked by its id and size), and an
+  idle bridge is woken by a notification that names the stream, never by the entry
+  (channel/wakeup.py);
 - streams are read round robin, so an agent that floods its own stream gets a share of each
   batch, and a stream longer than FSM_ACK_STREAM_MAXLEN is trimmed;
 - a message that can be neither applied nor recorded as rejected is kept pending and tried
@@ -38,6 +40,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from fsm_celery.channel.wakeup import Wakeup
 from fsm_celery.core.messages import AGENT_ACK_STREAM
 from fsm_celery.engine import Inbound
 
@@ -48,7 +51,9 @@ GROUP = "fsm-bridge"
 DEAD_STREAM = "stream:state:dead"
 ALIVE_KEY = "bridge:alive:{consumer}"  # set by each bridge process every upkeep, expiring
 DEAD_MAXLEN = 10_000
-READ_BUDGET = 64 * 1024 * 1024  # bytes of messages one read may bring
+READ_BUDGET = 16 * 1024 * 1024  # bytes of entries one read may load in Redis (+ STREAM_CAP)
+STREAM_CAP = 16 * 1024 * 1024  # a larger ack stream (or 4 entries at the limit) is dropped unread
+ENTRY_NAMES = 1024  # bytes an entry may hold beyond its message: field names, small extras
 CRASH_DELIVERIES = 10  # reads of an entry never answered: it brought the bridge down each time
 MAINTAIN_SECONDS = 2.0  # how often new agent streams are looked for and long ones trimmed
 _READ = (Path(__file__).parent / "read_acks.lua").read_text()
@@ -250,7 +255,7 @@ class StreamSource(Source):
         self.streams: list[str] = []
         self._agents: dict[str, uuid.UUID | None] = {}  # stream -> the agent that writes it
         self._read = client.register_script(_READ)
-        self._waits: dict[str, bytes] = {}  # stream -> entries past this id are new
+        self._wakeup = Wakeup(client, prefix)
         self._turn = 0
         self._next_claim = 0.0
         self._next_upkeep = 0.0
@@ -261,6 +266,7 @@ class StreamSource(Source):
     def serve(self, stop: threading.Event, backoff: Backoff) -> None:
         self._next_upkeep = 0.0
         self._pending = True
+        self._wakeup.close()  # a Redis started again forgot its notification flags
         log.info("ack bridge reading the ack streams as %s", self.consumer)
         while not stop.is_set():
             self._upkeep()
@@ -290,7 +296,8 @@ class StreamSource(Source):
             return []
         entries = self._fetch(">")
         if not entries:
-            return self._wait()
+            self._wakeup.wait(0.5)
+            return []
         if self.linger and len(entries) < self.batch:
             time.sleep(self.linger)  # let a batch worth its task gather
             entries += self._fetch(">", self.batch - len(entries))
@@ -338,38 +345,48 @@ class StreamSource(Source):
 
     def _fetch(self, mode: str, count: int | None = None) -> list[Entry]:
         """New entries (">") or this consumer's pending ones ("0"), after acknowledging those
-        applied since the last read; at most a batch, at most READ_BUDGET bytes."""
+        applied since the last read; at most a batch, and at most READ_BUDGET bytes loaded
+        in Redis (or one entry alone). Entries over the limit are parked there, never read."""
+        if not self.streams:  # the last one was dropped by the read before
+            return []
         pipe = self._acknowledge(self.client.pipeline(transaction=False))
         self._turn = self._turn % len(self.streams) + 1
         count = count or self.batch
-        args = (GROUP, self.consumer, mode, count, READ_BUDGET, self._turn, self.max_bytes)
+        limit = self.max_bytes + ENTRY_NAMES
+        cap = max(STREAM_CAP, 4 * limit)
+        args = (GROUP, self.consumer, mode, count, READ_BUDGET, self._turn, limit, cap)
+        keys = [*self.streams, self.dead.stream]
         # EVALSHA, not the Script object: in a pipeline that asks SCRIPT EXISTS first, a
         # round trip more per read. Redis forgets scripts when it restarts: load it again then.
-        pipe.evalsha(self._read.sha, len(self.streams), *self.streams, *args)
+        pipe.evalsha(self._read.sha, len(keys), *keys, *args)
         try:
-            found, last = pipe.execute()[-1]
+            found, parked, _touched = pipe.execute()[-1]
         except redis.exceptions.NoScriptError:
             self.client.script_load(_READ)
             return self._fetch(mode, count)
         self._done = []
-        for stream, last_id in zip(self.streams, last, strict=True):
-            if last_id is not None:
-                self._waits[stream] = last_id
-        return [self._entry(*found[i : i + 4]) for i in range(0, len(found), 4)]
+        entries = [self._entry(*found[i : i + 4]) for i in range(0, len(found), 4)]
+        self._forget([self._parked(*parked[i : i + 3]) for i in range(0, len(parked), 3)])
+        return entries
+
+    def _parked(self, index: int, entry_id: bytes | None, size: int) -> str | None:
+        """Say what the read script parked unread; the stream, when it dropped all of it."""
+        stream = self.streams[index - 1]
+        what = f"{stream} {_text(entry_id)}" if entry_id else f"the whole of {stream}"
+        log.error("parked %s (%d bytes) in %s, never read", what, size, self.dead.stream)
+        return None if entry_id else stream
+
+    def _forget(self, dropped: list[str | None]) -> None:
+        """Stop reading the streams the script dropped (upkeep finds them again if written)."""
+        for stream in dropped:
+            if stream is not None and stream in self._agents:
+                del self._agents[stream]
+                self.streams.remove(stream)
 
     def _entry(self, index: int, entry_id: bytes, raw: bytes | None, deliveries: int) -> Entry:
         stream = self.streams[index - 1]
         item = None if raw is None else Inbound(clip(raw, self.max_bytes), self._agents[stream])
         return Entry(stream, entry_id, item, deliveries)
-
-    def _wait(self) -> list[Entry]:
-        """Wait (up to half a second) for an entry no bridge has read yet; the next read
-        takes it. XREAD returns at most one entry whole, and only while the bridge is idle."""
-        streams = {s: self._waits.get(s, b"0-0") for s in self.streams}
-        found: Any = self.client.xread(streams, count=1, block=500)  # type: ignore[arg-type]
-        for stream, stream_entries in found or []:
-            self._waits[_text(stream)] = stream_entries[-1][0]
-        return []
 
     def _claim(self) -> bool:
         """Take over entries another consumer left pending (it died); whether any were."""

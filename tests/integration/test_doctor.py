@@ -40,6 +40,7 @@ def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
         "bridges",
         "agents",
         "token secret",
+        "channel prefix",
     }, done.stdout
     return done.returncode, lines
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from fsm_celery.channel.bridge import Backoff, _agent_of, claimed_ids, clip
+from fsm_celery.channel.wakeup import missing_flags
 
 
 def test_the_reconnect_delay_doubles_up_to_its_cap() -> None:
@@ -44,3 +45,10 @@ def test_claimed_ids_read_from_either_shape_of_reply() -> None:
     assert claimed_ids([b"0-0", [], []]) == []
     assert claimed_ids([]) == []
     assert claimed_ids(ConnectionError("gone")) == []
+
+
+def test_the_wakeup_adds_only_the_notification_flags_it_lacks() -> None:
+    assert missing_flags("") == "Kt"
+    assert missing_flags("Ex") == "Kt"
+    assert missing_flags("KA") == ""  # A includes t
+    assert missing_flags("tK") == ""
