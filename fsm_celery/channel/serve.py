@@ -21,6 +21,11 @@ def run_bridge(processes: int, inline: bool) -> None:
     others = [_spawn_consumer(n, inline) for n in range(1, processes)]
     threading.Thread(target=_keep_consumers, args=(others, inline, stop), daemon=True).start()
     serve_acks(True, inline, stop)
+    # A signal sent to this process alone (pkill, docker stop, a supervisor) does not reach
+    # the consumers: pass it on, so that they stop as this one did, at once.
+    for process in others:
+        if process.is_alive():
+            process.terminate()
     for process in others:
         process.join(15)
 
