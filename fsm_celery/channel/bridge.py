@@ -279,6 +279,7 @@ class StreamSource(Source):
                 if "NOGROUP" not in str(exc):
                     raise
                 self._regroup()  # a stream or its group vanished (FLUSHALL): set them up again
+                self._pending = True  # what the failed read had delivered is pending: read it
                 continue
             backoff.reset()
             if entries:
@@ -346,7 +347,8 @@ class StreamSource(Source):
     def _fetch(self, mode: str, count: int | None = None) -> list[Entry]:
         """New entries (">") or this consumer's pending ones ("0"), after acknowledging those
         applied since the last read; at most a batch, and at most READ_BUDGET bytes loaded
-        in Redis (or one entry alone). Entries over the limit are parked there, never read."""
+        in Redis, plus at most one stream under its cap read entry by entry. Entries over the
+        limit, and streams over the cap, are parked there, never read."""
         if not self.streams:  # the last one was dropped by the read before
             return []
         pipe = self._acknowledge(self.client.pipeline(transaction=False))

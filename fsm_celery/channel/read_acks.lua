@@ -99,7 +99,11 @@ local function take(i, entry)
 end
 
 local function read(i)
-  local memory = redis.call('MEMORY', 'USAGE', KEYS[i], 'SAMPLES', 0) or 0
+  local memory = redis.call('MEMORY', 'USAGE', KEYS[i], 'SAMPLES', 0)
+  if not memory then -- gone (dropped by another bridge, flushed): upkeep makes it again
+    open[i], live = false, live - 1
+    return
+  end
   if memory > cap then
     return drop(i, memory)
   end

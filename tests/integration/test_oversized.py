@@ -179,3 +179,12 @@ def test_a_stream_over_the_cap_is_dropped_without_loading_an_entry(
     record = client.xrange(dead)[0][1]
     reason = f"stream of {parked[2]} bytes (2 entries), over the cap of {2 * MB}: dropped unread"
     assert record[b"reason"] == reason.encode()
+
+
+def test_a_stream_gone_since_the_last_upkeep_is_passed_over(
+    stream: tuple[redis.Redis, str, str],
+) -> None:
+    client, key, dead = stream
+    ids = [client.xadd(key, {"message": "{}"}) for _ in range(3)]
+    found, parked, _ = _read(client, [key + ":dropped", key, dead], budget=MB)
+    assert (found[1::4], parked) == (ids, [])
