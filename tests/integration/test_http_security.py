@@ -4,6 +4,7 @@ plain HTTP; a viewer (and a public reader) reading a notification's receiver and
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -192,7 +193,7 @@ def notified(
     env_factory: Callable[..., FsmEnv], receiver: str, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[FsmEnv, str]:
     """A deployment whose machine was cancelled and notified the receiver, which failed."""
-    env = env_factory("http_notified", notify_secret="n" * 32)
+    env = env_factory("http_notified", notify_secret=secrets.token_hex(32))
     folder: Path = tmp_path_factory.mktemp("notified")
     (folder / "test_notified.yaml").write_text(NOTIFIED.format(url=receiver))
     env.client.load_definitions(str(folder))
