@@ -607,7 +607,8 @@ def dashboard(host: str, port: int, workers: int) -> None:
     """Serve the HTTP API (/api, /openapi.json), the dashboard's pages and the GitHub webhook.
 
     Needs FSM_ADMIN_TOKEN and/or FSM_VIEWER_TOKEN (or FSM_PUBLIC_READS); serve it behind TLS
-    (FSM_SECURE_COOKIES=true) when it is reached from elsewhere.
+    when it is reached from elsewhere (its session cookie is HTTPS-only; FSM_SECURE_COOKIES=false
+    relaxes that for plain HTTP on 127.0.0.1 or localhost only).
     """
     import uvicorn
 
