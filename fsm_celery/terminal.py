@@ -1,5 +1,6 @@
 """What the command line prints, made safe and readable (pure): text from agents and other
-callers with its control characters shown as escapes, durations for people, aligned tables.
+callers with its control characters shown as escapes, durations for people (the dashboard's
+pages use the same), aligned tables.
 
 An agent's progress, error, output or context may hold a terminal's escape sequences
 (`ESC ] 0 ; title BEL` retitles the window, `ESC [ 2 J` clears it, others rewrite the lines an
@@ -26,22 +27,23 @@ def safe(text: object) -> str:
 
 
 def duration(ms: float | None) -> str:
-    """A duration for people: 850 ms, 1.2 s, 3 min 20 s, 4 h 1 min, 2 d 3 h ('' for none)."""
+    """A duration for people: 850 ms, 1.2 s, 3 min 20 s, 4 h 1 min, 2 d 3 h ('' for none).
+
+    The dashboard's pages write it the same way (static/dashboard.js too): halves round up, in
+    whole numbers, as the script's arithmetic does."""
     if ms is None:
         return ""
-    ms = max(0, round(ms))
+    ms = max(0, int(ms + 0.5))
     if ms < 1000:
         return f"{ms} ms"
-    tenths = round(ms / 100)
-    if tenths < 600:
-        return f"{tenths / 10:.1f} s"
+    if ms < 59_950:
+        tenths = (ms + 50) // 100
+        return f"{tenths // 10}.{tenths % 10} s"
     seconds = (ms + 500) // 1000
-    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
-    if hours == 0:
-        return _pair(minutes, "min", seconds % 60, "s")
-    if days == 0:
-        return _pair(hours, "h", minutes % 60, "min")
-    return _pair(days, "d", hours % 24, "h")
+    for unit, size, smaller, rest in (("d", 86400, "h", 3600), ("h", 3600, "min", 60)):
+        if seconds >= size:
+            return _pair(seconds // size, unit, seconds % size // rest, smaller)
+    return _pair(seconds // 60, "min", seconds % 60, "s")
 
 
 def _pair(big: int, big_unit: str, small: int, small_unit: str) -> str:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from fsm_celery import terminal
 from fsm_celery.client import Client
 from fsm_celery.core.admin import commands
 from fsm_celery.core.definition import MachineDefinition
@@ -41,24 +42,9 @@ COMMANDS = {s.value: commands(s) for s in MachineStatus}  # what the pages offer
 
 
 def duration(ms: int | None) -> str:
-    """A duration as a person reads it: 850 ms, 8.4 s, 6 min 2 s, 5 min, 3 h 5 min, 2 d 4 h
-    (static/dashboard.js writes live rows the same way)."""
-    if ms is None:
-        return "—"
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 59_950:
-        tenths = (ms + 50) // 100  # rounded half up, in integers, as the script does
-        return f"{tenths // 10}.{tenths % 10} s"
-    seconds = (ms + 500) // 1000
-    for unit, size, smaller, rest in (("d", 86400, "h", 3600), ("h", 3600, "min", 60)):
-        if seconds >= size:
-            return _two(seconds // size, unit, seconds % size // rest, smaller)
-    return _two(seconds // 60, "min", seconds % 60, "s")
-
-
-def _two(big: int, unit: str, small: int, smaller: str) -> str:
-    return f"{big} {unit} {small} {smaller}" if small else f"{big} {unit}"
+    """A duration as a person reads it (terminal.duration; static/dashboard.js writes live rows
+    the same way), '—' for none."""
+    return "—" if ms is None else terminal.duration(ms)
 
 
 def retries_text(used: int, allowed: int | None) -> str:
