@@ -7,21 +7,16 @@ import logging
 from collections.abc import Callable
 
 import kombu.exceptions
-import redis
-import sqlalchemy.exc
 
 from fsm_celery.core.transition import RejectReason
-from fsm_celery.engine import Inbound, MachineEngine, Next
+from fsm_celery.engine import Inbound, MachineEngine, Next, runtime
 from fsm_celery.engine.steps import Sent
 
 log = logging.getLogger(__name__)
 
 # Errors of the surroundings, not of a message: the batch is tried again once they pass.
 TRANSIENT = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    redis.ConnectionError,
-    redis.TimeoutError,
+    *runtime.TRANSIENT,
     kombu.exceptions.OperationalError,  # the broker, when a task could not be published
 )
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import redis
+import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
 from fsm_celery.channel import Dispatcher
@@ -19,6 +21,15 @@ from fsm_celery.exceptions import UnknownMachineType
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
 from fsm_celery.store import schedules as schedule_store
+
+# Errors of the surroundings (the database or Redis away), not of a message or a row: what
+# failed with one is tried again once it passes.
+TRANSIENT = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
 
 if TYPE_CHECKING:
     from fsm_celery.engine.writes import Writes

@@ -9,27 +9,19 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-import redis
 import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.transition import Rejected, Timeout, decide
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.runtime import TRANSIENT, Runtime
 from fsm_celery.engine.steps import Scanned, Sent
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store
 
 log = logging.getLogger(__name__)
-# The database or Redis is away, not refusing a row: beat's next tick tries again.
-TRANSIENT = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    redis.ConnectionError,
-    redis.TimeoutError,
-)
 
 
 class Scan:

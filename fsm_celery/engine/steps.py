@@ -61,6 +61,8 @@ class Sent:
 
     def where(self, sending: Sending) -> str | None:
         """The agent (or agent type) the state_task was sent to, if it was."""
+        if not self._where:  # nearly always: no transaction failed after sending
+            return None
         with self._lock:
             return self._where.get(sending)
 
