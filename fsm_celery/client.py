@@ -210,8 +210,9 @@ class Client:
         """The id of the machine, given its id or the start of it (at least four hex digits,
         as git takes a commit's: the dashboard shows eight); MachineNotFound when no machine's
         id starts so, AmbiguousMachineId when more than one does."""
-        if isinstance(machine_id, UUID):
-            return machine_id
+        exact = _exact_id(machine_id)
+        if exact is not None:  # a whole id needs no query
+            return exact
         with self.engine.db.connect() as conn:
             return _full_id_txn(conn, machine_id)
 
@@ -372,25 +373,33 @@ def _agent_uuid(value: UUID | str) -> UUID:
         raise InvalidAgentId(value) from None
 
 
-def _full_id_txn(conn: Connection, value: UUID | str) -> UUID:
-    """A machine's id from its id or an unambiguous start of it (see Client.full_id)."""
+def _exact_id(value: UUID | str) -> UUID | None:
+    """The value as a whole id, or None (a prefix, or not an id at all)."""
     if isinstance(value, UUID):
         return value
-    text = value.strip()
     try:
-        return UUID(text)
+        return UUID(value.strip())
     except ValueError:
-        pass
+        return None
+
+
+def _full_id_txn(conn: Connection, value: UUID | str) -> UUID:
+    """A machine's id from its id or an unambiguous start of it (see Client.full_id)."""
+    exact = _exact_id(value)
+    if exact is not None:
+        return exact
+    given = str(value)  # a str: a UUID is exact
+    text = given.strip()
     if reads.id_range(text) is None:
-        raise MachineNotFound(value)
+        raise MachineNotFound(given)
     if len(text.replace("-", "")) < MIN_PREFIX:
-        raise MachineNotFound(value, f": give its full id or at least {MIN_PREFIX} hex digits")
+        raise MachineNotFound(given, f": give its full id or at least {MIN_PREFIX} hex digits")
     found = reads.machine_ids_starting_txn(conn, text, CANDIDATES + 1)
     if not found:
-        raise MachineNotFound(value)
+        raise MachineNotFound(given)
     if len(found) > 1:
         shown = [str(mid) for mid in found[:CANDIDATES]]
-        raise AmbiguousMachineId(value, shown, more=len(found) > CANDIDATES)
+        raise AmbiguousMachineId(given, shown, more=len(found) > CANDIDATES)
     return found[0]
 
 
