@@ -37,7 +37,7 @@ from fsm_celery.config import get_settings
 try:
     _settings = get_settings()
 except ValidationError as exc:  # `celery -A fsm_celery worker` with a bad FSM_* setting
-    from fsm_celery.errors import fail
+    from fsm_celery.exits import fail
 
     fail(exc)
 

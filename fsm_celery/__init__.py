@@ -10,8 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fsm_celery.client import (
-        Client,
+    from fsm_celery.api import (
         default_client,
         get_machine,
         history,
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
         start_machine,
         stats,
     )
+    from fsm_celery.client import Client
     from fsm_celery.config import Settings
     from fsm_celery.core.definition import MachineDefinition
     from fsm_celery.core.transition import MachineStatus
@@ -43,12 +43,12 @@ _HOME = {
     "Settings": "fsm_celery.config",
     "TransitionRecord": "fsm_celery.records",
     "UnknownMachineType": "fsm_celery.exceptions",
-    "default_client": "fsm_celery.client",
-    "get_machine": "fsm_celery.client",
-    "history": "fsm_celery.client",
-    "list_machines": "fsm_celery.client",
-    "start_machine": "fsm_celery.client",
-    "stats": "fsm_celery.client",
+    "default_client": "fsm_celery.api",
+    "get_machine": "fsm_celery.api",
+    "history": "fsm_celery.api",
+    "list_machines": "fsm_celery.api",
+    "start_machine": "fsm_celery.api",
+    "stats": "fsm_celery.api",
 }
 __all__ = [
     "Client",

@@ -1,7 +1,46 @@
-"""Lets `celery -A fsm_celery worker` find the app."""
+"""The Celery processes' edge: lets `celery -A fsm_celery worker` (beat, flower) find the app,
+and gives the tasks their parts, built from FSM_* settings."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from celery.signals import beat_init, celeryd_after_setup, celeryd_init, worker_process_init
+from pydantic import ValidationError
+
+from fsm_celery import wiring
+from fsm_celery.config import get_settings
+from fsm_celery.exits import fail
 from fsm_celery.worker.app import app
 
 __all__ = ["app"]
+
+try:
+    _settings = get_settings()
+except ValidationError as exc:  # a bad FSM_* setting: one line, not a traceback
+    fail(exc)
+_worker = wiring.provide_worker(_settings)
+
+
+@celeryd_init.connect
+@beat_init.connect
+def _refuse_a_guessable_secret(**_: Any) -> None:
+    """A worker or beat signs task tokens: it does not start with a secret anyone could know."""
+    problem = _settings.secret_problem()
+    if problem is not None:
+        from fsm_celery.exceptions import InsecureSecret
+
+        fail(InsecureSecret(problem))
+
+
+@worker_process_init.connect
+def _forget_parent_connections(**_: Any) -> None:
+    _worker.forget()
+
+
+@celeryd_after_setup.connect
+def _consume_housekeeping(sender: str, instance: Any, **_: Any) -> None:
+    """Every `celery worker` runs the engine's periodic work (its own queue), whatever -Q
+    names: `celery -A fsm_celery worker -Q fsm` needs no second worker for it."""
+    queues = instance.app.amqp.queues
+    queues.select_add(queues[_settings.housekeeping_queue])

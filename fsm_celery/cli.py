@@ -18,8 +18,8 @@ from fsm_celery import views
 from fsm_celery.client import Client
 from fsm_celery.config import get_settings
 from fsm_celery.engine.schedules import ScheduleInfo
-from fsm_celery.errors import EPILOG, Exit, FailCleanly
 from fsm_celery.exceptions import CannotListen
+from fsm_celery.exits import EPILOG, Exit, FailCleanly
 from fsm_celery.terminal import safe, table
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,7 +28,7 @@ BIGINT_MAX = 2**63 - 1
 
 
 def _client() -> Client:
-    from fsm_celery.client import default_client
+    from fsm_celery.api import default_client
 
     return default_client()
 
@@ -586,10 +586,14 @@ def init(directory: Path, force: bool) -> None:
 )
 def ack_bridge(processes: int, inline: bool) -> None:
     """Read acks and heartbeats from Redis (streams and pub/sub) and have them applied."""
-    get_settings().require_secret()
-    from fsm_celery.channel.serve import run_bridge
+    from fsm_celery.acks.serve import Plan, run_bridge
+    from fsm_celery.config import TransitionMode
+    from fsm_celery.wiring import ack_bridge
 
-    run_bridge(processes, inline or get_settings().transition_mode == "inline")
+    settings = get_settings()
+    settings.require_secret()
+    mode = TransitionMode.INLINE if inline else settings.transition_mode
+    run_bridge(processes, Plan(ack_bridge, mode))
     click.echo("ack bridge stopped")
 
 

@@ -1,16 +1,14 @@
 """The Python client: start, inspect and command machines (the CLI and the HTTP API run on it;
 what it returns is fsm_celery.records').
 
-`Client` works on the parts it is given (fsm_celery.wiring builds them from settings); the
-module's functions use the process's default client, built from FSM_* environment settings on
-first use.
+`Client` works on the parts it is given (fsm_celery.wiring builds them from settings);
+fsm_celery.api's functions use the process's default client, built from FSM_* settings.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
@@ -22,7 +20,7 @@ from fsm_celery.core.definition import validate
 from fsm_celery.core.loader import definition_files, load_all, parse_definition
 from fsm_celery.core.messages import unstorable
 from fsm_celery.core.usage import Budget
-from fsm_celery.engine import MachineEngine, Next
+from fsm_celery.engine import Handoff, MachineEngine, Next
 from fsm_celery.engine.github import Delivered
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import (
@@ -52,7 +50,6 @@ log = logging.getLogger(__name__)
 ACTOR_CHARS = 100  # state_transitions.actor
 MIN_PREFIX = 4  # hex digits of an id that may name a machine (git's shortest commit prefix)
 CANDIDATES = 10  # ids an ambiguous prefix's error lists at most
-Enqueue = Callable[[Next], None]
 
 
 class Client:
@@ -61,7 +58,7 @@ class Client:
     def __init__(
         self,
         engine: MachineEngine,
-        enqueue: Enqueue,
+        enqueue: Handoff,
         parked: Callable[[int], list[dict[str, str]]] | None = None,
     ) -> None:
         self.engine = engine
@@ -401,56 +398,6 @@ def _full_id_txn(conn: Connection, value: UUID | str) -> UUID:
         shown = [str(mid) for mid in found[:CANDIDATES]]
         raise AmbiguousMachineId(given, shown, more=len(found) > CANDIDATES)
     return found[0]
-
-
-# the process's default client -----------------------------------------------------------
-
-
-@lru_cache(maxsize=1)
-def default_client() -> Client:
-    """The client built from FSM_* environment settings on first use."""
-    from fsm_celery.config import get_settings
-    from fsm_celery.wiring import client
-
-    return client(get_settings())
-
-
-def start_machine(
-    machine_type: str,
-    context: Mapping[str, Any] | None = None,
-    agent_id: UUID | str | None = None,
-    github_issue: int | None = None,
-) -> UUID:
-    """Start a machine; returns its id."""
-    return default_client().start_machine(machine_type, context, agent_id, github_issue)
-
-
-def get_machine(machine_id: UUID | str) -> MachineInfo:
-    """The machine with that id."""
-    return default_client().get_machine(machine_id)
-
-
-def list_machines(
-    *,
-    agent_type: str | None = None,
-    status: str | None = None,
-    machine_type: str | None = None,
-    limit: int = 100,
-) -> list[MachineInfo]:
-    """Machines, newest first, filtered by agent type, status and machine type."""
-    return default_client().list_machines(
-        agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
-    )
-
-
-def history(machine_id: UUID | str) -> list[TransitionRecord]:
-    """The machine's transitions in order."""
-    return default_client().history(machine_id)
-
-
-def stats() -> dict[str, Any]:
-    """Machines per type and status, rejected messages per reason."""
-    return default_client().stats()
 
 
 def _check_actor(actor: str) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
@@ -21,6 +21,13 @@ MIN_SECRET_BYTES = 32
 # different ones with probability 3.5e-8, one character in more than half of them 1.2e-11;
 # token_hex(32) and token_urlsafe(32) less than 1e-12.
 MIN_DISTINCT_CHARACTERS = 8
+
+
+class TransitionMode(StrEnum):
+    """Who applies agents' acks and enters the next states (FSM_TRANSITION_MODE)."""
+
+    CELERY = "celery"  # an fsm.apply_acks task per batch, an fsm.enter_state task per state
+    INLINE = "inline"  # the ack bridge applies acks and sends the next state_tasks itself
 
 
 class Settings(BaseSettings):
@@ -70,8 +77,8 @@ class Settings(BaseSettings):
         default=True,
         description="Also XADD each state_task to the agent's stream (durable), besides PUBLISH.",
     )
-    transition_mode: Literal["celery", "inline"] = Field(
-        default="celery",
+    transition_mode: TransitionMode = Field(
+        default=TransitionMode.CELERY,
         description="celery: each batch of acks is an fsm.apply_acks task, each state entered "
         "an fsm.enter_state task (Flower shows every step); inline: the bridge applies acks "
         "and sends the next state_tasks itself (fewer hops, lower latency).",

@@ -1,4 +1,5 @@
-"""The embedded demo: SQLite, an in-process Celery worker and in-process mock agents."""
+"""The embedded demo: SQLite, an in-process Celery worker, in-process mock agents, and the ack
+bridge's own loop reading their acks from memory (the inline mode)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -16,12 +16,15 @@ from rich.live import Live
 from rich.table import Table
 
 from fsm_celery import wiring
+from fsm_celery.acks.bridge import Bridge
+from fsm_celery.acks.dead import Policy
+from fsm_celery.acks.memory import MemoryConsumer
 from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
 from fsm_celery.client import Client
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import task_channel
-from fsm_celery.engine import Inbound, MachineEngine
+from fsm_celery.engine import MachineEngine
 from fsm_celery.pipeline.orchestrator import PIPELINE, as_node, default_agents, pipeline_context
 from fsm_celery.pipeline.state import TaskState
 from fsm_celery.records import MachineInfo
@@ -40,7 +43,6 @@ def run_demo(
     console = console or Console()
     from celery.contrib.testing.worker import start_worker
 
-    from fsm_celery.worker import tasks
     from fsm_celery.worker.app import app
 
     with tempfile.TemporaryDirectory(prefix="fsm-celery-demo-") as folder:
@@ -58,7 +60,7 @@ def run_demo(
         bus = MemoryBus(settings.channel_prefix)
         engine = wiring.machine_engine(settings, dispatcher=bus)
         upgrade(engine.db)
-        tasks.install_engine(engine)
+        wiring.provide_worker(settings, engine)
         client = wiring.client(settings, engine)
         loaded = client.load_definitions()
         console.print(
@@ -66,9 +68,15 @@ def run_demo(
             + ", ".join(f"{machine_type} v{version}" for machine_type, version, _ in loaded),
             soft_wrap=True,
         )
-        # what the ack bridge does in production, in the inline mode
-        apply = wiring.ack_handler(settings, inline=True, engine=engine)
-        steady = _agent(bus, settings, MockScript(seed=7, think=THINK), apply)
+        # the ack bridge, as in production in the inline mode, reading from memory
+        acks = MemoryConsumer()
+        bridge = Bridge(
+            [acks], wiring.inline_applier(settings, engine), Policy(settings.dead_letter_after)
+        )
+        serving = threading.Event()
+        bridging = threading.Thread(target=bridge.run, args=(serving,), daemon=True)
+        bridging.start()
+        steady = _agent(bus, settings, MockScript(seed=7, think=THINK), acks)
         shaky = _agent(
             bus,
             settings,
@@ -78,7 +86,7 @@ def run_demo(
                 overrides={("ANALYZE_ISSUE", 1): {"needsSpec": False, "complexity": "low"}},
                 failures={"RUN_TESTS": frozenset({1})},
             ),
-            apply,
+            acks,
         )
         with start_worker(
             app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"
@@ -106,6 +114,8 @@ def run_demo(
             done = _follow(client, ids, console, timeout)
             scanning.set()
             scanner.join(5)
+        serving.set()
+        bridging.join(5)
         bus.close()
         engine.db.dispose()
         return done
@@ -116,9 +126,7 @@ def _scan(engine: MachineEngine, stop: threading.Event) -> None:
         engine.scan.run()
 
 
-def _agent(
-    bus: MemoryBus, settings: Settings, mock: MockScript, send: Callable[[list[Inbound]], object]
-) -> uuid.UUID:
+def _agent(bus: MemoryBus, settings: Settings, mock: MockScript, acks: MemoryConsumer) -> uuid.UUID:
     agent_id = uuid.uuid4()
     research = {state: as_node(agent) for state, agent in default_agents().items()}
 
@@ -128,7 +136,7 @@ def _agent(
         ack = mock.answer(task)
         if task["machineType"] == PIPELINE and task["state"] in research:
             ack["output"] = research[task["state"]](task["context"])  # the research agents
-        send([Inbound(json.dumps(ack), agent_id)])
+        acks.put(json.dumps(ack), agent_id)
 
     bus.subscribe(task_channel(str(agent_id), settings.channel_prefix), handle)
     return agent_id

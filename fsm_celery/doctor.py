@@ -184,7 +184,7 @@ class Doctor:
         return Result("beat", True, f"the last scan ran {age:.1f} s ago")
 
     def bridges(self) -> Result:
-        from fsm_celery.channel.bridge import ALIVE_KEY, GROUP
+        from fsm_celery.acks.streams import ALIVE_KEY, GROUP
         from fsm_celery.core.messages import ack_stream
 
         client = self._client()

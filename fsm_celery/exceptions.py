@@ -1,11 +1,14 @@
-"""The fsm-celery error tree.
+"""The fsm-celery error tree (how a process ends on one of them is fsm_celery.exits's).
 
 FsmError                      root of everything this package raises
 ├── InsecureSecret            a signing secret is the default, empty, short or a pattern
 ├── InsecureDashboard         the HTTP API would serve without tokens, or with guessable ones
+├── InsecureFlower            Flower would serve without authentication
 ├── DatabaseNotCreated        db upgrade --create could not create the database
 ├── DefinitionError           a machine definition is invalid (carries every problem)
 ├── CannotListen              the dashboard's address is taken or not this machine's
+├── ScheduleNotFound          no schedule has that name
+├── InvalidActor              who acted does not fit the history's column
 └── MachineError              an operation on a machine instance was refused
     ├── UnknownMachineType    no definition is loaded for that type
     ├── MachineNotFound       no machine has that id

@@ -1,32 +1,36 @@
 """The composition root: every process builds its parts here, from its settings.
 
-The CLI, the Celery worker, the ack bridge, the embedded demo and the tests all call these, so
-a part is put together one way only. Nothing else imports across layers to build one.
+The CLI, the Celery worker (fsm_celery.celery), the ack bridge (fsm_celery.acks.serve), the
+dashboard, the embedded demo and the tests call these, so a part is put together one way only,
+and the transition mode is read here once, to pick the bridge's handler. Nothing else imports
+across layers to build one.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 
-from fsm_celery.batches import BatchApplier
-from fsm_celery.channel import Dispatcher
-from fsm_celery.channel.bridge import (
-    AckBridge,
-    Apply,
-    DeadLetters,
-    PubSubSource,
-    Source,
-    StreamSource,
-)
+from fsm_celery.acks import relay
+from fsm_celery.acks.apply import Applier
+from fsm_celery.acks.bridge import Bridge, Handler
+from fsm_celery.acks.consumer import Consumer
+from fsm_celery.acks.dead import DeadLetters, Policy
+from fsm_celery.acks.pubsub import PubSubConsumer
+from fsm_celery.acks.streams import StreamConsumer
 from fsm_celery.channel.redis import RedisDispatcher, connect
 from fsm_celery.client import Client
-from fsm_celery.config import Settings
+from fsm_celery.config import Settings, TransitionMode
 from fsm_celery.core.messages import ack_channel
-from fsm_celery.engine import MachineEngine
+from fsm_celery.engine import Dispatcher, MachineEngine
 from fsm_celery.engine.runtime import utcnow
+from fsm_celery.engine.sent import Sent
 from fsm_celery.store import db as database
-from fsm_celery.worker.enqueue import Enqueue, Relay
+from fsm_celery.worker import tasks
+from fsm_celery.worker.app import app
+from fsm_celery.worker.tasks import Enqueue
 
 
 def machine_engine(
@@ -50,49 +54,111 @@ def machine_engine(
     return MachineEngine(db, dispatcher, settings, clock)
 
 
+def dead_letters(settings: Settings) -> DeadLetters:
+    return DeadLetters(connect(settings.redis_url), settings.channel_prefix)
+
+
 def client(settings: Settings, engine: MachineEngine | None = None) -> Client:
     """The client: starts machines and enqueues their first states on the settings' queue."""
-    dead = DeadLetters(connect(settings.redis_url), settings.channel_prefix)
-    return Client(engine or machine_engine(settings), Enqueue(settings), dead.latest)
-
-
-def ack_handler(settings: Settings, *, inline: bool, engine: MachineEngine | None = None) -> Apply:
-    """What the bridge does with each batch it reads: apply it (inline), or relay it to an
-    fsm.apply_acks task (the celery mode)."""
-    if inline:
-        engine = engine or machine_engine(settings, pre_ping=False)
-        return BatchApplier(engine, Enqueue(settings))
-    return Relay(settings)
-
-
-def ack_bridge(settings: Settings, *, inline: bool, pubsub: bool) -> AckBridge:
-    """An ack bridge: the ack streams (and, with pubsub, the shared channel) read into the
-    mode's handler."""
-    apply = ack_handler(settings, inline=inline)
-    linger = 0.0 if inline else settings.relay_linger_ms / 1000
-    prefix, size, limit = (
-        settings.channel_prefix,
-        settings.ack_batch_size,
-        settings.max_payload_bytes,
+    return Client(
+        engine or machine_engine(settings), Enqueue(settings), dead_letters(settings).latest
     )
-    dead = DeadLetters(connect(settings.redis_url), prefix)
-    sources: list[Source] = [
-        StreamSource(
+
+
+def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
+    """Applies each batch here, entering the states due now in its transaction (the inline
+    mode's handler, and the demo's)."""
+    operation = partial(engine.inbox.apply_and_enter, sent=Sent())
+    return Applier(operation, engine.inbox.reject, Enqueue(settings))
+
+
+def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
+    """What the bridge does with each batch it reads, by the mode: apply it (inline), or relay
+    it to fsm.apply_acks tasks (celery)."""
+    if mode is TransitionMode.INLINE:
+        return inline_applier(settings, machine_engine(settings, pre_ping=False))
+    return relay.Relay(app, settings.queue, settings.max_relay_bytes)
+
+
+def ack_bridge(settings: Settings, mode: TransitionMode, *, pubsub: bool) -> Bridge:
+    """An ack bridge: the ack streams (and, with pubsub, the shared channel) read into the
+    mode's handler. In the celery mode a read lingers a moment, so a task carries a batch."""
+    linger = 0.0 if mode is TransitionMode.INLINE else settings.relay_linger_ms / 1000
+    dead = dead_letters(settings)
+    consumers: list[Consumer] = [
+        StreamConsumer(
             connect(settings.redis_url),
-            prefix,
-            apply,
+            settings.channel_prefix,
             dead,
             shared=settings.accept_shared_acks,
-            batch=size,
-            max_bytes=limit,
+            batch=settings.ack_batch_size,
+            max_bytes=settings.max_payload_bytes,
             claim_idle_ms=int(settings.stream_claim_idle_seconds * 1000),
-            dead_letter_after=settings.dead_letter_after,
             maxlen=settings.ack_stream_maxlen,
             linger=linger,
         )
     ]
     if pubsub and settings.accept_shared_acks:
-        channel = ack_channel(prefix)
-        client = connect(settings.redis_url)
-        sources.append(PubSubSource(client, channel, apply, dead, size, limit, linger))
-    return AckBridge(sources)
+        consumers.append(
+            PubSubConsumer(
+                connect(settings.redis_url),
+                ack_channel(settings.channel_prefix),
+                dead,
+                batch=settings.ack_batch_size,
+                max_bytes=settings.max_payload_bytes,
+                linger=linger,
+            )
+        )
+    return Bridge(consumers, ack_handler(settings, mode), Policy(settings.dead_letter_after))
+
+
+class Worker:
+    """A Celery worker's parts (its tasks' and fsm.apply_acks's), each built on first use: after
+    a prefork worker forked, once for all the pool's threads."""
+
+    def __init__(self, settings: Settings, engine: MachineEngine | None = None) -> None:
+        self.settings = settings
+        self.enqueue = Enqueue(settings)
+        self.policy = Policy(settings.dead_letter_after)
+        self._given = engine
+        self._engine = engine
+        self._applier: Applier | None = None
+        self._dead: DeadLetters | None = None
+        self._building = threading.Lock()
+
+    @property
+    def engine(self) -> MachineEngine:
+        if self._engine is None:
+            with self._building:
+                if self._engine is None:
+                    # Without a ping per transaction: a task that meets a connection a database
+                    # restart broke fails with a transient error, the pool is discarded, and the
+                    # task is retried.
+                    self._engine = machine_engine(self.settings, pre_ping=False)
+        return self._engine
+
+    @property
+    def applier(self) -> Applier:
+        """fsm.apply_acks's: applies a batch, handing every state it decided on."""
+        if self._applier is None:
+            inbox = self.engine.inbox
+            self._applier = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
+        return self._applier
+
+    @property
+    def dead_letters(self) -> DeadLetters:
+        if self._dead is None:
+            self._dead = dead_letters(self.settings)
+        return self._dead
+
+    def forget(self) -> None:
+        """Drop what was built before a fork (its connections are the parent's)."""
+        self._engine, self._applier, self._dead = self._given, None, None
+
+
+def provide_worker(settings: Settings, engine: MachineEngine | None = None) -> Worker:
+    """Have this process's Celery tasks run on a Worker's parts."""
+    worker = Worker(settings, engine)
+    tasks.provide(worker)
+    relay.provide(worker)
+    return worker

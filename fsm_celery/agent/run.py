@@ -9,10 +9,10 @@ import uuid
 from collections.abc import Iterable
 
 from fsm_celery.agent.mock import MockScript, serve_mock
+from fsm_celery.agent.pipeline import serve_pipeline
 from fsm_celery.agent.sdk import Agent
 from fsm_celery.config import Settings
 from fsm_celery.core.loader import definition_files, load_all
-from fsm_celery.pipeline.durable import serve_pipeline
 from fsm_celery.pipeline.orchestrator import PIPELINE
 
 AGENT_NAMESPACE = uuid.UUID("5d0f7b1c-9c39-4a8e-8c55-0f8b7f4b2a61")

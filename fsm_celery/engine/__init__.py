@@ -1,20 +1,22 @@
 """The machine engine: load → decide → store → dispatch around the pure core. No Celery here.
 
 One class per use case, each over the same Runtime (database, dispatcher, settings, clock,
-definitions), and each answering with a Next (fsm_celery.engine.steps):
+definitions). Those that move machines answer with a Next, the states they decided and did
+not enter themselves (fsm_celery.engine.ports):
 
 - `admin`: start machines, command them, set their budgets (engine/admin.py);
 - `entry`: enter a state, the one way a state_task is sent (engine/entry.py);
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
 - `schedules`: start machines on their definitions' cron ticks (engine/schedules.py);
+- `github`: start machines for GitHub issues, once per delivery (engine/github.py);
 - `stats`: fold the history into counters, and read them (engine/stats.py);
 - `notifier`: send the notifications of machines that ended (engine/notify.py);
-- `github`: start machines for GitHub issues, once per delivery (engine/github.py);
 - `catalog`: the machine definitions (engine/runtime.py).
 
 The decisions are fsm_celery.core's; what a transaction writes is an engine.writes.Writes,
-which the store turns into SQL.
+which the store turns into SQL. What the engine needs from outside (a Dispatcher, a Handoff)
+is declared in engine/ports.py, and given to it by fsm_celery.wiring.
 """
 
 from __future__ import annotations
@@ -24,20 +26,19 @@ from datetime import datetime
 
 from sqlalchemy import Engine
 
-from fsm_celery.channel import Dispatcher
 from fsm_celery.config import Settings
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
+from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Scanned, Step
 from fsm_celery.engine.runtime import Runtime, utcnow
 from fsm_celery.engine.scan import Scan
 from fsm_celery.engine.schedules import Schedules
 from fsm_celery.engine.stats import Stats
-from fsm_celery.engine.steps import Inbound, Next, Scanned, Step
 
-__all__ = ["Inbound", "MachineEngine", "Next", "Scanned", "Step"]
+__all__ = ["Dispatcher", "Handoff", "Inbound", "MachineEngine", "Next", "Scanned", "Step"]
 
 
 class MachineEngine:

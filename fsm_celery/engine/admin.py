@@ -26,8 +26,8 @@ from fsm_celery.core.transition import (
 from fsm_celery.core.usage import BUDGET_EXCEEDED, Budget
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.steps import Next, Step
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.exceptions import (
     CommandRefused,

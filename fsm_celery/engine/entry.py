@@ -17,8 +17,8 @@ from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import DispatchFailed, Machine, MachineStatus, Rejected, decide
 from fsm_celery.engine.notify import outbox_txn
+from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.steps import Next
 from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.store import queries as q
 
@@ -84,7 +84,7 @@ class Entry:
         Only a crash between the send and the commit sends a state_task twice (at least once);
         its duplicate ack is then refused as stale, and the work is applied once.
         """
-        self._rt.dispatcher.dispatch_many(writes.outbox)
+        self._rt.dispatcher.dispatch_many(writes.to_send)
         if writes.sent is not None:
             writes.sent.add(writes.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)

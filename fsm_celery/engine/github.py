@@ -9,8 +9,8 @@ from uuid import UUID
 
 from fsm_celery.core.github import Ignored, Trigger
 from fsm_celery.engine.admin import Admin
+from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.steps import Next
 from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import InvalidContext
 from fsm_celery.store import github as store

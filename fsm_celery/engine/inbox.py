@@ -30,8 +30,9 @@ from fsm_celery.core.transition import (
     decide,
 )
 from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.ports import Inbound, Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.steps import Inbound, Next, Sent
+from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import queries as q
@@ -46,17 +47,20 @@ class Inbox:
         self._entry = entry
         self._longest_attempt = timedelta(seconds=runtime.settings.max_attempt_seconds)
 
-    def apply(
-        self, batch: Iterable[Inbound], *, enter: bool = True, sent: Sent | None = None
-    ) -> Next:
-        """Apply a batch of raw agent messages in one transaction.
+    def apply_and_enter(self, batch: Iterable[Inbound], sent: Sent | None = None) -> Next:
+        """Apply a batch of raw agent messages in one transaction, and enter the states due now
+        in it (their state_tasks go out before it commits): the inline mode. Those that a
+        failed try of the same messages sent (`sent`) are recorded, not sent again. The Next
+        holds the states that wait out a retry delay."""
+        return self._apply_batch(batch, sent, enter=True)
 
-        With enter, the states due now are entered in the same transaction (their state_tasks
-        go out before it commits), as the inline mode does; those that a failed try of the same
-        messages sent (`sent`) are recorded, not sent again. Without, nothing is sent and every
-        state the batch moved a machine to is in the Next, for an enter_state task each (the
-        celery mode).
-        """
+    def apply_and_hand_on(self, batch: Iterable[Inbound]) -> Next:
+        """Apply a batch of raw agent messages in one transaction, sending nothing: every state
+        the batch moved a machine to is in the Next, for an fsm.enter_state task each (the
+        celery mode)."""
+        return self._apply_batch(batch, None, enter=False)
+
+    def _apply_batch(self, batch: Iterable[Inbound], sent: Sent | None, *, enter: bool) -> Next:
         settings = self._rt.settings
         writes = Writes(self._rt.clock(), sent=sent)
         parsed: list[tuple[MachineMessage, Inbound]] = []
@@ -92,7 +96,7 @@ class Inbox:
 
     def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
         """Record a message as rejected, in a transaction of its own (one the batch's
-        transaction could not take: see fsm_celery.batches)."""
+        transaction could not take: see fsm_celery.acks.apply)."""
         writes = Writes(self._rt.clock())
         message = intake.parse(raw, self._rt.settings.max_payload_bytes)
         where = {} if isinstance(message, Refused) else intake.where(message)

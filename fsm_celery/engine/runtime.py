@@ -13,10 +13,10 @@ import redis
 import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
-from fsm_celery.channel import Dispatcher
 from fsm_celery.config import Settings
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import Limits
+from fsm_celery.engine.ports import Dispatcher
 from fsm_celery.exceptions import UnknownMachineType
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads

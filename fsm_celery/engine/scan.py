@@ -15,8 +15,9 @@ from sqlalchemy import Connection
 from fsm_celery.core.transition import Rejected, Timeout, decide
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.ports import Scanned
 from fsm_celery.engine.runtime import TRANSIENT, Runtime
-from fsm_celery.engine.steps import Scanned, Sent
+from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store

@@ -22,8 +22,8 @@ from sqlalchemy import Connection
 from fsm_celery.core.schedule import Overlap, due, next_tick
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.engine.admin import Admin
+from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.steps import Next
 from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import FsmError, InvalidActor, ScheduleNotFound
 from fsm_celery.store import schedules as store

@@ -20,7 +20,8 @@ from fsm_celery.core.messages import (
 )
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
 from fsm_celery.core.usage import Budget, Usage
-from fsm_celery.engine.steps import Next, Sending, Sent, Step
+from fsm_celery.engine.ports import Next, Step
+from fsm_celery.engine.sent import Sending, Sent
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
@@ -67,7 +68,7 @@ class Writes:
     beats: dict[UUID, Beat] = field(default_factory=dict)
     history: list[History] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
-    outbox: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_task)
+    to_send: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_task)
     sending: dict[Sending, str] = field(default_factory=dict)  # dispatched here: where to
     sent: Sent | None = None  # what failed transactions sent (kept across them by the caller)
     machines: dict[UUID, Machine] = field(default_factory=dict)  # as moved in this transaction
@@ -226,7 +227,7 @@ class Writes:
         sending = (machine_id, task.attempt, task.state)
         self.sending[sending] = agent
         if self.sent is None or self.sent.where(sending) is None:
-            self.outbox.append((agent, task.to_wire()))
+            self.to_send.append((agent, task.to_wire()))
 
     def sent_before(self, machine_id: UUID, attempt: int, state: str) -> str | None:
         """Where a failed transaction sent this attempt's state_task, if one did."""
@@ -280,7 +281,7 @@ class Writes:
         ]
 
     def write(self, conn: Connection) -> None:
-        """Write everything decided (the outbox is sent by the caller, before commit)."""
+        """Write everything decided (`to_send` is sent by the caller, before commit)."""
         q.update_heartbeats_txn(conn, list(self.beats.values()))
         q.move_machines_txn(conn, list(self.moves.values()), self.history)
         q.mark_dispatched_txn(conn, list(self.dispatches.values()))

@@ -39,9 +39,11 @@ from fsm_celery.exceptions import (
     ScheduleNotFound,
     UnknownMachineType,
 )
-from fsm_celery.http import api, pages
+from fsm_celery.http.api import router as api_router
 from fsm_celery.http.auth import Auth, SessionCookies, Sessions
 from fsm_celery.http.hub import EventHub
+from fsm_celery.http.pages import error_page
+from fsm_celery.http.pages import router as pages_router
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -97,11 +99,11 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
     app.add_middleware(RefuseNul)
     app.middleware("http")(_security_headers)
     _errors(app)
-    app.include_router(api.router)
-    app.include_router(pages.router)
-    from fsm_celery.http import github
+    app.include_router(api_router)
+    app.include_router(pages_router)
+    from fsm_celery.http.github import router as github_router
 
-    app.include_router(github.router)
+    app.include_router(github_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     return app
 
@@ -218,7 +220,7 @@ def _reply(
     if path.startswith(("/api", "/webhooks", "/openapi")):
         response = _json(status, message, details)
     else:
-        response = pages.error_page(request, status, message)
+        response = error_page(request, status, message)
     for name, value in (headers or {}).items():
         response.headers[name] = value
     return response

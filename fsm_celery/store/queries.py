@@ -1,4 +1,7 @@
-"""Every SQL statement of the engine. Helpers take a connection and never commit.
+"""The engine's SQL on machines, their history, definitions and agents. Helpers take a
+connection and never commit. The other tables have their own modules: schedules.py,
+notify.py (the notifications' outbox), github.py (deliveries), rollup.py (the statistics'
+counters); reads.py holds the dashboard's lists.
 
 What differs between PostgreSQL and SQLite lives in fsm_celery.store.postgres and .sqlite;
 the rows written are typed in fsm_celery.store.rows.

@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 UNAUTHENTICATED = "--unauthenticated"
 # Flower's task list shows a task's name but not its args, and the args are what say which
-# machine, state and attempt an fsm task is for (argsrepr, worker/enqueue.py): shown unless
-# --tasks_columns (FLOWER_TASKS_COLUMNS) chose other columns.
+# machine, state and attempt an fsm task is for (argsrepr: worker/tasks.py, acks/relay.py):
+# shown unless --tasks_columns (FLOWER_TASKS_COLUMNS) chose other columns.
 FLOWER_COLUMNS = "name,uuid,state,received,runtime,worker"
 FSM_COLUMNS = "name,args,state,received,runtime,worker,uuid"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

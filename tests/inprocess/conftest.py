@@ -106,7 +106,7 @@ class Fsm:
     def receive(self, *messages: str | dict[str, Any], agent: UUID | None = None) -> Next:
         """Apply agents' messages in one batch, inline (due states entered at once)."""
         raws = [m if isinstance(m, str) else json.dumps(m) for m in messages]
-        return self.engine.inbox.apply([Inbound(raw, agent) for raw in raws])
+        return self.engine.inbox.apply_and_enter([Inbound(raw, agent) for raw in raws])
 
     def enter_all(self, next_states: Next) -> None:
         """Do what the fsm.enter_state tasks would, once each step's delay has passed."""

@@ -210,7 +210,7 @@ def test_without_entering_every_decided_state_is_handed_on_and_nothing_is_sent(f
     agent = fsm.agent("tester")
     mids = [fsm.start("test_linear") for _ in range(3)]
     answers = [json.dumps(ack(task)) for task in agent.tasks()]
-    next_states = fsm.engine.inbox.apply([Inbound(a) for a in answers], enter=False)
+    next_states = fsm.engine.inbox.apply_and_hand_on([Inbound(a) for a in answers])
     assert sorted(s.machine_id for s in next_states) == sorted(mids)
     assert {(s.state, s.attempt, s.delay) for s in next_states} == {("TWO", 2, 0.0)}
     assert agent.tasks() == []

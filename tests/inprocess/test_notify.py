@@ -90,7 +90,7 @@ def _finish(fsm: Fsm, engine: MachineEngine, context: dict[str, Any] | None = No
     [first] = engine.admin.start("notified", context or {"deploymentUrl": "https://x.test"})
     engine.entry.enter(first.machine_id, first.attempt)
     task = fsm.agent("tester").tasks()[-1]
-    engine.inbox.apply([_inbound(ack(task))])
+    engine.inbox.apply_and_enter([_inbound(ack(task))])
     return first.machine_id
 
 

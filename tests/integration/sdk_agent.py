@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from fsm_celery.agent.mock import OUTPUTS
+from fsm_celery.agent.pipeline import serve_pipeline
 from fsm_celery.agent.run import run_agents
 from fsm_celery.agent.sdk import Agent, Task
-from fsm_celery.pipeline.durable import serve_pipeline
 
 EXTRA = {
     "ONE": {"one": 1},

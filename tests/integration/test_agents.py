@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from fsm_celery.agent.pipeline import durable_result, serve_pipeline
 from fsm_celery.agent.sdk import Agent, NoAck, Task
 from fsm_celery.core.messages import task_stream, task_token
 from fsm_celery.pipeline import AgentOrchestrator, TaskState
-from fsm_celery.pipeline.durable import durable_result, serve_pipeline
 from fsm_celery.pipeline.orchestrator import pipeline_context
 from tests.integration.harness import FsmEnv
 from tests.secret import TEST_SECRET

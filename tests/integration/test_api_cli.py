@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from fsm_celery import cli
-from fsm_celery.client import default_client
+from fsm_celery.api import default_client
 from fsm_celery.config import get_settings
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
 from fsm_celery.core.messages import ack_channel

@@ -81,7 +81,7 @@ def test_concurrent_batches_for_one_attempt_lock_the_row(fsm: FsmEnv) -> None:
 
     def apply(payload: str) -> None:
         go.wait()
-        results.append(fsm.client.engine.inbox.apply([Inbound(payload)]))
+        results.append(fsm.client.engine.inbox.apply_and_enter([Inbound(payload)]))
 
     threads = [threading.Thread(target=apply, args=(p,)) for p in (good, bad)]
     for t in threads:

@@ -12,7 +12,7 @@ from uuid import UUID
 
 import pytest
 
-from fsm_celery.channel.bridge import GROUP
+from fsm_celery.acks.streams import GROUP
 from fsm_celery.core.messages import ack_stream
 from tests.integration.harness import FsmEnv, ScriptedAgent, create_template, make_env
 from tests.services import Postgres, Services

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import redis
 
-from fsm_celery.channel.bridge import _READ, GROUP, STREAM_CAP
+from fsm_celery.acks.streams import _READ, GROUP, STREAM_CAP
 from tests.integration.harness import SILENT, FsmEnv, ScriptedAgent, ack_for
 
 MB = 1024 * 1024

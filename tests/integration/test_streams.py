@@ -12,7 +12,7 @@ import psutil
 import pytest
 import redis
 
-from fsm_celery.channel.bridge import GROUP
+from fsm_celery.acks.streams import GROUP
 from fsm_celery.core.messages import ack_stream, task_stream
 from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for
 

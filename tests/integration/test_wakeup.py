@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from fsm_celery.channel.wakeup import POLL_SECONDS, Wakeup, missing_flags
+from fsm_celery.acks.wakeup import POLL_SECONDS, Wakeup, missing_flags
 from tests.services import Services
 
 

@@ -1,24 +1,12 @@
-"""The bridge's pure parts: its reconnect delay, and what an ack stream's name says."""
+"""The stream consumer's pure parts: what an ack stream's name says, what a claim returns."""
 
 from __future__ import annotations
 
 import uuid
 
-from fsm_celery.channel.bridge import Backoff, _agent_of, claimed_ids, clip
-from fsm_celery.channel.wakeup import missing_flags
-
-
-def test_the_reconnect_delay_doubles_up_to_its_cap() -> None:
-    backoff = Backoff(first=0.1, cap=1.0)
-    assert [backoff.next() for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
-
-
-def test_the_reconnect_delay_starts_again_once_reset() -> None:
-    backoff = Backoff(first=0.1, cap=5.0)
-    for _ in range(5):
-        backoff.next()
-    backoff.reset()
-    assert backoff.next() == 0.1
+from fsm_celery.acks.consumer import clip
+from fsm_celery.acks.streams import _agent_of, claimed_ids
+from fsm_celery.acks.wakeup import missing_flags
 
 
 def test_an_agents_own_ack_stream_names_the_agent() -> None:

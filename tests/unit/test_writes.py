@@ -17,7 +17,8 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from fsm_celery.core.messages import StateTask
 from fsm_celery.core.transition import MachineStatus, Transition
 from fsm_celery.core.usage import Usage
-from fsm_celery.engine.steps import Sent, Step
+from fsm_celery.engine.ports import Step
+from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, duration_ms
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import postgres, rows, sqlite
@@ -161,7 +162,7 @@ def test_entering_a_machine_not_moved_records_a_dispatch_of_its_own() -> None:
     task = _task(row.id, 1, "A")
     writes.dispatch(task, "agent")
     assert writes.dispatches[row.id] == Dispatch(row.id, None, NOW, NOW, NOW)
-    assert writes.next() == [] and writes.outbox == [("agent", task.to_wire())]
+    assert writes.next() == [] and writes.to_send == [("agent", task.to_wire())]
 
 
 def _task(machine_id: uuid.UUID, attempt: int, state: str) -> StateTask:
@@ -188,7 +189,7 @@ def test_a_state_task_a_failed_transaction_sent_is_recorded_and_not_sent_again()
     again = Writes(NOW, sent=sent)
     assert again.sent_before(row.id, 1, "A") == "agent-1"
     again.dispatch(_task(row.id, 1, "A"), "agent-1")
-    assert again.outbox == [] and row.id in again.dispatches  # recorded, not sent
+    assert again.to_send == [] and row.id in again.dispatches  # recorded, not sent
     sent.forget(again.sending)  # committed
     assert sent.where((row.id, 1, "A")) is None
 

@@ -1,4 +1,5 @@
-"""The pipeline's agents as durable agents of the engine: process(state) -> state as handlers."""
+"""The research pipeline's agents as durable agents of the engine: process(state) -> state as
+handlers of an SDK agent."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The command line's errors: one line on stderr naming what was wrong and what to do, and an
-exit status by kind; the traceback only with -v."""
+"""How a process ends on an error (the CLI's commands, and the worker, beat, bridge and
+dashboard at start): one line on stderr naming what was wrong and what to do, and an exit
+status by kind; the traceback only with -v. The errors themselves are fsm_celery.exceptions's."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Runs the ack bridge: its consumer processes (started again when one dies), its signals and
-its garbage-collector tuning. What a bridge is made of is built in fsm_celery.wiring."""
+"""The ack bridge's processes: its consumer processes (started again when one dies), their
+signals and garbage-collector tuning. Each process is an edge: it reads its settings and has
+`build` (fsm_celery.wiring.ack_bridge, given by the CLI) put its bridge together for the
+transition mode."""
 
 from __future__ import annotations
 
@@ -8,19 +10,30 @@ import logging
 import multiprocessing
 import signal
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from fsm_celery.config import Settings, get_settings
+from fsm_celery.acks.bridge import Bridge
+from fsm_celery.config import Settings, TransitionMode, get_settings
 
-log = logging.getLogger("fsm_celery.channel.bridge")
+log = logging.getLogger("fsm_celery.acks.bridge")
 
 
-def run_bridge(processes: int, inline: bool) -> None:
+@dataclass(frozen=True)
+class Plan:
+    """What each of the bridge's processes serves (picklable: spawned processes get it)."""
+
+    build: Callable[..., Bridge]
+    mode: TransitionMode
+
+
+def run_bridge(processes: int, plan: Plan) -> None:
     """The bridge with `processes` consumer processes (this one reads pub/sub too), until
     SIGINT or SIGTERM; a consumer process that dies is started again."""
     stop = threading.Event()
-    others = [_spawn_consumer(n, inline) for n in range(1, processes)]
-    threading.Thread(target=_keep_consumers, args=(others, inline, stop), daemon=True).start()
-    serve_acks(True, inline, stop)
+    others = [_spawn_consumer(n, plan) for n in range(1, processes)]
+    threading.Thread(target=_keep_consumers, args=(others, plan, stop), daemon=True).start()
+    serve_acks(plan, pubsub=True, stop=stop)
     # A signal sent to this process alone (pkill, docker stop, a supervisor) does not reach
     # the consumers: pass it on, so that they stop as this one did, at once.
     for process in others:
@@ -30,38 +43,40 @@ def run_bridge(processes: int, inline: bool) -> None:
         process.join(15)
 
 
-def _spawn_consumer(number: int, inline: bool) -> multiprocessing.process.BaseProcess:
+def _spawn_consumer(number: int, plan: Plan) -> multiprocessing.process.BaseProcess:
     context = multiprocessing.get_context("spawn")
     process = context.Process(
-        target=serve_acks, args=(False, inline), name=f"bridge-{number}", daemon=True
+        target=serve_acks,
+        args=(plan,),
+        kwargs={"pubsub": False},
+        name=f"bridge-{number}",
+        daemon=True,
     )
     process.start()
     return process
 
 
 def _keep_consumers(
-    processes: list[multiprocessing.process.BaseProcess], inline: bool, stop: threading.Event
+    processes: list[multiprocessing.process.BaseProcess], plan: Plan, stop: threading.Event
 ) -> None:
     """Start again, while the bridge runs, any consumer process that died."""
     while not stop.wait(1.0):
         for n, process in enumerate(processes):
             if not process.is_alive() and not stop.is_set():
                 log.warning("%s exited (%s); starting it again", process.name, process.exitcode)
-                processes[n] = _spawn_consumer(n + 1, inline)
+                processes[n] = _spawn_consumer(n + 1, plan)
 
 
-def serve_acks(pubsub: bool, inline: bool, stop: threading.Event | None = None) -> None:
-    """Serve the ack streams (and the pub/sub channel) until SIGINT or SIGTERM: apply each
-    batch here (inline), or hand it to an fsm.apply_acks task."""
-    from fsm_celery.wiring import ack_bridge
-
+def serve_acks(plan: Plan, *, pubsub: bool, stop: threading.Event | None = None) -> None:
+    """Serve the ack streams (and, with pubsub, the shared channel) until SIGINT or SIGTERM:
+    apply each batch here (inline), or relay it to an fsm.apply_acks task (celery)."""
     settings = get_settings()
     settings.require_secret()
     logging.basicConfig(format="%(asctime)s %(processName)s %(levelname)s %(message)s")
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
     _warn_about_trust(settings)
-    bridge = ack_bridge(settings, inline=inline, pubsub=pubsub)
-    log.info("transition mode: %s", "inline" if inline else "celery (fsm.apply_acks tasks)")
+    bridge = plan.build(settings, plan.mode, pubsub=pubsub)
+    log.info("transition mode: %s", plan.mode)
     stopping = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())

@@ -1,0 +1,18 @@
+"""The inbound side: agents' acks, hand-backs, heartbeats and statuses, from where they arrive
+to the transaction that applies them.
+
+- consumer.py: a Consumer hands out Deliveries and settles them; streams.py (the agents' ack
+  streams, durable), pubsub.py (the seed's channel) and memory.py (the demo's, and tests') are
+  the three;
+- bridge.py: the loop: each consumer read, each batch handled, each message settled, tried
+  again or parked;
+- dead.py: the one dead-letter policy (when to give up on a message, and why) and the stream
+  where given-up messages are parked;
+- apply.py: the Applier: a batch in one transaction, a message that breaks it isolated;
+- relay.py: the celery mode's hand-off, both ends: the bridge's Relay sends each batch as an
+  fsm.apply_acks task, which a worker applies;
+- serve.py: the bridge's processes.
+
+Which handler the bridge uses (apply here, or relay) is the transition mode's choice, made
+once in fsm_celery.wiring.
+"""

@@ -1,0 +1,86 @@
+"""Applying agents' messages batch by batch: a batch in one transaction; a message that breaks
+it is isolated, so that it cannot hold back or take down the messages around it.
+
+One Applier serves both modes; the composition root (fsm_celery.wiring) gives it the engine's
+operation that fits: `Inbox.apply_and_enter` in the bridge (the inline mode: the states due
+now are entered in the batch's transaction) or `Inbox.apply_and_hand_on` in fsm.apply_acks
+(the celery mode: nothing is sent, every state decided is handed on). Inline, the operation
+keeps a Sent across tries: the state_tasks a failed try sent before its write was refused are
+recorded by the split, or the next try, without being sent again (DESIGN.md, invariant 8).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kombu.exceptions
+
+from fsm_celery.acks.consumer import Delivery
+from fsm_celery.core.transition import RejectReason
+from fsm_celery.engine.ports import Handoff, Inbound, Next
+from fsm_celery.engine.runtime import TRANSIENT as ENGINE_TRANSIENT
+
+log = logging.getLogger(__name__)
+
+# Errors of the surroundings, not of a message: the batch is tried again once they pass.
+TRANSIENT = (
+    *ENGINE_TRANSIENT,
+    kombu.exceptions.OperationalError,  # the broker, when a task could not be published
+)
+
+Operation = Callable[[list[Inbound]], Next]  # apply a batch in one transaction
+Reject = Callable[[str, RejectReason, str], None]  # record one message as rejected, alone
+
+
+class Applier:
+    """Applies raw agent messages (acks, hand-backs, heartbeats, statuses) in batches and hands
+    on the states they decided and did not enter.
+
+    A batch that fails for a reason other than a transient one is split and applied message by
+    message, so that one message the database refuses is recorded as rejected instead of
+    holding back, or taking down, the messages around it. A message that cannot even be
+    recorded is returned to the caller, which tries it again and, past a few tries, parks it
+    (acks/dead.py): nothing is dropped, and nothing stalls.
+    """
+
+    def __init__(self, operation: Operation, reject: Reject, handoff: Handoff) -> None:
+        self.operation, self.reject, self.handoff = operation, reject, handoff
+
+    def __call__(self, batch: list[Delivery]) -> list[Delivery]:
+        """Apply the batch; the messages neither applied nor recorded. Raises only transient
+        errors (the caller keeps the whole batch and tries again)."""
+        try:
+            next_states = self.operation([d.item for d in batch])
+        except TRANSIENT:
+            raise
+        except Exception as exc:
+            if len(batch) > 1:
+                return [failed for delivery in batch for failed in self([delivery])]
+            return self._reject(batch[0], exc)
+        self.handoff(next_states)
+        return []
+
+    def _reject(self, delivery: Delivery, error: Exception) -> list[Delivery]:
+        log.error("a message could not be applied; it is recorded as rejected", exc_info=error)
+        detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        try:
+            self.reject(delivery.item.raw, RejectReason.UNPROCESSABLE, detail)
+        except TRANSIENT:
+            raise
+        except Exception:
+            log.exception("the rejection of a message could not be recorded either")
+            return [delivery]
+        return []
+
+
+# How a Celery task of the engine retries on those errors (fsm.apply_acks, fsm.enter_state and
+# beat's periodic work): until they pass, with a growing, jittered delay.
+RETRY: dict[str, Any] = {
+    "autoretry_for": TRANSIENT,
+    "retry_backoff": True,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": None,
+}

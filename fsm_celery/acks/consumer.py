@@ -1,0 +1,62 @@
+"""What the acks side reads from: a Consumer hands out Deliveries and settles them.
+
+A Delivery is one agent message as read, with where it came from (its source, the label it
+is parked under) and how many times it was handed out (its tries, the transport's own count:
+a stream entry's deliveries, a Celery task's retries). The bridge's loop (acks/bridge.py)
+reads a batch, has it handled, and tells the consumer what became of each message:
+
+- `settle`: applied, or recorded as rejected; the consumer forgets it (XACK and XDEL);
+- `retry`: neither; the consumer hands it out again, with one more try;
+- `park`: given up on; the consumer puts it in the dead-letter stream, with the reason
+  (acks/dead.py decides when), and forgets it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple, Protocol
+
+from fsm_celery.engine.ports import Inbound
+
+
+class Delivery(NamedTuple):
+    """One message as a consumer read it."""
+
+    item: Inbound
+    source: str  # the stream or channel it was read from
+    tries: int = 1  # times it was handed out, this one included
+    key: Any = None  # the consumer's own handle on it (a stream entry's id)
+
+
+class Consumer(Protocol):
+    """A source of agents' messages: Redis streams (acks/streams.py), Redis pub/sub
+    (acks/pubsub.py), or memory (acks/memory.py, for the demo and tests)."""
+
+    name: str
+    redelivers: bool  # whether a message can be handed out again (pub/sub's cannot)
+
+    def open(self) -> None:
+        """(Re)connect: called before the first read and after a lost connection."""
+
+    def read(self, stop: threading.Event) -> list[Delivery]:
+        """The next batch, waiting a moment for one; [] when nothing came."""
+        ...
+
+    def settle(self, deliveries: list[Delivery]) -> None:
+        """These were applied or recorded: forget them."""
+
+    def retry(self, deliveries: list[Delivery]) -> None:
+        """These could not be applied: hand them out again."""
+
+    def park(self, deliveries: list[Delivery], why: str | None = None) -> None:
+        """Put these in the dead-letter stream with the reason (the dead-letter policy's own
+        when none is given), and forget them."""
+
+    def close(self) -> None:
+        """Forget what was read and not settled (it is handed out again to a consumer)."""
+
+
+def clip(data: bytes | str, max_bytes: int) -> str:
+    """The payload as text, cut just past the size limit so the engine rejects it as oversized."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "replace")
+    return raw[: max_bytes + 1].decode("utf-8", "replace")

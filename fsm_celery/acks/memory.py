@@ -1,0 +1,60 @@
+"""An in-memory consumer: the embedded demo's agents put their acks here, and tests drive the
+bridge's loop through it as through Redis (a real stub, as dramatiq's StubBroker is: it counts
+tries, hands failed messages out again, and keeps what it parks)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from uuid import UUID
+
+from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.dead import reason
+from fsm_celery.engine.ports import Inbound
+
+
+class MemoryConsumer:
+    name = "memory"
+    redelivers = True
+
+    def __init__(self, source: str = "memory", batch: int = 500) -> None:
+        self.source, self.batch = source, batch
+        self.settled: list[Delivery] = []
+        self.parked: list[tuple[Delivery, str]] = []
+        self._queue: deque[Delivery] = deque()
+        self._ready = threading.Condition()
+
+    def put(self, raw: str, agent: UUID | None = None) -> None:
+        """An agent sends a message."""
+        with self._ready:
+            self._queue.append(Delivery(Inbound(raw, agent), self.source))
+            self._ready.notify()
+
+    def open(self) -> None:
+        """Nothing to connect to."""
+
+    def read(self, stop: threading.Event) -> list[Delivery]:
+        with self._ready:
+            if not self._queue:
+                self._ready.wait(0.1)
+            return [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
+
+    def settle(self, deliveries: list[Delivery]) -> None:
+        self.settled += deliveries
+
+    def retry(self, deliveries: list[Delivery]) -> None:
+        with self._ready:
+            self._queue.extendleft(d._replace(tries=d.tries + 1) for d in reversed(deliveries))
+            self._ready.notify()
+
+    def park(self, deliveries: list[Delivery], why: str | None = None) -> None:
+        self.parked += [(d, why or reason(d)) for d in deliveries]
+
+    def close(self) -> None:
+        """Nothing read is held back: it was settled, retried or parked."""
+
+    @property
+    def idle(self) -> bool:
+        """Whether nothing waits to be read."""
+        with self._ready:
+            return not self._queue

@@ -1,0 +1,148 @@
+"""The celery mode's hand-off of acks, both ends: the bridge relays each batch it read as
+fsm.apply_acks tasks (Relay), and a worker applies each (apply_acks), in one transaction,
+handing every state decided on to an fsm.enter_state task.
+
+Once Relay returns, the broker holds the batch (late acks keep it there until a worker applied
+it), so the bridge settles the stream entries. A failed publish raises a transient error: the
+bridge keeps the batch and tries again (a part already published is applied once anyway: its
+acks are then refused as stale). In the worker, a message that can be neither applied nor
+recorded is tried again alone, a second later, until the dead-letter policy gives up on it
+(acks/dead.py): the task's retries are its tries.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+from uuid import UUID
+
+from celery import Celery, Task, shared_task
+
+from fsm_celery.acks.apply import RETRY, Applier
+from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.dead import DeadLetters, Policy
+from fsm_celery.engine.ports import Inbound
+
+APPLY_ACKS = "fsm.apply_acks"
+ACKS_SHOWN = 20  # machines an apply_acks task names in Flower
+
+Wire = list[list[str | None]]  # [message, sender's id or None, source] per message (JSON)
+
+
+class Relay:
+    """The bridge's handler in the celery mode: each batch becomes fsm.apply_acks tasks on the
+    queue, each carrying at most max_bytes of messages."""
+
+    def __init__(self, app: Celery, queue: str, max_bytes: int) -> None:
+        self.app, self.queue, self.max_bytes = app, queue, max_bytes
+
+    def __call__(self, batch: list[Delivery]) -> list[Delivery]:
+        with self.app.producer_or_acquire() as producer:  # one connection for the whole batch
+            for chunk in chunks(batch, self.max_bytes):
+                self.app.send_task(
+                    APPLY_ACKS,
+                    (wire(chunk),),
+                    queue=self.queue,
+                    argsrepr=acks_repr(chunk),
+                    producer=producer,
+                )
+        return []
+
+
+class Parts(Protocol):
+    """What fsm.apply_acks runs on (given by the worker's composition root)."""
+
+    @property
+    def applier(self) -> Applier: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def dead_letters(self) -> DeadLetters: ...
+
+
+_parts: Parts | None = None
+
+
+def provide(parts: Parts) -> None:
+    """Run fsm.apply_acks on these parts in this process."""
+    global _parts
+    _parts = parts
+
+
+@shared_task(name=APPLY_ACKS, bind=True, **RETRY)
+def apply_acks(task: Task, messages: Wire) -> int:
+    """Apply a batch of agent messages, as the bridge read them, in one transaction, and hand
+    on the states it decided; how many messages it held.
+
+    A redelivery (the worker died after the commit) finds every attempt already answered and
+    records the acks as stale; the states it had decided are entered by the scan if their
+    enter_state tasks were never sent.
+    """
+    if _parts is None:
+        raise RuntimeError("fsm.apply_acks runs in a worker started with `celery -A fsm_celery`")
+    batch = unwire(messages, tries=task.request.retries + 1)
+    failed = _parts.applier(batch)
+    parked = _parts.policy.give_up(failed)
+    if parked:
+        dead = _parts.dead_letters
+        pipe = dead.client.pipeline(transaction=False)
+        dead.park(pipe, parked)
+        pipe.execute()
+    given_up = {id(d) for d in parked}
+    again = [d for d in failed if id(d) not in given_up]
+    if again:
+        raise task.retry(args=(wire(again),), countdown=1, argsrepr=acks_repr(again))
+    return len(batch)
+
+
+def wire(batch: list[Delivery]) -> Wire:
+    """The messages as fsm.apply_acks takes them (JSON: the sender's id as text)."""
+    return [[d.item.raw, str(d.item.agent) if d.item.agent else None, d.source] for d in batch]
+
+
+def unwire(messages: Wire, tries: int) -> list[Delivery]:
+    """The messages an fsm.apply_acks task carries (a task sent before the source travelled
+    with them carries [message, sender]: its source is then "relayed")."""
+    batch = []
+    for raw, agent, *source in messages:
+        item = Inbound(str(raw), UUID(agent) if agent else None)
+        batch.append(Delivery(item, str(source[0]) if source else "relayed", tries))
+    return batch
+
+
+def chunks(batch: list[Delivery], max_bytes: int) -> list[list[Delivery]]:
+    """The batch in consecutive parts of at most max_bytes of messages (a larger message alone)."""
+    parts: list[list[Delivery]] = [[]]
+    size = 0
+    for delivery in batch:
+        if parts[-1] and size + len(delivery.item.raw) > max_bytes:
+            parts.append([])
+            size = 0
+        parts[-1].append(delivery)
+        size += len(delivery.item.raw)
+    return [part for part in parts if part]
+
+
+def acks_repr(batch: list[Delivery]) -> str:
+    """How Flower shows an apply_acks task: how many messages, and for which machines, states
+    and attempts (the first ACKS_SHOWN; ids in full, so that a search by machine id finds it)."""
+    shown = ", ".join(_message_repr(d.item.raw) for d in batch[:ACKS_SHOWN])
+    more = f", and {len(batch) - ACKS_SHOWN} more" if len(batch) > ACKS_SHOWN else ""
+    return f"{len(batch)} message{'s' if len(batch) != 1 else ''}: {shown}{more}"
+
+
+def _message_repr(raw: str) -> str:
+    try:
+        message: Any = json.loads(raw)
+    except (ValueError, RecursionError):
+        return "(not JSON)"
+    if not isinstance(message, dict):
+        return "(not an object)"
+    kind = str(message.get("type", "?"))[:20]
+    if kind == "agent_status":
+        return f"agent_status {str(message.get('agentId', '?'))[:40]}"
+    machine = str(message.get("machineId", "?"))[:40]
+    state = str(message.get("state", "?"))[:50]
+    return f"{kind} {machine} state={state} attempt={str(message.get('attempt', '?'))[:12]}"

@@ -1,0 +1,79 @@
+"""What the engine needs from the world and what it hands back, declared here, on its side.
+
+Adapters implement these (fsm_celery.channel sends state_tasks, fsm_celery.acks reads agents'
+messages, fsm_celery.worker sends Celery tasks); they import this module, never the reverse:
+
+- `Inbound`: a raw message from an agent, as the acks side read it;
+- `Step` and `Next`: the states a use case decided and did not enter itself;
+- `Dispatcher`: how state_tasks, state_cancels and transition events leave;
+- `Handoff`: how a Next is entered later (an fsm.enter_state task per step, normally).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+from uuid import UUID
+
+if TYPE_CHECKING:
+    from fsm_celery.core.messages import StateEvent
+
+
+class Inbound(NamedTuple):
+    """A raw message from Redis, and the agent that sent it when where it came from says so
+    (its own ack stream, which only it may write under the Redis ACLs)."""
+
+    raw: str
+    agent: UUID | None = None
+
+
+class Step(NamedTuple):
+    """A machine, the attempt whose state must be entered next, and how long to wait first
+    (its type and the state name travel along for people: Flower shows them)."""
+
+    machine_id: UUID
+    attempt: int
+    delay: float = 0.0
+    state: str = ""
+    machine_type: str = ""
+
+
+Next = list[Step]
+"""What every use case of the engine returns: the states it decided and did not enter itself,
+each to be entered after its delay, through a Handoff (the scan enters any whose hand-off is
+lost). A state the use case entered is not in it: its state_task is already sent."""
+
+
+class Scanned(NamedTuple):
+    """What a scan did: how many machines it handled (a full batch: scan again at once), and
+    its Next."""
+
+    handled: int
+    next: Next
+
+
+class Handoff(Protocol):
+    """Has each step of a Next entered later, after its delay (fsm_celery.worker.enqueue sends
+    an fsm.enter_state task each). May raise a transient error: the steps are then entered by
+    the scan, which enters every state whose dispatch is due."""
+
+    def __call__(self, next_states: Next, /) -> None: ...
+
+
+class Dispatcher(Protocol):
+    """Delivers state_tasks to agents (a uuid, or an agent type for unassigned machines), and
+    announces committed transitions to whoever listens."""
+
+    def dispatch_many(self, messages: list[tuple[str, str]]) -> None:
+        """Send each (agent, message), all in as few round trips as the transport allows."""
+        ...
+
+    def cancel_many(self, messages: list[tuple[str, str]]) -> None:
+        """Send each (agent, state_cancel) where the agent reads it (its task stream); never
+        raises: the command committed, and an agent that misses it learns from its next task."""
+        ...
+
+    def announce(self, events: Sequence[StateEvent]) -> None:
+        """Publish the events on the events channel; never raises (a listener may miss them,
+        a transition must not fail for it)."""
+        ...
