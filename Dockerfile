@@ -5,5 +5,6 @@ RUN apt-get update && apt-get install -y --no-install-recommends procps \
 WORKDIR /app
 COPY pyproject.toml README.md celeryconfig.py ./
 COPY fsm_celery ./fsm_celery
+COPY definitions ./definitions
 RUN pip install --no-cache-dir .
 CMD ["fsm-celery", "--help"]

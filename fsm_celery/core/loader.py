@@ -12,8 +12,19 @@ from pydantic import ValidationError
 from fsm_celery.core.definition import MachineDefinition, validate
 from fsm_celery.exceptions import DefinitionError, Problem
 
-# The definitions that ship with the package: the seed's machines and the research pipeline.
-SHIPPED_DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"
+
+def _shipped_definitions() -> Path:
+    """The definitions that ship with the package: the seed's machines and the research pipeline.
+    Their one copy is definitions/ at the repository's top level, which the wheel carries inside
+    the package (pyproject.toml maps it there): an installed package finds them among its
+    modules, a checkout (or an editable install of one) beside its package folder."""
+    package = Path(__file__).resolve().parent.parent
+    installed = package / "definitions"
+    checkout = package.parent / "definitions"
+    return checkout if checkout.is_dir() and not installed.is_dir() else installed
+
+
+SHIPPED_DEFINITIONS = _shipped_definitions()
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -1,8 +1,9 @@
-"""A new user's first minutes: `pip install <checkout>` into a fresh virtualenv outside the
-repository, then `fsm-celery demo` runs to its summary with no service configured, and
-`fsm-celery init` writes a deployment folder. The virtualenv borrows this one's pip, setuptools
-and runtime dependencies (a .pth file) so that the test needs no network; fsm-celery itself is
-built and installed from the checkout, not linked to it."""
+"""A new user's first minutes: `pip install` of the wheel built from the checkout into a fresh
+virtualenv outside the repository, then `fsm-celery demo` runs to its summary with no service
+configured, `fsm-celery init` writes a deployment folder, and `fsm-celery definitions load`
+with no path stores the definitions the wheel carries. The virtualenv borrows this one's pip,
+hatchling and runtime dependencies (a .pth file) so that the test needs no network; fsm-celery
+itself is built and installed from the checkout, not linked to it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ import os
 import subprocess
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from tests.integration.harness import drop_database
+from tests.services import Services
+
 ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ["cto_build_project", "cto_fix_bug", "cto_infrastructure_check", "research_pipeline"]
 
 
 def _run(argv: list[str | Path], cwd: Path, env: dict[str, str]) -> str:
@@ -24,7 +32,22 @@ def _run(argv: list[str | Path], cwd: Path, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def test_pip_install_then_demo_and_init_work_outside_the_repository(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Installed:
+    """A fresh virtualenv with fsm-celery installed from its wheel, and a folder to run it in."""
+
+    site: Path
+    bin: Path
+    cwd: Path
+    env: dict[str, str]  # no FSM_ setting but servers that must not be used
+
+    def run(self, *argv: str | Path, **env: str) -> str:
+        return _run([self.bin / argv[0], *argv[1:]], self.cwd, {**self.env, **env})
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    tmp_path = tmp_path_factory.mktemp("fresh")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FSM_", "PYTHON"))}
     env["FSM_DATABASE_URL"] = "postgresql://nobody:secret@127.0.0.1:1/none"  # must not be used
     env["FSM_REDIS_URL"] = "redis://127.0.0.1:1/0"  # must not be used
@@ -32,34 +55,63 @@ def test_pip_install_then_demo_and_init_work_outside_the_repository(tmp_path: Pa
     _run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path, env)
     [site] = (venv / "lib").glob("python3*/site-packages")
     (site / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-deps"]
-    _run([*pip, "--no-build-isolation", "--no-index", ROOT], tmp_path, env)
-    fsm_celery = venv / "bin" / "fsm-celery"
-    located = _run(
-        [venv / "bin" / "python", "-c", "import fsm_celery; print(fsm_celery.__file__)"],
+    pip = [venv / "bin" / "python", "-m", "pip", "--quiet"]
+    _run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", "dist", ROOT],
         tmp_path,
         env,
     )
-    assert located.startswith(str(site)), located  # the installed copy, not the checkout
+    [wheel] = (tmp_path / "dist").glob("fsm_celery-*.whl")
+    _run([*pip, "install", "--no-deps", "--no-index", wheel], tmp_path, env)
+    (tmp_path / "work").mkdir()
+    return Installed(site, venv / "bin", tmp_path / "work", env)
 
-    out = _run([fsm_celery, "demo"], tmp_path, env)
+
+def test_the_installed_package_reads_the_definitions_it_carries(installed: Installed) -> None:
+    located = installed.run(
+        "python",
+        "-c",
+        "import fsm_celery; from fsm_celery.core.loader import SHIPPED_DEFINITIONS as S; "
+        "print(fsm_celery.__file__); print(S)",
+    ).split()
+    package = installed.site / "fsm_celery"
+    assert located == [str(package / "__init__.py"), str(package / "definitions")]
+    checked = installed.run("fsm-celery", "definitions", "validate")  # no path: the shipped ones
+    assert [line.split()[1] for line in checked.splitlines()] == SHIPPED
+
+
+def test_definitions_load_with_no_path_stores_the_shipped_ones(
+    installed: Installed, services: Services
+) -> None:
+    name = f"fsm_fresh_install_{os.getpid()}"
+    database = f"{services.pg_url}/{name}"
+    drop_database(services.pg_url, name)
+    try:
+        settings = {"FSM_DATABASE_URL": database, "FSM_REDIS_URL": services.redis_url}
+        installed.run("fsm-celery", "db", "upgrade", "--create", **settings)
+        loaded = installed.run("fsm-celery", "definitions", "load", **settings)
+        assert [line.split() for line in loaded.splitlines()] == [["new", t, "v1"] for t in SHIPPED]
+        again = installed.run("fsm-celery", "definitions", "load", **settings)
+        assert [line.split() for line in again.splitlines()] == [["same", t, "v1"] for t in SHIPPED]
+    finally:
+        drop_database(services.pg_url, name)
+
+
+def test_demo_and_init_work_outside_the_repository(installed: Installed) -> None:
+    out = installed.run("fsm-celery", "demo")
     summary = out[out.index("Summary") :]
     assert summary.count("│ completed │") == 5, out
 
-    _run([fsm_celery, "init", "site"], tmp_path, env)
-    written = sorted(p.name for p in (tmp_path / "site" / "definitions").iterdir())
-    assert written == [
-        "cto_build_project.yaml",
-        "cto_fix_bug.yaml",
-        "cto_infrastructure_check.yaml",
-        "research_pipeline.yaml",
-    ]
-    dotenv = (tmp_path / "site" / ".env").read_text()
+    installed.run("fsm-celery", "init", "site")
+    site = installed.cwd / "site"
+    written = sorted(p.name for p in (site / "definitions").iterdir())
+    assert written == [f"{t}.yaml" for t in SHIPPED]
+    dotenv = (site / ".env").read_text()
     assert "\nFSM_DEFINITIONS_PATH=definitions\n" in dotenv  # read from the folder
     secret = next(line for line in dotenv.splitlines() if line.startswith("FSM_TASK_TOKEN_SECRET"))
     assert len(secret.split("=", 1)[1]) == 64
-    assert oct((tmp_path / "site" / ".env").stat().st_mode)[-3:] == "600"
-    checked = _run([fsm_celery, "definitions", "validate", "site/definitions"], tmp_path, env)
+    assert oct((site / ".env").stat().st_mode)[-3:] == "600"
+    checked = installed.run("fsm-celery", "definitions", "validate", "site/definitions")
     assert checked.count("ok  ") == 4
 
 

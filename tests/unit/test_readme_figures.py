@@ -10,7 +10,7 @@ from fsm_celery.core.loader import definition_files, load_all
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 PERFORMANCE = (ROOT / "docs" / "performance.md").read_text()
-SHIPPED = ROOT / "fsm_celery" / "definitions"
+SHIPPED = ROOT / "definitions"
 
 TIMES = "\N{MULTIPLICATION SIGN}"
 # A figure: a rate, a ratio, a duration or a size, as the two documents write them.
