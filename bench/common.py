@@ -43,7 +43,7 @@ def deployment(name: str, *, flush_redis: bool = True, **settings: Any) -> FsmEn
     if flush_redis:
         redis.Redis.from_url(REDIS_URL).flushdb()
     harness.create_template(PG_URL, TEMPLATE)
-    # The figures of docs/performance.md up to issue 12 are of the inline mode; a benchmark
+    # The figures of docs/performance-history.md up to issue 12 are of the inline mode; a benchmark
     # that measures the celery mode says so (bench/throughput.py --modes).
     settings.setdefault("transition_mode", "inline")
     env = harness.make_env(name, PG_URL, TEMPLATE, REDIS_URL, **settings)

@@ -111,7 +111,7 @@ def _throughput(f: dict[str, Any]) -> tuple[str, str]:
     return (
         f"throughput, {f['mode']} mode, {number(f['machines'])} machines",
         f"{number(f['transitions_per_s'])} transitions/s{median}; "
-        f"{f['x_prefork_chain']:.2f}{TIMES} the plain Celery chain on a prefork worker",
+        f"{number(f['x_prefork_chain'])}{TIMES} the plain Celery chain on a prefork worker",
     )
 
 
@@ -184,17 +184,17 @@ def figures_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def block(text: str) -> str:
+def block(text: str, where: str) -> str:
     """What a document holds between its figures markers."""
-    if BEGIN not in text or END not in text:
-        raise FigureError(f"no {BEGIN.strip()} … {END} markers")
+    if BEGIN not in text or END not in text.partition(BEGIN)[2]:
+        raise FigureError(f"{where}: no {BEGIN.strip()} … {END} markers")
     return text.split(BEGIN, 1)[1].split(END, 1)[0]
 
 
 def write_table(document: Path, table: str) -> bool:
     """Put the table between the document's figures markers; whether it changed."""
     text = document.read_text()
-    block(text)
+    block(text, document.name)
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     updated = head + BEGIN + table + END + tail
@@ -203,7 +203,10 @@ def write_table(document: Path, table: str) -> bool:
 
 
 def main() -> None:
-    table = figures_table(load())
+    try:
+        table = figures_table(load())
+    except FigureError as error:
+        raise SystemExit(f"bench.figures: {error}") from None
     for document in DOCUMENTS:
         changed = write_table(document, table)
         print(f"{document.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}")
