@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -193,7 +194,7 @@ def record_current(benchmark: str, run_figures: dict[str, Any], conditions: str)
         "date": datetime.now(UTC).date().isoformat(),
         "commit": commit(),
         "machine": machine_info(),
-        "command": " ".join(["python -m", f"bench.{benchmark}", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", f"bench.{benchmark}", *sys.argv[1:]]),
         "conditions": conditions,
         "source": "measured",
         "figures": run_figures,
