@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint unit inprocess integration docs
+.PHONY: install demo test lint unit inprocess integration docs figures
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,3 +32,6 @@ test: lint
 
 docs: install
 	$(PY) -m fsm_celery.config > /dev/null
+
+figures: install  # the current figures' table in README.md and docs/performance.md
+	$(PY) -m bench.figures

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ PG_URL = os.environ.get("FSM_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.
 REDIS_URL = os.environ.get("FSM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 os.environ["FSM_REDIS_URL"] = REDIS_URL  # before fsm_celery reads its settings
 
+from bench import figures  # noqa: E402
 from fsm_celery.core.messages import task_stream  # noqa: E402
 from tests.integration import harness  # noqa: E402
 
@@ -41,7 +44,7 @@ def deployment(name: str, *, flush_redis: bool = True, **settings: Any) -> FsmEn
     if flush_redis:
         redis.Redis.from_url(REDIS_URL).flushdb()
     harness.create_template(PG_URL, TEMPLATE)
-    # The figures of docs/performance.md up to issue 12 are of the inline mode; a benchmark
+    # The figures of docs/performance-history.md up to issue 12 are of the inline mode; a benchmark
     # that measures the celery mode says so (bench/throughput.py --modes).
     settings.setdefault("transition_mode", "inline")
     env = harness.make_env(name, PG_URL, TEMPLATE, REDIS_URL, **settings)
@@ -166,6 +169,47 @@ def write_result(name: str, result: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine_info(), **result}, indent=2))
     return path
+
+
+def commit() -> str:
+    """The commit measured, `-dirty` when the code differs from it (recorded figures aside)."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    changed = subprocess.run(
+        ["git", "diff", "--quiet", "HEAD", "--", ".", ":!bench/results"], cwd=ROOT
+    ).returncode
+    return head.stdout.strip() + ("-dirty" if changed else "")
+
+
+def record_current(benchmark: str, run_figures: dict[str, Any], conditions: str) -> Path:
+    """Record this run as the current one of its row of the documents' table
+    (bench/results/current/, committed; `make figures` then regenerates the table).
+    conditions says what else ran on the machine: on a shared one the figures move a lot."""
+    mode = run_figures.get("mode")
+    name = f"{benchmark}-{mode}" if mode else benchmark
+    record = {
+        "schema": figures.SCHEMA,
+        "benchmark": benchmark,
+        "date": datetime.now(UTC).date().isoformat(),
+        "commit": commit(),
+        "machine": machine_info(),
+        "command": shlex.join(["python", "-m", f"bench.{benchmark}", *sys.argv[1:]]),
+        "conditions": conditions,
+        "source": "measured",
+        "figures": run_figures,
+    }
+    figures.check(name, record)
+    figures.CURRENT.mkdir(parents=True, exist_ok=True)
+    path = figures.CURRENT / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+RECORD_HELP = (
+    "record this run as the current figures (bench/results/current/, then `make figures`); "
+    "CONDITIONS says what else ran on the machine"
+)
 
 
 def spawn_fast_agent(

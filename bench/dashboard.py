@@ -64,11 +64,13 @@ import httpx
 import psutil
 
 from bench.common import (
+    RECORD_HELP,
     CpuMeter,
     FsmEnv,
     deployment,
     dispatched,
     last_history_id,
+    record_current,
     spawn_fast_agent,
     store_machines,
     tear_down,
@@ -477,6 +479,7 @@ def main() -> None:
         action="store_true",
         help="clients take every event (a tool), not a list page's machines",
     )
+    parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
     args = parser.parse_args()
     prefill = fill(args.finished, args.history)
     top = run_engine(args.machines, prefill=prefill, mode=args.mode, seconds=args.seconds)
@@ -504,6 +507,27 @@ def main() -> None:
     }
     print_table(result)
     print(f"written {write_result('dashboard', result)}")
+    if args.record is not None:
+        print(f"recorded {record_current('dashboard', row(result), args.record)}")
+
+
+def row(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures of the documents' dashboard row."""
+    endpoints, live = result["reads"]["endpoints"], result["live"]
+    return {
+        "finished": result["finished"],
+        "history": result["history"],
+        "list_p50_ms": endpoints["list"]["p50_ms"],
+        "list_p99_ms": endpoints["list"]["p99_ms"],
+        "machine_p50_ms": endpoints["machine"]["p50_ms"],
+        "machine_p99_ms": endpoints["machine"]["p99_ms"],
+        "stats_p50_ms": endpoints["stats_folded"]["p50_ms"],
+        "stats_p99_ms": endpoints["stats_folded"]["p99_ms"],
+        "pages": result["clients"],
+        "load": live["load"],
+        "max_per_s": live["max_per_s"],
+        "engine_loss_pct": live["loss_pct"],
+    }
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 of the maximum throughput (measured first, in the same run).
 
     .venv/bin/python -m bench.latency [--machines 1000] [--seconds 20] [--bridges 2]
-        [--modes celery inline]
+        [--modes celery inline] [--record CONDITIONS]
 
 The agent paces its acks to the target rate and logs when Redis stored each ack in the ack stream
 and each task in the agent's stream (both from the entry ids, Redis's clock, in milliseconds);
@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    RECORD_HELP,
     CpuMeter,
     FsmEnv,
     deployment,
     dispatched,
+    record_current,
     spawn_fast_agent,
     store_machines,
     tear_down,
@@ -116,7 +118,10 @@ def main() -> None:
     parser.add_argument(
         "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
     )
+    parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
     args = parser.parse_args()
+    if args.record is not None and 0.5 not in args.levels:
+        parser.error("--record needs the level the documents quote: --levels ... 0.5")
     results: dict[str, Any] = {}
     for mode in args.modes:
         top = run_engine(args.machines, bridges=args.bridges, mode=mode)["sustained_per_s"]
@@ -135,6 +140,11 @@ def main() -> None:
                 f"{share:>5.0%} {r['target_per_s']:>9} {r['achieved_per_s']:>11} "
                 f"{r['p50_ms']:>8} {r['p95_ms']:>8} {r['p99_ms']:>8} {r['samples']:>8}"
             )
+        if args.record is not None:
+            half = dict(levels)[0.5]
+            quoted = {"mode": mode, "machines": args.machines, "load": 0.5, "max_per_s": top}
+            path = record_current("latency", {**quoted, **half}, args.record)
+            print(f"recorded {path}")
     path = write_result(
         "latency",
         {"machines": args.machines, "modes": results},

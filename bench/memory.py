@@ -19,7 +19,16 @@ from typing import Any
 import psutil
 from sqlalchemy import text
 
-from bench.common import FsmEnv, deployment, store_machines, tear_down, wait, write_result
+from bench.common import (
+    RECORD_HELP,
+    FsmEnv,
+    deployment,
+    record_current,
+    store_machines,
+    tear_down,
+    wait,
+    write_result,
+)
 
 PROCESSES = ("worker", "beat", "bridge")
 
@@ -54,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--machines", type=int, default=100_000)
     parser.add_argument("--soak", type=float, default=600.0, help="seconds")
+    parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
     args = parser.parse_args()
     env = deployment("memory")
     try:
@@ -108,6 +118,19 @@ def main() -> None:
             },
         )
         print(f"written {path}")
+        if args.record is not None:
+            row = {
+                "machines": args.machines,
+                "worker_idle_mib": idle["worker"],
+                "worker_waiting_mib": first["worker"],
+                "worker_after_soak_mib": last["worker"],
+                "worker_peak_mib": peak,
+                "soak_s": args.soak,
+                "beat_mib": last["beat"],
+                "bridge_mib": last["bridge"],
+                "dispatched_per_s": round(args.machines / dispatched_s),
+            }
+            print(f"recorded {record_current('memory', row, args.record)}")
     finally:
         tear_down(env)
 

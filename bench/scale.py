@@ -15,7 +15,14 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.common import FsmEnv, deployment, tear_down, write_result
+from bench.common import (
+    RECORD_HELP,
+    FsmEnv,
+    deployment,
+    record_current,
+    tear_down,
+    write_result,
+)
 from bench.throughput import run_engine
 
 
@@ -88,6 +95,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--machines", type=int, default=1000)
     parser.add_argument("--modes", nargs="+", default=["inline", "celery"])
+    parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
     args = parser.parse_args()
     size = f"{args.finished:,} machines, {args.history:,} rows"
     runs: dict[str, dict[str, Any]] = {}
@@ -109,6 +117,18 @@ def main() -> None:
         {"modes": runs, "finished": args.finished, "history": args.history, "query_ms": times},
     )
     print(f"written {path}")
+    if args.record is not None:
+        quoted = {
+            mode: {
+                "empty_per_s": run["empty"]["sustained_per_s"],
+                "full_per_s": run["full"]["sustained_per_s"],
+                "percent_of_empty": round(run["ratio"] * 100),
+            }
+            for mode, run in runs.items()
+        }
+        size = {"finished": args.finished, "history": args.history, "machines": args.machines}
+        row = {**size, "modes": quoted, "query_ms": times}
+        print(f"recorded {record_current('scale', row, args.record)}")
 
 
 if __name__ == "__main__":

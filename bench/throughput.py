@@ -3,6 +3,7 @@ sustained over a steady state, CPU per transition by process, and two baselines 
 same run.
 
     .venv/bin/python -m bench.throughput [--machines 1 100 1000 10000] [--seconds 10]
+        [--modes celery inline] [--record CONDITIONS]
 
 The machines (bench_loop: two states in a loop) are stored due for dispatch and entered by the
 scan before the agent starts; then every ack moves one on, for as long as it measures.
@@ -25,11 +26,13 @@ from sqlalchemy import create_engine, text
 
 from bench.common import (
     PG_URL,
+    RECORD_HELP,
     CpuMeter,
     FsmEnv,
     deployment,
     dispatched,
     last_history_id,
+    record_current,
     spawn_fast_agent,
     start_machines,
     store_machines,
@@ -176,6 +179,25 @@ def run_transaction_baseline(count: int = 5000, rows: int = 1000) -> dict[str, A
         tear_down(env)
 
 
+def row(ref: dict[str, Any], chains: list[dict[str, Any]], txn: dict[str, Any]) -> dict[str, Any]:
+    """The figures of the documents' throughput row: a mode's run and its ratios to the
+    baselines of the same run (chains: on the same workers, then on one prefork worker)."""
+    rate = ref["sustained_per_s"]
+    thread_chain, prefork_chain = (c["steps_per_s"] for c in chains)
+    return {
+        "mode": ref["mode"],
+        "machines": ref["machines"],
+        "transitions_per_s": rate,
+        "runs": 1,
+        "x_prefork_chain": round(rate / prefork_chain, 2),
+        "prefork_chain_steps_per_s": prefork_chain,
+        "x_thread_chain": round(rate / thread_chain, 2),
+        "thread_chain_steps_per_s": thread_chain,
+        "bare_transaction_per_s": txn["per_s"],
+        "cpu_ms_per_transition": ref["cpu_ms_per_transition"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--machines", type=int, nargs="+", default=[1, 100, 1000, 10000])
@@ -187,6 +209,7 @@ def main() -> None:
     parser.add_argument(
         "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
     )
+    parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
     args = parser.parse_args()
     workers = {"concurrency": args.concurrency, "pool": args.pool, "workers": args.workers}
     runs = [
@@ -224,6 +247,8 @@ def main() -> None:
             f"{mode} mode at {ref['machines']} machines: {ref['sustained_per_s']} transitions/s"
             f" = {ratios}, {ref['sustained_per_s'] / txn['per_s']:.2f}x the bare transaction"
         )
+        if args.record is not None:
+            print(f"recorded {record_current('throughput', row(ref, chains, txn), args.record)}")
     path = write_result(
         "throughput",
         {"runs": runs, "celery_chains": chains, "bare_transaction": txn, "pg_url": PG_URL},

@@ -1,0 +1,216 @@
+"""The current figures: one table, generated from bench/results/current/*.json, in README.md and
+docs/performance.md.
+
+    .venv/bin/python -m bench.figures      # or: make figures
+
+Each file of bench/results/current/ is one benchmark's latest recorded run (a benchmark run with
+`--record` writes it, see bench/common.record_current), and one row of the table. The documents
+quote no figure but the table's, and tests/unit/test_readme_figures.py fails when the table in
+either differs from what these files give, so a figure cannot be changed in one place only.
+Older runs and how they came about are in docs/performance-history.md.
+
+This module reads files and formats text only (no database, Redis or benchmark imports), so the
+unit tests import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CURRENT = ROOT / "bench" / "results" / "current"
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "performance.md")
+BEGIN, END = "<!-- figures:begin -->\n", "<!-- figures:end -->"
+SCHEMA = 1
+TIMES = "\N{MULTIPLICATION SIGN}"
+
+# What every record says about its run, and what each benchmark's figures hold.
+RUN_KEYS = ("schema", "benchmark", "date", "commit", "machine", "command", "conditions", "source")
+FIGURE_KEYS: dict[str, tuple[str, ...]] = {
+    "throughput": ("mode", "machines", "transitions_per_s", "runs", "x_prefork_chain"),
+    "latency": ("mode", "machines", "load", "p50_ms", "p99_ms"),
+    "scale": ("finished", "history", "machines", "modes"),
+    "memory": ("machines", "worker_waiting_mib", "worker_after_soak_mib", "soak_s"),
+    "dashboard": (
+        "finished",
+        "history",
+        "list_p50_ms",
+        "list_p99_ms",
+        "machine_p50_ms",
+        "stats_p50_ms",
+        "pages",
+        "engine_loss_pct",
+    ),
+}
+# The table's rows: one file each, in this order; a file not named here is refused.
+ROWS = (
+    "throughput-inline",
+    "throughput-celery",
+    "latency-inline",
+    "latency-celery",
+    "scale",
+    "memory",
+    "dashboard",
+)
+
+
+class FigureError(ValueError):
+    """A results file that cannot be a row of the table (named, with what is wrong)."""
+
+
+def check(name: str, record: Mapping[str, Any]) -> None:
+    """Refuse a record that lacks what its row shows or says where it came from."""
+    missing = [key for key in RUN_KEYS if key not in record]
+    if missing:
+        raise FigureError(f"{name}.json: missing {', '.join(missing)}")
+    if record["schema"] != SCHEMA:
+        raise FigureError(f"{name}.json: schema {record['schema']!r}, expected {SCHEMA}")
+    benchmark = record["benchmark"]
+    if benchmark not in FIGURE_KEYS:
+        raise FigureError(f"{name}.json: unknown benchmark {benchmark!r}")
+    figures = record.get("figures")
+    if not isinstance(figures, dict):
+        raise FigureError(f"{name}.json: no figures")
+    missing = [key for key in FIGURE_KEYS[benchmark] if figures.get(key) is None]
+    if missing:
+        raise FigureError(f"{name}.json: {benchmark} figures lack {', '.join(missing)}")
+    expected = f"{benchmark}-{figures['mode']}" if "mode" in FIGURE_KEYS[benchmark] else benchmark
+    if name != expected:
+        raise FigureError(f"{name}.json holds the {expected} figures")
+    if not isinstance(record["machine"], dict) or not record["machine"].get("cpus"):
+        raise FigureError(f"{name}.json: the machine's cpus are missing")
+
+
+def load(directory: Path = CURRENT) -> list[dict[str, Any]]:
+    """The records of the table's rows, in order, each checked."""
+    found = {path.stem: path for path in directory.glob("*.json")}
+    unknown = sorted(set(found) - set(ROWS))
+    if unknown:
+        raise FigureError(f"{directory}: not a row of the table: {', '.join(unknown)}")
+    absent = [name for name in ROWS if name not in found]
+    if absent:
+        raise FigureError(f"{directory}: missing {', '.join(n + '.json' for n in absent)}")
+    records = []
+    for name in ROWS:
+        record = json.loads(found[name].read_text())
+        check(name, record)
+        records.append(record)
+    return records
+
+
+def number(value: float) -> str:
+    """As recorded, with thousands separated: 4830.9 -> 4,830.9, 5 -> 5."""
+    return f"{value:,}" if isinstance(value, int) or value != int(value) else f"{int(value):,}"
+
+
+def _throughput(f: dict[str, Any]) -> tuple[str, str]:
+    median = f" (median of {f['runs']} runs)" if f["runs"] > 1 else ""
+    return (
+        f"throughput, {f['mode']} mode, {number(f['machines'])} machines",
+        f"{number(f['transitions_per_s'])} transitions/s{median}; "
+        f"{number(f['x_prefork_chain'])}{TIMES} the plain Celery chain on a prefork worker",
+    )
+
+
+def _latency(f: dict[str, Any]) -> tuple[str, str]:
+    return (
+        f"latency, {f['mode']} mode, {number(f['machines'])} machines at "
+        f"{f['load']:.0%} of the maximum (ack stored → next state_task stored)",
+        f"p50 {number(f['p50_ms'])} ms, p99 {number(f['p99_ms'])} ms",
+    )
+
+
+def _scale(f: dict[str, Any]) -> tuple[str, str]:
+    modes = "; ".join(
+        f"{mode} mode {number(m['percent_of_empty'])}%"
+        for mode, m in sorted(f["modes"].items(), key=lambda item: item[0] != "inline")
+    )
+    return (
+        f"scale, {number(f['machines'])} machines beside {number(f['finished'])} finished ones and "
+        f"{number(f['history'])} history rows",
+        f"{modes} of the throughput on an empty database",
+    )
+
+
+def _memory(f: dict[str, Any]) -> tuple[str, str]:
+    return (
+        f"memory, {number(f['machines'])} machines waiting",
+        f"worker {number(f['worker_waiting_mib'])} MiB; {number(f['worker_after_soak_mib'])} MiB "
+        f"after a {number(f['soak_s'])} s soak",
+    )
+
+
+def _dashboard(f: dict[str, Any]) -> tuple[str, str]:
+    return (
+        f"dashboard, {number(f['finished'])} finished machines and {number(f['history'])} "
+        "history rows",
+        f"list p50 {number(f['list_p50_ms'])} ms, p99 {number(f['list_p99_ms'])} ms; a machine "
+        f"p50 {number(f['machine_p50_ms'])} ms; statistics p50 {number(f['stats_p50_ms'])} ms; "
+        f"{number(f['pages'])} live pages cost the engine {number(f['engine_loss_pct'])}% of "
+        "its throughput",
+    )
+
+
+FORMATS: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
+    "throughput": _throughput,
+    "latency": _latency,
+    "scale": _scale,
+    "memory": _memory,
+    "dashboard": _dashboard,
+}
+
+
+def _run(record: dict[str, Any]) -> str:
+    source = "measured" if record["source"] == "measured" else "transcribed"
+    return f"{record['date']}, `{record['commit']}`, {record['machine']['cpus']} cores, {source}"
+
+
+def figures_table(records: list[dict[str, Any]]) -> str:
+    """The documents' table of the current figures, one row per record."""
+    lines = ["| measured | figures | run |", "| --- | --- | --- |"]
+    for record in records:
+        what, figures = FORMATS[record["benchmark"]](record["figures"])
+        lines.append(f"| {what} | {figures} | {_run(record)} |")
+    lines += [
+        "",
+        "Generated from `bench/results/current/*.json` by `make figures`. Each row is one run of "
+        "its own (a ratio is always taken within one run); a transcribed row was measured "
+        "before the benchmarks recorded their runs, and its file names the entry of "
+        "docs/performance-history.md it comes from.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def block(text: str, where: str) -> str:
+    """What a document holds between its figures markers."""
+    if BEGIN not in text or END not in text.partition(BEGIN)[2]:
+        raise FigureError(f"{where}: no {BEGIN.strip()} … {END} markers")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0]
+
+
+def write_table(document: Path, table: str) -> bool:
+    """Put the table between the document's figures markers; whether it changed."""
+    text = document.read_text()
+    block(text, document.name)
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    updated = head + BEGIN + table + END + tail
+    document.write_text(updated)
+    return updated != text
+
+
+def main() -> None:
+    try:
+        table = figures_table(load())
+    except FigureError as error:
+        raise SystemExit(f"bench.figures: {error}") from None
+    for document in DOCUMENTS:
+        changed = write_table(document, table)
+        print(f"{document.relative_to(ROOT)}: {'updated' if changed else 'unchanged'}")
+
+
+if __name__ == "__main__":  # make figures
+    main()
