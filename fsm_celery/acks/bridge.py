@@ -97,7 +97,7 @@ class Bridge:
         if crashed:
             consumer.park(crashed, Policy.CRASHED)
         if failed:
-            parked = self.policy.give_up(failed, consumer.redelivers)
+            parked = self.policy.give_up(failed, redelivers=consumer.redelivers)
             given_up = {id(d) for d in parked}
             again = [d for d in failed if id(d) not in given_up]
             if parked:

@@ -32,7 +32,7 @@ class Policy:
     def __init__(self, after: int) -> None:
         self.after = after
 
-    def give_up(self, failed: Sequence[Delivery], redelivers: bool = True) -> list[Delivery]:
+    def give_up(self, failed: Sequence[Delivery], *, redelivers: bool = True) -> list[Delivery]:
         """Of the messages that could not be applied nor recorded, those to park now."""
         return [d for d in failed if not redelivers or d.tries >= self.after]
 
