@@ -13,8 +13,8 @@ from fsm_celery.core.messages import task_token
 from fsm_celery.engine import Inbound
 from fsm_celery.exceptions import CommandRefused
 from tests.inprocess.conftest import Fsm, ack
-from tests.integration.harness import FIX_BUG_STATES, heartbeat_for
-from tests.secret import TEST_SECRET
+from tests.support.credentials import TEST_SECRET
+from tests.support.messages import FIX_BUG_STATES, heartbeat_for
 
 CONTEXT = {"projectName": "sla-api", "bugDescription": "login fails", "githubIssue": 7}
 

@@ -24,7 +24,8 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from tests.integration.harness import ROOT, FsmEnv
+from tests.support import ROOT
+from tests.support.processes import FsmEnv
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -9,15 +9,9 @@ import pytest
 import redis
 
 from tests.integration.browser import browser, context, dashboard, page  # noqa: F401 (fixtures)
-from tests.integration.harness import (
-    FsmEnv,
-    create_template,
-    database_name,
-    drop_database,
-    make_env,
-    require_services,
-)
-from tests.services import Services
+from tests.support.databases import create_template, drop_database
+from tests.support.processes import FsmEnv, database_name, make_env
+from tests.support.services import Services, require_services
 
 TEMPLATE = f"fsm_test_template_{os.getpid()}"
 

@@ -39,7 +39,7 @@ from fsm_celery.core.messages import (
     task_channel,
     task_stream,
 )
-from tests.services import start_redis, stop_redis
+from tests.support.services import start_redis, stop_redis
 
 HOST = "127.0.0.1"
 AGENT_TYPE = "cto"

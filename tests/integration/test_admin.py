@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fsm_celery.exceptions import CommandRefused
-from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT, Reply
+from tests.support.processes import FsmEnv
 
 
 def _last(env: FsmEnv, mid: object) -> tuple[str, str | None, str, str | None, str | None]:

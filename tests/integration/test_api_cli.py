@@ -22,7 +22,10 @@ from fsm_celery.exceptions import (
     MachineNotFound,
     UnknownMachineType,
 )
-from tests.integration.harness import ROOT, SILENT, FsmEnv, ScriptedAgent
+from tests.support import ROOT
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT
+from tests.support.processes import FsmEnv
 
 CLI_CONTEXT = '{"projectName": "sla-api", "githubIssue": 5}'
 

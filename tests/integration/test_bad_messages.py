@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from fsm_celery.core.messages import task_token
-from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for, heartbeat_for
-from tests.secret import TEST_SECRET
+from tests.support.agents import ScriptedAgent
+from tests.support.credentials import TEST_SECRET
+from tests.support.messages import SILENT, Reply, ack_for, heartbeat_for
+from tests.support.processes import FsmEnv
 
 Task = dict[str, Any]
 

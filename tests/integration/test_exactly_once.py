@@ -10,15 +10,10 @@ from typing import Any
 
 from fsm_celery.core.messages import ack_channel, task_token
 from fsm_celery.engine import Inbound
-from tests.integration.harness import (
-    FIX_BUG_STATES,
-    SILENT,
-    FsmEnv,
-    Reply,
-    ScriptedAgent,
-    ack_for,
-)
-from tests.secret import TEST_SECRET
+from tests.support.agents import ScriptedAgent
+from tests.support.credentials import TEST_SECRET
+from tests.support.messages import FIX_BUG_STATES, SILENT, Reply, ack_for
+from tests.support.processes import FsmEnv
 
 CONTEXT = {"projectName": "sla-api", "githubIssue": 7}
 

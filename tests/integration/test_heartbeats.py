@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from tests.integration.harness import FsmEnv, Reply, ScriptedAgent
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import Reply
+from tests.support.processes import FsmEnv
 
 
 def test_heartbeats_keep_a_state_alive_past_its_timeout(fsm: FsmEnv) -> None:

@@ -17,15 +17,11 @@ import redis
 
 from fsm_celery.agent.sdk import Agent, Task
 from fsm_celery.core.messages import ack_stream, agent_ack_stream
-from tests.integration.harness import (
-    ROOT,
-    SILENT,
-    FsmEnv,
-    ScriptedAgent,
-    ack_for,
-    serving,
-)
-from tests.services import start_redis, stop_redis
+from tests.support import ROOT
+from tests.support.agents import ScriptedAgent, serving
+from tests.support.messages import SILENT, ack_for
+from tests.support.processes import FsmEnv
+from tests.support.services import start_redis, stop_redis
 
 
 def _status(agent_id: str, agent_type: str = "tester") -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.integration.harness import FIX_BUG_STATES, OUTPUTS, FsmEnv, Reply, ScriptedAgent
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import FIX_BUG_STATES, OUTPUTS, Reply
+from tests.support.processes import FsmEnv
 
 CONTEXT = {"projectName": "sla-api", "githubIssue": 726}
 BUILD_WITH_SPEC = [

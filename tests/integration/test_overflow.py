@@ -20,14 +20,10 @@ from sqlalchemy import insert, text
 from fsm_celery.core.messages import agent_ack_stream
 from fsm_celery.core.stats import MOST, MOST_COST
 from fsm_celery.store.tables import transitions
-from tests.integration.harness import (
-    ADMIN_TOKEN,
-    SILENT,
-    FsmEnv,
-    ScriptedAgent,
-    ack_for,
-    dispatches,
-)
+from tests.support.agents import ScriptedAgent
+from tests.support.credentials import ADMIN_TOKEN
+from tests.support.messages import SILENT, ack_for, dispatches
+from tests.support.processes import FsmEnv
 
 HONEST = 3  # agents, each with two machines whose acks share the hostile ack's batch
 DAY_MS = 86_400_000

@@ -16,14 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import (
-    SILENT,
-    FsmEnv,
-    Reply,
-    ScriptedAgent,
-    ack_for,
-    dispatches,
-)
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT, Reply, ack_for, dispatches
+from tests.support.processes import FsmEnv
 
 Task = dict[str, Any]
 BYSTANDERS = 4  # machines of another agent in flight while the poison arrives

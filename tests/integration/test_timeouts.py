@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta
 
-from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT, Reply
+from tests.support.processes import FsmEnv
 
 
 def test_silent_state_times_out_is_retried_then_takes_its_failure_edge(fsm: FsmEnv) -> None:

@@ -1,10 +1,12 @@
 """The PostgreSQL and Redis servers the suite talks to.
 
-By default the suite starts throwaway servers of its own, on free ports, in a temporary
-directory removed at the end: it needs the server binaries installed, not running, and never
-touches a server (or a Redis database) of the user's. FSM_TEST_DATABASE_URL (a server URL
-without a database name; the suite creates and drops databases there) and FSM_TEST_REDIS_URL
-point it at existing ones instead.
+By default each test process (the one of a plain run, or each xdist worker of `pytest -n N`)
+starts throwaway servers of its own, on free ports, in a temporary directory removed at the
+end: it needs the server binaries installed, not running, and never touches a server (or a
+Redis database) of the user's, nor another worker's. FSM_TEST_DATABASE_URL (a server URL
+without a database name; the suite creates and drops databases there, named after the test
+process) and FSM_TEST_REDIS_URL point it at existing ones instead; there xdist worker gwN takes
+the Redis database N (the suite flushes its database).
 
 pytest-postgresql would do the PostgreSQL half, but it cannot run as root (initdb refuses, and
 CI runs as root) and it brings psycopg 3 in beside psycopg2; starting `postgres` as its own user
@@ -26,12 +28,34 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from sqlalchemy import create_engine, text
 
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
+_REDIS_DATABASES = 16  # redis-server's default
+
+
+def worker_name() -> str:
+    """This test process's name: its xdist worker's (gw0, gw1, ...), else `main`."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def _worker_redis(url: str) -> str:
+    """The given Redis URL, on this xdist worker's own database (gwN: database N)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return url
+    number = int(worker.removeprefix("gw"))
+    if number >= _REDIS_DATABASES:
+        raise RuntimeError(
+            f"xdist worker {worker} would use Redis database {number}, past redis-server's "
+            f"{_REDIS_DATABASES}: run fewer workers, or leave FSM_TEST_REDIS_URL unset"
+        )
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{number}"))
 
 
 def free_port() -> int:
@@ -39,6 +63,24 @@ def free_port() -> int:
         probe.bind((HOST, 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def require_services(pg_url: str, redis_url: str) -> None:
+    """Fail loudly, naming the service, when PostgreSQL or Redis is not reachable."""
+    try:
+        redis.Redis.from_url(redis_url, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        raise RuntimeError(f"Redis is required at {redis_url} and is not reachable: {exc}") from exc
+    engine = create_engine(f"{pg_url}/postgres")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+    except Exception as exc:
+        raise RuntimeError(
+            f"PostgreSQL is required at {pg_url} and is not reachable: {exc}"
+        ) from exc
+    finally:
+        engine.dispose()
 
 
 def _die_with_parent(sig: int) -> Any:
@@ -270,9 +312,10 @@ class Services:
     def start(cls) -> Services:
         pg_url = os.environ.get("FSM_TEST_DATABASE_URL")
         redis_url = os.environ.get("FSM_TEST_REDIS_URL")
+        redis_url = redis_url and _worker_redis(redis_url)
         if pg_url and redis_url:
             return cls(pg_url.rstrip("/"), redis_url)
-        directory = Path(tempfile.mkdtemp(prefix="fsm-celery-tests-"))
+        directory = Path(tempfile.mkdtemp(prefix=f"fsm-celery-tests-{worker_name()}-"))
         services = cls(pg_url or "", redis_url or "", directory)
         try:
             if not pg_url:
