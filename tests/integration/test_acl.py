@@ -175,10 +175,17 @@ def state_task(deadline: datetime) -> str:
 
 
 def test_agent_creates_the_groups_of_its_own_and_its_type_stream(
-    pair: Pair, as_a: redis.Redis
+    server: Server, pair: Pair, as_a: redis.Redis
 ) -> None:
-    for stream in (pair.a.task_stream(), pair.a.type_stream()):
-        ensure_group(as_a, stream)
+    streams = (pair.a.task_stream(), pair.a.type_stream())
+    server.admin.delete(*streams)  # other tests of the module made the type stream's group
+
+    created = [as_a.xgroup_create(stream, GROUP, id="0", mkstream=True) for stream in streams]
+
+    assert created == [True, True]
+    for stream in streams:
+        [group] = server.admin.xinfo_groups(stream)
+        assert (group["name"], group["consumers"], group["pending"]) == (GROUP.encode(), 0, 0)
 
 
 @pytest.mark.parametrize("which", ["own", "type"])
