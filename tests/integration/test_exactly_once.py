@@ -10,6 +10,7 @@ from typing import Any
 
 from fsm_celery.core.messages import ack_channel, task_token
 from fsm_celery.engine import Inbound
+from tests.integration.conftest import ONE_MODE
 from tests.support.agents import ScriptedAgent
 from tests.support.credentials import TEST_SECRET
 from tests.support.messages import FIX_BUG_STATES, SILENT, Reply, ack_for
@@ -89,6 +90,7 @@ def test_concurrent_batches_for_one_attempt_lock_the_row(fsm: FsmEnv) -> None:
     assert [r["reason"] for r in fsm.client.rejected(mid)] == ["stale_attempt"]
 
 
+@ONE_MODE
 def test_ack_for_an_unknown_machine_is_recorded_and_changes_nothing(fsm: FsmEnv) -> None:
     ghost = uuid.uuid4()
     before = fsm.client.stats()
@@ -107,6 +109,7 @@ def test_ack_for_an_unknown_machine_is_recorded_and_changes_nothing(fsm: FsmEnv)
     assert fsm.client.stats()["machines"] == before["machines"]
 
 
+@ONE_MODE
 def test_ack_with_a_forged_token_changes_nothing(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"ANALYZE_BUG": [SILENT]}) as agent:
         mid = fsm.client.start_machine("cto_fix_bug", CONTEXT, agent_id=agent.id)

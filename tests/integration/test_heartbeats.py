@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from tests.integration.conftest import ONE_MODE
 from tests.support.agents import ScriptedAgent
 from tests.support.messages import Reply
 from tests.support.processes import FsmEnv
@@ -20,6 +21,7 @@ def test_heartbeats_keep_a_state_alive_past_its_timeout(fsm: FsmEnv) -> None:
     assert ack.progress is not None and ack.progress.endswith("s to go")
 
 
+@ONE_MODE
 def test_a_state_times_out_once_its_heartbeats_stop(fsm: FsmEnv) -> None:
     script = {"LONG": [Reply(heartbeat_for=3.0, silent=True)]}
     with ScriptedAgent(fsm, script) as agent:
@@ -33,6 +35,7 @@ def test_a_state_times_out_once_its_heartbeats_stop(fsm: FsmEnv) -> None:
     assert last.progress is not None
 
 
+@ONE_MODE
 def test_progress_is_visible_on_the_machine_while_it_works(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"LONG": [Reply(heartbeat_for=2.0)]}) as agent:
         mid = fsm.client.start_machine("test_heartbeat", {}, agent_id=agent.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.integration.conftest import ONE_MODE
 from tests.support.agents import ScriptedAgent
 from tests.support.messages import FIX_BUG_STATES, OUTPUTS, Reply
 from tests.support.processes import FsmEnv
@@ -21,6 +22,7 @@ BUILD_WITH_SPEC = [
 ]
 
 
+@ONE_MODE
 def test_build_project_with_spec_visits_write_spec(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm) as agent:
         mid = fsm.client.start_machine("cto_build_project", CONTEXT, agent_id=agent.id)
@@ -31,6 +33,7 @@ def test_build_project_with_spec_visits_write_spec(fsm: FsmEnv) -> None:
     assert info.github_issue == 726
 
 
+@ONE_MODE
 def test_build_project_without_spec_skips_write_spec(fsm: FsmEnv) -> None:
     script = {"ANALYZE_ISSUE": [Reply(output={"needsSpec": False, "complexity": "low"})]}
     with ScriptedAgent(fsm, script) as agent:
@@ -47,6 +50,7 @@ def test_fix_bug_runs_to_complete(fsm: FsmEnv) -> None:
     assert fsm.visited(mid) == FIX_BUG_STATES
 
 
+@ONE_MODE
 def test_infrastructure_check_runs_to_complete(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm) as agent:
         mid = fsm.client.start_machine("cto_infrastructure_check", {}, agent_id=agent.id)
@@ -95,6 +99,7 @@ def test_failing_tests_loop_back_to_write_code_then_complete(fsm: FsmEnv) -> Non
     assert info.context["retryCount"] == 2
 
 
+@ONE_MODE
 def test_failing_tests_past_the_loop_bound_fail_the_machine(fsm: FsmEnv) -> None:
     script = {"RUN_TESTS": [Reply(success=False, error="tests failed")] * 4}
     with ScriptedAgent(fsm, script) as agent:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta
 
+from tests.integration.conftest import ONE_MODE
 from tests.support.agents import ScriptedAgent
 from tests.support.messages import SILENT, Reply
 from tests.support.processes import FsmEnv
 
 
+@ONE_MODE
 def test_silent_state_times_out_is_retried_then_takes_its_failure_edge(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"WAIT": [SILENT, SILENT]}) as agent:
         mid = fsm.client.start_machine("test_timeout", {"who": "Godot"}, agent_id=agent.id)
@@ -29,6 +31,7 @@ def test_silent_state_times_out_is_retried_then_takes_its_failure_edge(fsm: FsmE
     assert (history[1].duration_ms or 0) >= 1000
 
 
+@ONE_MODE
 def test_a_failed_attempt_is_retried_after_its_backoff(fsm: FsmEnv) -> None:
     script = {"SLOW_RETRY": [Reply(success=False, error="flaky"), Reply(success=False)]}
     with ScriptedAgent(fsm, script) as agent:
