@@ -1,12 +1,13 @@
 """Deployments of real processes: each has its own PostgreSQL database (a copy of a migrated
 template), its own Celery queue and channel prefix on the test Redis, and real `celery worker`,
 `celery beat`, `fsm-celery ack-bridge`, agent, Flower and dashboard processes, logging into
-LOGS (one folder per xdist worker)."""
+LOGS (a folder per test process)."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,9 +32,11 @@ from tests.support.credentials import ADMIN_TOKEN, TEST_SECRET, VIEWER_TOKEN, WE
 from tests.support.databases import copy_database
 from tests.support.services import worker_name
 
-# The processes' logs (and beat's schedule files), kept after the run to read; one folder per
-# xdist worker, whose deployments' names would clash in one.
-LOGS = Path(os.environ.get("FSM_TEST_LOGS", "/tmp/fsm-celery-test-logs")) / worker_name()
+LOG_ROOT = Path(os.environ.get("FSM_TEST_LOGS", "/tmp/fsm-celery-test-logs"))
+# The processes' logs (and beat's schedule files), kept after the run to read: a folder per test
+# process (xdist worker and pid), as the deployments' names repeat in each worker and in each
+# run of the suite side by side (another checkout's).
+LOGS = LOG_ROOT / f"{worker_name()}-{os.getpid()}"
 API_BASE = "https://testserver"  # what env.api() asks: the dashboard behind TLS
 TERMINAL = {"completed", "failed", "cancelled"}
 
@@ -90,7 +93,7 @@ class FsmEnv:
         return {**os.environ, **{f"FSM_{k.upper()}": str(v) for k, v in fields.items()}}
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
-        LOGS.mkdir(parents=True, exist_ok=True)
+        _open_logs()
         log = LOGS / f"{self.name}-{name}-{len(self.procs)}.log"
         handle = log.open("wb")
         popen = subprocess.Popen(
@@ -284,6 +287,27 @@ class FsmEnv:
     def visited(self, machine_id: uuid.UUID) -> list[str]:
         """The states the machine entered, in order, from its history."""
         return [row.to_state for row in self.client.history(machine_id)]
+
+
+def _open_logs() -> None:
+    """Make this process's log folder, removing those of test processes that have ended."""
+    if LOGS.is_dir():
+        return
+    for folder in LOG_ROOT.glob("*-*"):
+        pid = folder.name.rpartition("-")[2]
+        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _subscribers(client: redis.Redis, channel: str) -> int:
