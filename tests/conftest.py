@@ -17,6 +17,7 @@ from tests.support.services import Services
 # the environment names others (tests/support/services.py). Tests reach them through the fixture
 # below.
 _services: Services | None = None
+EXISTING_SERVERS = ("FSM_TEST_DATABASE_URL", "FSM_TEST_REDIS_URL")
 
 # No fsm_celery process of the suite may fall back on the default Redis or secret.
 os.environ.pop("FSM_BROKER_URL", None)
@@ -36,9 +37,24 @@ def _xdist_controller(config: pytest.Config) -> bool:
     return distributing and not hasattr(config, "workerinput")
 
 
+def _refuse_shared_servers() -> None:
+    """Servers the environment names would be every xdist worker's, and some tests change a
+    server as a whole: they would do it under each other's feet."""
+    given = [name for name in EXISTING_SERVERS if os.environ.get(name)]
+    if given:
+        raise pytest.UsageError(
+            f"{' and '.join(given)} {'name' if len(given) > 1 else 'names'} servers that every "
+            "xdist worker would share, and some tests change a server as a whole (roles, ACL "
+            "users, FLUSHALL): run on them in one process (-n 0), or unset them for servers "
+            "of each worker's own"
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _services
     if _xdist_controller(config):
+        if _needs_services(config):
+            _refuse_shared_servers()
         return
     if not _needs_services(config):
         os.environ["FSM_REDIS_URL"] = "redis://127.0.0.1:1/0"  # nothing may use it

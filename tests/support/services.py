@@ -4,9 +4,9 @@ By default each test process (the one of a plain run, or each xdist worker of `p
 starts throwaway servers of its own, on free ports, in a temporary directory removed at the
 end: it needs the server binaries installed, not running, and never touches a server (or a
 Redis database) of the user's, nor another worker's. FSM_TEST_DATABASE_URL (a server URL
-without a database name; the suite creates and drops databases there, named after the test
-process) and FSM_TEST_REDIS_URL point it at existing ones instead; there xdist worker gwN takes
-the Redis database N (the suite flushes its database).
+without a database name; the suite creates and drops databases there) and FSM_TEST_REDIS_URL
+point it at existing ones instead, for a run in one process: some tests change a server as a
+whole (roles, ACL users, FLUSHALL), which workers sharing it would do under each other.
 
 pytest-postgresql would do the PostgreSQL half, but it cannot run as root (initdb refuses, and
 CI runs as root) and it brings psycopg 3 in beside psycopg2; starting `postgres` as its own user
@@ -28,34 +28,17 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from sqlalchemy import create_engine, text
 
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
-_REDIS_DATABASES = 16  # redis-server's default
 
 
 def worker_name() -> str:
     """This test process's name: its xdist worker's (gw0, gw1, ...), else `main`."""
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
-
-
-def _worker_redis(url: str) -> str:
-    """The given Redis URL, on this xdist worker's own database (gwN: database N)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
-        return url
-    number = int(worker.removeprefix("gw"))
-    if number >= _REDIS_DATABASES:
-        raise RuntimeError(
-            f"xdist worker {worker} would use Redis database {number}, past redis-server's "
-            f"{_REDIS_DATABASES}: run fewer workers, or leave FSM_TEST_REDIS_URL unset"
-        )
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{number}"))
 
 
 def free_port() -> int:
@@ -312,7 +295,6 @@ class Services:
     def start(cls) -> Services:
         pg_url = os.environ.get("FSM_TEST_DATABASE_URL")
         redis_url = os.environ.get("FSM_TEST_REDIS_URL")
-        redis_url = redis_url and _worker_redis(redis_url)
         if pg_url and redis_url:
             return cls(pg_url.rstrip("/"), redis_url)
         directory = Path(tempfile.mkdtemp(prefix=f"fsm-celery-tests-{worker_name()}-"))
