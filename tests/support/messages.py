@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsm_celery.agent.mock import OUTPUTS as MOCK_OUTPUTS
 from fsm_celery.core.messages import task_stream
-from tests.support.processes import FsmEnv
+
+if TYPE_CHECKING:
+    from tests.support.processes import FsmEnv
 
 OUTPUTS: dict[str, dict[str, Any]] = {
     **MOCK_OUTPUTS,  # the shipped definitions' states
