@@ -60,9 +60,25 @@ ONE_MODE = pytest.mark.parametrize("mode", ["celery"], indirect=True)
 
 
 @pytest.fixture(scope="session")
-def fsm(env_factory: Callable[..., FsmEnv], mode: str) -> FsmEnv:
+def shared(env_factory: Callable[..., FsmEnv]) -> Callable[[str], FsmEnv]:
+    """The shared deployment of a mode, started the first time a test asks for it. Not a
+    fixture of the mode: run in parallel, a process takes its tests file by file and the mode
+    goes back and forth, which would set up a second deployment of a mode under the first one's
+    name, its bridge reading the same acks."""
+    made: dict[str, FsmEnv] = {}
+
+    def deployment(mode: str) -> FsmEnv:
+        if mode not in made:
+            env = env_factory(f"shared_{mode}", transition_mode=mode)
+            env.start_worker()
+            env.start_bridge()
+            made[mode] = env
+        return made[mode]
+
+    return deployment
+
+
+@pytest.fixture(scope="session")
+def fsm(shared: Callable[[str], FsmEnv], mode: str) -> FsmEnv:
     """The shared deployment of the mode: one worker and one ack bridge."""
-    env = env_factory(f"shared_{mode}", transition_mode=mode)
-    env.start_worker()
-    env.start_bridge()
-    return env
+    return shared(mode)
