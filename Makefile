@@ -1,5 +1,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The suite's processes (pytest-xdist; 0: one, as plain pytest): most of its time is spent
+# waiting on the servers, workers, bridges and browsers it starts, so four keep two cores busy.
+# A file's tests stay in one process (--dist loadfile): its deployment starts once.
+TEST_PROCESSES ?= 4
+PARALLEL := -n $(TEST_PROCESSES) --dist loadfile
 
 .PHONY: install demo test lint unit inprocess integration docs figures
 
@@ -25,10 +30,10 @@ inprocess: install
 	$(PY) -m pytest tests/inprocess -q
 
 integration: install
-	$(PY) -m pytest tests/integration -q
+	$(PY) -m pytest tests/integration -q $(PARALLEL)
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL)
 
 docs: install
 	$(PY) -m fsm_celery.config > /dev/null

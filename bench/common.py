@@ -1,6 +1,6 @@
 """A deployment on this machine for benchmarks: its own database, queue and processes.
 
-It reuses the integration harness (real PostgreSQL, Redis, `celery worker`, `fsm-celery
+It reuses the tests' support package (real PostgreSQL, Redis, `celery worker`, `fsm-celery
 ack-bridge`), on its own Redis database so that it never touches the tests' data.
 """
 
@@ -29,9 +29,8 @@ os.environ["FSM_REDIS_URL"] = REDIS_URL  # before fsm_celery reads its settings
 
 from bench import figures  # noqa: E402
 from fsm_celery.core.messages import task_stream  # noqa: E402
-from tests.integration import harness  # noqa: E402
-
-FsmEnv = harness.FsmEnv
+from tests.support.databases import create_template, drop_database  # noqa: E402
+from tests.support.processes import FsmEnv, database_name, make_env  # noqa: E402
 
 TEMPLATE = f"fsm_bench_template_{os.getpid()}"
 
@@ -43,11 +42,11 @@ def deployment(name: str, *, flush_redis: bool = True, **settings: Any) -> FsmEn
 
     if flush_redis:
         redis.Redis.from_url(REDIS_URL).flushdb()
-    harness.create_template(PG_URL, TEMPLATE)
+    create_template(PG_URL, TEMPLATE)
     # The figures of docs/performance-history.md up to issue 12 are of the inline mode; a benchmark
     # that measures the celery mode says so (bench/throughput.py --modes).
     settings.setdefault("transition_mode", "inline")
-    env = harness.make_env(name, PG_URL, TEMPLATE, REDIS_URL, **settings)
+    env = make_env(name, PG_URL, TEMPLATE, REDIS_URL, **settings)
     env.client.load_definitions(str(ROOT / "bench" / "definitions"))
     return env
 
@@ -55,8 +54,8 @@ def deployment(name: str, *, flush_redis: bool = True, **settings: Any) -> FsmEn
 def tear_down(env: FsmEnv) -> None:
     env.stop_all()
     env.client.engine.db.dispose()
-    harness.drop_database(PG_URL, harness.database_name(env))
-    harness.drop_database(PG_URL, TEMPLATE)
+    drop_database(PG_URL, database_name(env))
+    drop_database(PG_URL, TEMPLATE)
 
 
 def store_machines(env: FsmEnv, machine_type: str, state: str, count: int, agent_id: str) -> None:

@@ -1,4 +1,7 @@
-"""Shared test configuration: the services the tests talk to (tests/services.py)."""
+"""Shared test configuration: the services the tests talk to (tests/support/services.py).
+
+Run with xdist (`pytest -n N`), each worker starts servers of its own and the controller, which
+runs no test, none."""
 
 from __future__ import annotations
 
@@ -7,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.secret import TEST_SECRET
-from tests.services import Services
+from tests.support.credentials import TEST_SECRET
+from tests.support.services import Services
 
 # Started by pytest_configure, before any test runs: the suite's own PostgreSQL and Redis unless
-# the environment names others (tests/services.py). Tests reach them through the fixture below.
+# the environment names others (tests/support/services.py). Tests reach them through the fixture
+# below.
 _services: Services | None = None
+EXISTING_SERVERS = ("FSM_TEST_DATABASE_URL", "FSM_TEST_REDIS_URL")
 
 # No fsm_celery process of the suite may fall back on the default Redis or secret.
 os.environ.pop("FSM_BROKER_URL", None)
@@ -26,8 +31,31 @@ def _needs_services(config: pytest.Config) -> bool:
     return not paths or not all(p.resolve().is_relative_to(unit) for p in paths)
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """The xdist process that hands tests to the workers (and runs none itself)."""
+    distributing = config.getoption("dist", "no") != "no"
+    return distributing and not hasattr(config, "workerinput")
+
+
+def _refuse_shared_servers() -> None:
+    """Servers the environment names would be every xdist worker's, and some tests change a
+    server as a whole: they would do it under each other's feet."""
+    given = [name for name in EXISTING_SERVERS if os.environ.get(name)]
+    if given:
+        raise pytest.UsageError(
+            f"{' and '.join(given)} {'name' if len(given) > 1 else 'names'} servers that every "
+            "xdist worker would share, and some tests change a server as a whole (roles, ACL "
+            "users, FLUSHALL): run on them in one process (-n 0), or unset them for servers "
+            "of each worker's own"
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _services
+    if _xdist_controller(config):
+        if _needs_services(config):
+            _refuse_shared_servers()
+        return
     if not _needs_services(config):
         os.environ["FSM_REDIS_URL"] = "redis://127.0.0.1:1/0"  # nothing may use it
         return

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import drop_database
-from tests.services import Services
+from tests.support.databases import drop_database
+from tests.support.services import Services
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ["cto_build_project", "cto_fix_bug", "cto_infrastructure_check", "research_pipeline"]

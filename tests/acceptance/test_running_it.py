@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 
 from fsm_celery import wiring
 from fsm_celery.config import Settings
-from tests.services import Services
+from tests.support.services import Services
 
 BIN = Path(sys.executable).parent
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

@@ -28,17 +28,11 @@ from fsm_celery.core.loader import SHIPPED_DEFINITIONS, definition_files, load_a
 from fsm_celery.core.messages import task_stream
 from fsm_celery.engine import Inbound, MachineEngine, Next
 from fsm_celery.store import queries as q
-from tests.integration.harness import (
-    FIXTURE_DEFINITIONS,
-    Reply,
-    ack_for,
-    copy_database,
-    create_template,
-    drop_database,
-    require_services,
-)
-from tests.secret import TEST_SECRET
-from tests.services import Services
+from tests.support import FIXTURE_DEFINITIONS
+from tests.support.credentials import TEST_SECRET
+from tests.support.databases import copy_database, create_template, drop_database
+from tests.support.messages import Reply, ack_for
+from tests.support.services import Services, require_services
 
 TEMPLATE = f"fsm_inprocess_template_{os.getpid()}"
 _numbers = itertools.count()

@@ -13,8 +13,8 @@ from fsm_celery.core.messages import task_token
 from fsm_celery.engine import Inbound
 from fsm_celery.exceptions import CommandRefused
 from tests.inprocess.conftest import Fsm, ack
-from tests.integration.harness import FIX_BUG_STATES, heartbeat_for
-from tests.secret import TEST_SECRET
+from tests.support.credentials import TEST_SECRET
+from tests.support.messages import FIX_BUG_STATES, heartbeat_for
 
 CONTEXT = {"projectName": "sla-api", "bugDescription": "login fails", "githubIssue": 7}
 
@@ -76,9 +76,17 @@ def test_an_attempt_past_its_deadline_times_out_is_retried_then_takes_its_failur
     fsm.clock.advance(1.1)
     fsm.scan()
     assert agent.task()["state"] == "FALLBACK"
-    events = [(h.event, h.to_state) for h in fsm.history(mid)]
-    assert events == [("start", "WAIT"), ("timeout", "WAIT"), ("timeout", "FALLBACK")]
+    history = fsm.history(mid)
+    events = [(h.event, h.to_state, h.success) for h in history]
+    assert events == [
+        ("start", "WAIT", True),
+        ("timeout", "WAIT", False),
+        ("timeout", "FALLBACK", False),
+    ]
+    assert (history[1].error_message, history[1].duration_ms) == ("timed out (retry 1 of 1)", 1100)
     assert fsm.receive(ack(retry)) == [] and fsm.rejections(mid) == ["stale_attempt"]
+    assert fsm.receive(ack(agent.seen[-1])) == []  # FALLBACK's
+    assert fsm.machine(mid).status == "completed"
 
 
 def test_a_retry_waits_out_its_backoff_before_it_is_entered(fsm: Fsm) -> None:
@@ -93,6 +101,8 @@ def test_a_retry_waits_out_its_backoff_before_it_is_entered(fsm: Fsm) -> None:
     assert [(t["state"], t["attempt"]) for t in agent.tasks()] == [("SLOW_RETRY", 2)]
     fsm.enter_all([retry])  # a redelivered enter_state task: still one dispatch
     assert agent.tasks() == []
+    [again] = fsm.receive(ack(agent.seen[-1], success=False))
+    assert (again.attempt, again.delay) == (3, 2.0)  # 1 s times the rate, 2
 
 
 def test_the_scan_enters_a_state_whose_enter_task_was_lost(fsm: Fsm) -> None:
@@ -118,8 +128,25 @@ def test_heartbeats_hold_off_the_timeout(fsm: Fsm) -> None:
     assert (machine.status, machine.attempt, machine.progress) == ("running", 1, "half way")
     fsm.clock.advance(0.4)
     fsm.scan()
-    assert [h.event for h in fsm.history(mid)] == ["start", "timeout"]
+    assert [(h.event, h.to_state) for h in fsm.history(mid)] == [
+        ("start", "LONG"),
+        ("timeout", "FAILED"),
+    ]
     assert fsm.history(mid)[-1].progress == "half way"
+
+
+def test_progress_shows_while_an_attempt_works_and_is_cleared_when_it_ends(fsm: Fsm) -> None:
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_heartbeat")
+    task = agent.task()
+    fsm.receive(heartbeat_for(task, progress="2.0s to go"))
+    working = fsm.machine(mid)
+    assert (working.progress, working.heartbeat_at) == ("2.0s to go", fsm.clock.now)
+    fsm.clock.advance(0.5)
+    fsm.receive(ack(task))
+    done = fsm.machine(mid)
+    assert (done.status, done.progress, done.heartbeat_at) == ("completed", None, None)
+    assert fsm.history(mid)[-1].progress == "2.0s to go"
 
 
 def test_bad_messages_are_recorded_and_the_good_one_beside_them_is_applied(fsm: Fsm) -> None:

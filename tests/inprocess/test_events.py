@@ -15,7 +15,7 @@ from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.messages import StateEvent, events_channel
 from fsm_celery.exceptions import CommandRefused
 from tests.inprocess.conftest import Fsm, ack
-from tests.integration.harness import FIX_BUG_STATES
+from tests.support.messages import FIX_BUG_STATES
 
 CONTEXT = {"projectName": "sla-api", "bugDescription": "login fails", "githubIssue": 7}
 

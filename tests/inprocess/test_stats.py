@@ -12,7 +12,7 @@ from sqlalchemy import insert
 from fsm_celery.core.stats import GROWTH
 from fsm_celery.store.tables import transitions
 from tests.inprocess.conftest import Fsm, ack
-from tests.integration.harness import FIX_BUG_STATES, OUTPUTS
+from tests.support.messages import FIX_BUG_STATES, OUTPUTS
 
 CONTEXT = {"projectName": "sla-api", "githubIssue": 7, "bugDescription": "login fails"}
 

@@ -24,7 +24,8 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from tests.integration.harness import ROOT, FsmEnv
+from tests.support import ROOT
+from tests.support.processes import FsmEnv
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -67,10 +68,11 @@ class Dashboard:
 
 
 @pytest.fixture(scope="module")
-def dashboard(env_factory: Callable[..., FsmEnv]) -> Dashboard:
+def dashboard(env_factory: Callable[..., FsmEnv]) -> Iterator[Dashboard]:
     """One deployment for the module: worker (with beat), bridge, a slow mock `cto` agent, and
     the dashboard server. Nobody serves the fixtures' `tester` agent type, so a test_pair
-    machine waits in FIRST until someone acts on it."""
+    machine waits in FIRST until someone acts on it. Stopped with the module: the next module's
+    has the same name (its database, queue and channel prefix)."""
     env = env_factory("browser")
     env.start_worker()
     env.start_bridge()
@@ -78,7 +80,8 @@ def dashboard(env_factory: Callable[..., FsmEnv]) -> Dashboard:
     env.start_agent("--mock", "--agent-type", "cto", *slow)
     env.wait_for_agents(1)
     _, url = env.start_dashboard()
-    return Dashboard(env, url)
+    yield Dashboard(env, url)
+    env.stop_all()
 
 
 @pytest.fixture(scope="module")

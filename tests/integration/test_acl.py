@@ -39,11 +39,12 @@ from fsm_celery.core.messages import (
     task_channel,
     task_stream,
 )
-from tests.services import start_redis, stop_redis
+from tests.support.services import start_redis, stop_redis
 
 HOST = "127.0.0.1"
 AGENT_TYPE = "cto"
 ACK_MAXLEN = 10_000
+AN_AGENT = "6f0c2a4e-8d1b-4c3a-9e5f-7a6b5c4d3e2f"  # fixed: it names cases, alike in every process
 
 
 @dataclass(frozen=True)
@@ -175,10 +176,17 @@ def state_task(deadline: datetime) -> str:
 
 
 def test_agent_creates_the_groups_of_its_own_and_its_type_stream(
-    pair: Pair, as_a: redis.Redis
+    server: Server, pair: Pair, as_a: redis.Redis
 ) -> None:
-    for stream in (pair.a.task_stream(), pair.a.type_stream()):
-        ensure_group(as_a, stream)
+    streams = (pair.a.task_stream(), pair.a.type_stream())
+    server.admin.delete(*streams)  # other tests of the module made the type stream's group
+
+    created = [as_a.xgroup_create(stream, GROUP, id="0", mkstream=True) for stream in streams]
+
+    assert created == [True, True]
+    for stream in streams:
+        [group] = server.admin.xinfo_groups(stream)
+        assert (group["name"], group["consumers"], group["pending"]) == (GROUP.encode(), 0, 0)
 
 
 @pytest.mark.parametrize("which", ["own", "type"])
@@ -440,12 +448,12 @@ def test_server_gets_the_optional_commands_it_knows(server: Server) -> None:
     ("agent_id", "agent_type", "prefix", "password", "field"),
     [
         ("not-a-uuid", "cto", "", "p" * 43, "agent id"),
-        (str(uuid.uuid4()), "", "", "p" * 43, "agent type"),
-        (str(uuid.uuid4()), "researchers", "", "p" * 43, "agent type"),
-        (str(uuid.uuid4()), "c*o", "", "p" * 43, "agent type"),
-        (str(uuid.uuid4()), "cto", "my prefix:", "p" * 43, "channel prefix"),
-        (str(uuid.uuid4()), "cto", 'a"b:', "p" * 43, "channel prefix"),
-        (str(uuid.uuid4()), "cto", "", "short", "password"),
+        (AN_AGENT, "", "", "p" * 43, "agent type"),
+        (AN_AGENT, "researchers", "", "p" * 43, "agent type"),
+        (AN_AGENT, "c*o", "", "p" * 43, "agent type"),
+        (AN_AGENT, "cto", "my prefix:", "p" * 43, "channel prefix"),
+        (AN_AGENT, "cto", 'a"b:', "p" * 43, "channel prefix"),
+        (AN_AGENT, "cto", "", "short", "password"),
     ],
 )
 def test_rules_refuse_bad_input(

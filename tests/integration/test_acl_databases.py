@@ -15,8 +15,8 @@ import redis
 
 from fsm_celery.channel.acl import agent_acl_rules, agent_username, create_agent_user, new_password
 from fsm_celery.core.messages import agent_ack_stream, task_stream
-from tests.integration.harness import FsmEnv
-from tests.services import start_redis, stop_redis
+from tests.support.processes import FsmEnv
+from tests.support.services import start_redis, stop_redis
 
 HOST = "127.0.0.1"
 

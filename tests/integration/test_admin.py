@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from fsm_celery.exceptions import CommandRefused
-from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent
+from tests.integration.conftest import ONE_MODE
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT, Reply
+from tests.support.processes import FsmEnv
 
 
 def _last(env: FsmEnv, mid: object) -> tuple[str, str | None, str, str | None, str | None]:
@@ -13,6 +16,7 @@ def _last(env: FsmEnv, mid: object) -> tuple[str, str | None, str, str | None, s
     return row.event, row.from_state, row.to_state, row.actor, row.reason
 
 
+@ONE_MODE
 def test_pause_stops_dispatch_and_resume_enters_the_state_again(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"FIRST": [SILENT]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -33,6 +37,7 @@ def test_pause_stops_dispatch_and_resume_enters_the_state_again(fsm: FsmEnv) -> 
     assert events == ["start", "pause", "resume", "ack", "ack"]
 
 
+@ONE_MODE
 def test_cancel_ends_the_machine_where_it_stands(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"SECOND": [SILENT]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -44,6 +49,7 @@ def test_cancel_ends_the_machine_where_it_stands(fsm: FsmEnv) -> None:
         fsm.client.resume(mid, actor="ops")
 
 
+@ONE_MODE
 def test_retry_dispatches_the_current_state_again_at_once(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"FIRST": [SILENT]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -55,6 +61,7 @@ def test_retry_dispatches_the_current_state_again_at_once(fsm: FsmEnv) -> None:
     assert fsm.client.history(mid)[1].event == "retry"
 
 
+@ONE_MODE
 def test_retry_of_a_failed_machine_resumes_from_the_state_that_failed(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"SECOND": [Reply(success=False, error="disk full")]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -70,6 +77,7 @@ def test_retry_of_a_failed_machine_resumes_from_the_state_that_failed(fsm: FsmEn
     assert fsm.visited(mid) == ["FIRST", "SECOND", "FAILED", "SECOND", "DONE"]
 
 
+@ONE_MODE
 def test_force_moves_the_machine_to_the_named_state(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"FIRST": [SILENT]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -86,6 +94,7 @@ def test_force_moves_the_machine_to_the_named_state(fsm: FsmEnv) -> None:
     )
 
 
+@ONE_MODE
 def test_force_into_a_terminal_state_ends_the_machine(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"FIRST": [SILENT]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -94,6 +103,7 @@ def test_force_into_a_terminal_state_ends_the_machine(fsm: FsmEnv) -> None:
     assert (info.status, info.current_state) == ("completed", "DONE")
 
 
+@ONE_MODE
 def test_refused_commands_say_why_and_change_nothing(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"FIRST": [SILENT]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)

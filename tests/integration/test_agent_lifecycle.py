@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fsm_celery.client import Client
-from tests.integration.harness import FsmEnv, Proc
+from tests.support.processes import FsmEnv, Proc
 
 SCRIPT = "tests/integration/sdk_agent.py"
 GRACE = 2.0

@@ -19,9 +19,9 @@ from fsm_celery.agent.sdk import Agent, NoAck, Task
 from fsm_celery.core.messages import task_stream, task_token
 from fsm_celery.pipeline import AgentOrchestrator, TaskState
 from fsm_celery.pipeline.orchestrator import pipeline_context
-from tests.integration.harness import FsmEnv
-from tests.secret import TEST_SECRET
-from tests.services import RedisServer
+from tests.support.credentials import TEST_SECRET
+from tests.support.processes import FsmEnv
+from tests.support.services import RedisServer
 
 SHIPPED = {
     "cto_build_project": {"projectName": "sla-api", "githubIssue": 726},

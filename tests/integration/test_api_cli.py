@@ -22,7 +22,11 @@ from fsm_celery.exceptions import (
     MachineNotFound,
     UnknownMachineType,
 )
-from tests.integration.harness import ROOT, SILENT, FsmEnv, ScriptedAgent
+from tests.integration.conftest import ONE_MODE
+from tests.support import ROOT
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT
+from tests.support.processes import FsmEnv
 
 CLI_CONTEXT = '{"projectName": "sla-api", "githubIssue": 5}'
 
@@ -51,6 +55,7 @@ def _machine_count(env: FsmEnv) -> int:
     return sum(sum(by_status.values()) for by_status in env.client.stats()["machines"].values())
 
 
+@ONE_MODE
 def test_start_with_an_unknown_type_is_refused_and_writes_nothing(fsm: FsmEnv) -> None:
     before = _machine_count(fsm)
     with pytest.raises(UnknownMachineType, match="cto_build_spaceship"):
@@ -58,6 +63,7 @@ def test_start_with_an_unknown_type_is_refused_and_writes_nothing(fsm: FsmEnv) -
     assert _machine_count(fsm) == before
 
 
+@ONE_MODE
 def test_start_with_a_context_that_is_not_an_object_is_refused(fsm: FsmEnv) -> None:
     before = _machine_count(fsm)
     with pytest.raises(InvalidContext, match="JSON object"):
@@ -65,6 +71,7 @@ def test_start_with_a_context_that_is_not_an_object_is_refused(fsm: FsmEnv) -> N
     assert _machine_count(fsm) == before
 
 
+@ONE_MODE
 def test_start_with_a_context_its_schema_refuses_names_the_field_and_writes_nothing(
     fsm: FsmEnv,
 ) -> None:
@@ -77,6 +84,7 @@ def test_start_with_a_context_its_schema_refuses_names_the_field_and_writes_noth
     assert _machine_count(fsm) == before
 
 
+@ONE_MODE
 def test_unknown_machine_id_is_reported_by_name(fsm: FsmEnv) -> None:
     ghost = uuid.uuid4()
     with pytest.raises(MachineNotFound, match=str(ghost)):
@@ -85,6 +93,7 @@ def test_unknown_machine_id_is_reported_by_name(fsm: FsmEnv) -> None:
         fsm.client.history("not-a-uuid")
 
 
+@ONE_MODE
 def test_list_machines_filters_by_type_status_and_agent_type(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm) as agent:
         mid = fsm.client.start_machine("cto_infrastructure_check", {}, agent_id=agent.id)
@@ -98,6 +107,7 @@ def test_list_machines_filters_by_type_status_and_agent_type(fsm: FsmEnv) -> Non
     assert stats["machines"]["cto_infrastructure_check"]["completed"] >= 1
 
 
+@ONE_MODE
 def test_a_running_machine_keeps_the_definition_version_it_started_with(
     fsm: FsmEnv, tmp_path: Path
 ) -> None:
@@ -113,6 +123,7 @@ def test_a_running_machine_keeps_the_definition_version_it_started_with(
     fsm.client.engine.catalog.load([original])  # back to the fixture's content
 
 
+@ONE_MODE
 def test_cli_start_status_and_history(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
     with ScriptedAgent(fsm) as agent:
         result = run("start", "cto_fix_bug", "--context", CLI_CONTEXT, "--agent-id", agent.id)
@@ -127,6 +138,7 @@ def test_cli_start_status_and_history(fsm: FsmEnv, run) -> None:  # type: ignore
     assert "ANALYZE_BUG -> LOCATE_CODE" in text
 
 
+@ONE_MODE
 def test_cli_start_with_malformed_context_says_what_is_wrong(run) -> None:  # type: ignore[no-untyped-def]
     result = run("start", "cto_fix_bug", "--context", "{not json")
     assert result.exit_code == 2
@@ -141,6 +153,7 @@ def test_cli_start_with_malformed_context_says_what_is_wrong(run) -> None:  # ty
         ('{"taskState": {"query": 42}}', "at /taskState/query: 42 is not of type 'string'"),
     ],
 )
+@ONE_MODE
 def test_cli_start_with_a_context_its_schema_refuses_says_which_field_in_one_line(  # type: ignore[no-untyped-def]
     fsm: FsmEnv, run, context: str, says: str
 ) -> None:
@@ -151,6 +164,7 @@ def test_cli_start_with_a_context_its_schema_refuses_says_which_field_in_one_lin
     assert _machine_count(fsm) == before
 
 
+@ONE_MODE
 def test_cli_definitions_load_refuses_a_schedule_whose_context_its_schema_refuses(  # type: ignore[no-untyped-def]
     fsm: FsmEnv, run, tmp_path: Path
 ) -> None:
@@ -171,6 +185,7 @@ def test_cli_definitions_load_refuses_a_schedule_whose_context_its_schema_refuse
     assert "ctx_round" not in {s.machine_type for s in fsm.client.schedules()}
 
 
+@ONE_MODE
 def test_cli_start_with_unknown_type_fails_cleanly(run) -> None:  # type: ignore[no-untyped-def]
     result = run("start", "nope", "--context", "{}")
     assert result.exit_code == 1
@@ -197,6 +212,7 @@ def test_cli_validate_accepts_the_shipped_definitions() -> None:
     assert result.output.count("ok  ") == 4
 
 
+@ONE_MODE
 def test_cli_admin_commands_are_audited_with_actor_and_reason(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
     with ScriptedAgent(fsm, {"FIRST": [SILENT]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -215,6 +231,7 @@ def test_cli_admin_commands_are_audited_with_actor_and_reason(fsm: FsmEnv, run) 
     assert "completed" in run("status", str(mid)).output
 
 
+@ONE_MODE
 def test_cli_rejected_lists_reasons(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
     fsm.redis.publish(ack_channel(fsm.settings.channel_prefix), "{definitely not json")
     deadline = time.monotonic() + 10
@@ -224,6 +241,7 @@ def test_cli_rejected_lists_reasons(fsm: FsmEnv, run) -> None:  # type: ignore[n
     assert json.loads(run("stats", "--json").output)["rejected"]["malformed_json"] >= 1
 
 
+@ONE_MODE
 def test_cli_schedules_list_pause_resume_and_show_the_audit(fsm: FsmEnv, run) -> None:  # type: ignore[no-untyped-def]
     ref = "cto_infrastructure_check/every-15-minutes"
     listed = run("schedules")

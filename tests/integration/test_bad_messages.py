@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from fsm_celery.core.messages import task_token
-from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for, heartbeat_for
-from tests.secret import TEST_SECRET
+from tests.integration.conftest import ONE_MODE
+from tests.support.agents import ScriptedAgent
+from tests.support.credentials import TEST_SECRET
+from tests.support.messages import SILENT, Reply, ack_for, heartbeat_for
+from tests.support.processes import FsmEnv
 
 Task = dict[str, Any]
 
@@ -78,6 +81,7 @@ BAD: list[tuple[str, Callable[[Task], str | Task], str]] = [
 
 
 @pytest.mark.parametrize("via_stream", [False, True], ids=["pubsub", "stream"])
+@ONE_MODE
 def test_bad_messages_change_nothing_and_are_recorded(fsm: FsmEnv, via_stream: bool) -> None:
     with ScriptedAgent(fsm, {"SECOND": [SILENT]}, via_stream=via_stream) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -128,6 +132,7 @@ def test_oversized_payload_is_stored_truncated(fsm: FsmEnv) -> None:
     assert "1048576 bytes" in rejected["detail"]
 
 
+@ONE_MODE
 def test_missing_required_output_fails_the_attempt_naming_the_keys(fsm: FsmEnv) -> None:
     script = {"FIRST": [Reply(output={"unrelated": True})]}
     with ScriptedAgent(fsm, script) as agent:
@@ -143,6 +148,7 @@ def test_missing_required_output_fails_the_attempt_naming_the_keys(fsm: FsmEnv) 
     assert [t["state"] for t in agent.tasks] == ["FIRST", "FIRST", "SECOND"]
 
 
+@ONE_MODE
 def test_acks_for_paused_or_cancelled_machines_are_refused_and_recorded(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"FIRST": [SILENT, SILENT]}) as agent:
         paused = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)

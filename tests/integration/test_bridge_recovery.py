@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from fsm_celery.core.messages import agent_ack_stream
-from tests.integration.harness import FsmEnv
-from tests.services import start_redis, stop_redis
+from tests.support.processes import FsmEnv
+from tests.support.services import start_redis, stop_redis
 
 LONG, SHORT = 2.5, 0.3  # the first grows the delay to seconds (0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import psutil
 
-from tests.integration.harness import FsmEnv
+from tests.support.processes import FsmEnv
 
 
 def test_a_term_to_the_main_process_stops_every_consumer_at_once(

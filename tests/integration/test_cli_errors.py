@@ -13,7 +13,7 @@ from typing import NamedTuple
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.integration.harness import FsmEnv
+from tests.support.processes import FsmEnv
 
 FSM_CELERY = str(Path(sys.executable).parent / "fsm-celery")
 MACHINE = "00000000-0000-4000-8000-000000000000"

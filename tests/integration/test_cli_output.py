@@ -23,7 +23,9 @@ from sqlalchemy.engine import Connection, Engine
 from fsm_celery import wiring
 from fsm_celery.exceptions import AmbiguousMachineId, MachineNotFound
 from fsm_celery.store.tables import machines
-from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for, heartbeat_for
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT, Reply, ack_for, heartbeat_for
+from tests.support.processes import FsmEnv
 
 FSM_CELERY = str(Path(sys.executable).parent / "fsm-celery")
 # an agent's text that retitles the window, clears the screen, colours it (C1 CSI) and reverses

@@ -35,7 +35,8 @@ from tests.integration.browser import (
     wait_live,
     waiting_machine,
 )
-from tests.integration.harness import ADMIN_TOKEN, FIX_BUG_STATES, VIEWER_TOKEN
+from tests.support.credentials import ADMIN_TOKEN, VIEWER_TOKEN
+from tests.support.messages import FIX_BUG_STATES
 
 # Records the state and status cells' values of one machine's row whenever they change.
 RECORD_ROW = """

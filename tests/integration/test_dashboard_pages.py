@@ -32,14 +32,11 @@ from tests.integration.browser import (
     wait_live,
     waiting_machine,
 )
-from tests.integration.harness import (
-    ADMIN_TOKEN,
-    FIXTURE_DEFINITIONS,
-    SILENT,
-    FsmEnv,
-    Reply,
-    ScriptedAgent,
-)
+from tests.support import FIXTURE_DEFINITIONS
+from tests.support.agents import ScriptedAgent
+from tests.support.credentials import ADMIN_TOKEN
+from tests.support.messages import SILENT, Reply
+from tests.support.processes import FsmEnv
 
 LABELS = {
     "pause": "Pause",

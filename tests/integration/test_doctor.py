@@ -15,8 +15,8 @@ from sqlalchemy import select
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS
 from fsm_celery.store.db import alembic_config
 from fsm_celery.store.tables import liveness
-from tests.integration.harness import FsmEnv
-from tests.services import RedisServer
+from tests.support.processes import FsmEnv
+from tests.support.services import RedisServer
 
 DOCTOR = [sys.executable, "-m", "fsm_celery", "doctor"]
 

@@ -14,8 +14,10 @@ import pytest
 
 from fsm_celery.acks.streams import GROUP
 from fsm_celery.core.messages import ack_stream
-from tests.integration.harness import FsmEnv, ScriptedAgent, create_template, make_env
-from tests.services import Postgres, Services
+from tests.support.agents import ScriptedAgent
+from tests.support.databases import create_template
+from tests.support.processes import FsmEnv, make_env
+from tests.support.services import Postgres, Services
 
 LINEAR = ["ONE", "TWO", "THREE", "DONE"]
 

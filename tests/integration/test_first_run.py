@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.integration.harness import admin_sql, drop_database
-from tests.services import Services
+from tests.support.databases import admin_sql, drop_database
+from tests.support.services import Services
 
 FSM_CELERY = str(Path(sys.executable).parent / "fsm-celery")
 # A name that needs quoting: a space, a double quote, capitals.

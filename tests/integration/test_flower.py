@@ -18,7 +18,9 @@ import pytest
 from sqlalchemy import select
 
 from fsm_celery.store.tables import liveness
-from tests.integration.harness import ROOT, FsmEnv, ScriptedAgent
+from tests.support import ROOT
+from tests.support.agents import ScriptedAgent
+from tests.support.processes import FsmEnv
 
 AUTH = "operator:flower-test-password"
 INFRA_STATES = ["CHECK_UPTIME", "CHECK_CERTS", "CHECK_CONTAINERS", "GENERATE_REPORT"]

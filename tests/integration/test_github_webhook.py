@@ -21,7 +21,9 @@ from sqlalchemy.engine import Row
 from fsm_celery.agent.sdk import Agent, NoAck, Task
 from fsm_celery.client import MachineInfo
 from fsm_celery.store.tables import github_deliveries
-from tests.integration.harness import WEBHOOK_SECRET, FsmEnv, serving
+from tests.support.agents import serving
+from tests.support.credentials import WEBHOOK_SECRET
+from tests.support.processes import FsmEnv
 
 URL = "/webhooks/github"
 REPO = "octo-org/hello-world"

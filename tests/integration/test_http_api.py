@@ -13,7 +13,8 @@ import pytest
 
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.http import create_app
-from tests.integration.harness import ADMIN_TOKEN, API_BASE, VIEWER_TOKEN, FsmEnv
+from tests.support.credentials import ADMIN_TOKEN, VIEWER_TOKEN
+from tests.support.processes import API_BASE, FsmEnv
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}

@@ -18,7 +18,8 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from fsm_celery.http import api, github, pages
-from tests.integration.harness import ADMIN_TOKEN, VIEWER_TOKEN, FsmEnv
+from tests.support.credentials import ADMIN_TOKEN, VIEWER_TOKEN
+from tests.support.processes import FsmEnv
 
 ROLES = {"viewer": VIEWER_TOKEN, "admin": ADMIN_TOKEN}
 # What goes into the URL as it is (already escaped where it must be).

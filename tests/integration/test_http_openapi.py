@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from fsm_celery.http import examples
-from tests.integration.harness import ADMIN_TOKEN, FsmEnv
+from tests.support.credentials import ADMIN_TOKEN
+from tests.support.processes import FsmEnv
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

@@ -17,15 +17,12 @@ import redis
 
 from fsm_celery.agent.sdk import Agent, Task
 from fsm_celery.core.messages import ack_stream, agent_ack_stream
-from tests.integration.harness import (
-    ROOT,
-    SILENT,
-    FsmEnv,
-    ScriptedAgent,
-    ack_for,
-    serving,
-)
-from tests.services import start_redis, stop_redis
+from tests.integration.conftest import ONE_MODE
+from tests.support import ROOT
+from tests.support.agents import ScriptedAgent, serving
+from tests.support.messages import SILENT, ack_for
+from tests.support.processes import FsmEnv
+from tests.support.services import start_redis, stop_redis
 
 
 def _status(agent_id: str, agent_type: str = "tester") -> dict[str, Any]:
@@ -43,6 +40,7 @@ def _xadd_as(env: FsmEnv, sender: str, message: dict[str, Any]) -> None:
     env.redis.xadd(stream, {"message": json.dumps(message)})
 
 
+@ONE_MODE
 def test_an_ack_from_another_agents_stream_is_refused_as_wrong_agent(fsm: FsmEnv) -> None:
     with ScriptedAgent(fsm, {"FIRST": [SILENT]}, own_stream=True) as owner:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=owner.id)
@@ -57,6 +55,7 @@ def test_an_ack_from_another_agents_stream_is_refused_as_wrong_agent(fsm: FsmEnv
         assert fsm.wait_until_done(mid).status == "completed"
 
 
+@ONE_MODE
 def test_a_status_sent_for_another_agent_is_refused(fsm: FsmEnv) -> None:
     victim, sender = str(uuid.uuid4()), str(uuid.uuid4())
     before = len(fsm.client.rejected(None, limit=10_000))
@@ -67,6 +66,7 @@ def test_a_status_sent_for_another_agent_is_refused(fsm: FsmEnv) -> None:
     assert victim not in {a["id"] for a in fsm.client.agents()}
 
 
+@ONE_MODE
 def test_a_status_claiming_another_type_than_registered_is_refused(fsm: FsmEnv) -> None:
     agent = str(uuid.uuid4())
     fsm.client.register_agent(agent, "tester")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import FsmEnv
+from tests.support.processes import FsmEnv
 
 BIN = Path(sys.executable).parent
 

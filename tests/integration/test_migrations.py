@@ -14,8 +14,8 @@ from sqlalchemy import Engine, inspect
 
 from fsm_celery.store.db import alembic_config, connect, current_revision, upgrade
 from fsm_celery.store.tables import metadata
-from tests.integration.harness import admin_sql, drop_database
-from tests.services import Services
+from tests.support.databases import admin_sql, drop_database
+from tests.support.services import Services
 
 
 @pytest.fixture

@@ -20,14 +20,11 @@ from sqlalchemy import insert, text
 from fsm_celery.core.messages import agent_ack_stream
 from fsm_celery.core.stats import MOST, MOST_COST
 from fsm_celery.store.tables import transitions
-from tests.integration.harness import (
-    ADMIN_TOKEN,
-    SILENT,
-    FsmEnv,
-    ScriptedAgent,
-    ack_for,
-    dispatches,
-)
+from tests.integration.conftest import ONE_MODE
+from tests.support.agents import ScriptedAgent
+from tests.support.credentials import ADMIN_TOKEN
+from tests.support.messages import SILENT, ack_for, dispatches
+from tests.support.processes import FsmEnv
 
 HONEST = 3  # agents, each with two machines whose acks share the hostile ack's batch
 DAY_MS = 86_400_000
@@ -293,6 +290,7 @@ def _cli(env: FsmEnv, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@ONE_MODE
 def test_a_machine_entered_30_days_ago_times_out_with_the_others_in_the_same_scan(
     overflow: FsmEnv,
 ) -> None:
@@ -318,6 +316,7 @@ def test_a_machine_entered_30_days_ago_times_out_with_the_others_in_the_same_sca
         _assert_sent_once(overflow, agent.id)
 
 
+@ONE_MODE
 def test_commands_on_a_machine_entered_30_days_ago_succeed(overflow: FsmEnv) -> None:
     script = {"FIRST": [SILENT], "SECOND": [SILENT] * 3}
     with ScriptedAgent(overflow, script, own_stream=True) as a:

@@ -17,7 +17,9 @@ import pytest
 import redis
 
 from fsm_celery.acks.streams import _READ, GROUP, STREAM_CAP
-from tests.integration.harness import SILENT, FsmEnv, ScriptedAgent, ack_for
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT, ack_for
+from tests.support.processes import FsmEnv
 
 MB = 1024 * 1024
 LIMIT = 65_536  # the deployment's payload limit

@@ -16,14 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import (
-    SILENT,
-    FsmEnv,
-    Reply,
-    ScriptedAgent,
-    ack_for,
-    dispatches,
-)
+from tests.integration.conftest import ONE_MODE
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT, Reply, ack_for, dispatches
+from tests.support.processes import FsmEnv
 
 Task = dict[str, Any]
 BYSTANDERS = 4  # machines of another agent in flight while the poison arrives
@@ -214,6 +210,7 @@ def test_a_prompt_naming_a_key_the_context_lacks_fails_its_machine_and_reaches_n
     assert str(bystander) in {task["machineId"] for task in agent.tasks}
 
 
+@ONE_MODE
 def test_a_context_key_named_self_changes_nothing(poison: FsmEnv) -> None:
     script = {"FIRST": [Reply(output={"self": 2})], "SECOND": [Reply(output={"n": 5})]}
     with ScriptedAgent(poison, script, own_stream=True) as agent:
@@ -223,6 +220,7 @@ def test_a_context_key_named_self_changes_nothing(poison: FsmEnv) -> None:
         assert poison.client.get_machine(started).context["self"] == 2
 
 
+@ONE_MODE
 def test_a_guard_that_raises_on_the_output_fails_the_attempt(poison: FsmEnv) -> None:
     script = {"FIRST": [Reply(output={})], "SECOND": [Reply(output={"n": "many"})]}
     with ScriptedAgent(poison, script, own_stream=True) as agent:
@@ -265,6 +263,7 @@ def test_a_hand_back_sends_the_state_again_at_once_without_a_retry(poison: FsmEn
         _assert_sent_once(poison, agent.id)
 
 
+@ONE_MODE
 def test_hand_backs_in_a_row_past_the_limit_count_as_a_failure(poison: FsmEnv) -> None:
     with ScriptedAgent(poison, {"FIRST": [SILENT] * 3}, own_stream=True) as agent:
         mid = poison.client.start_machine("test_pair", {}, agent_id=agent.id)
@@ -276,6 +275,7 @@ def test_hand_backs_in_a_row_past_the_limit_count_as_a_failure(poison: FsmEnv) -
         assert events[3][1].endswith("3 times in a row, counted as a failure) (retry 1 of 3)")
 
 
+@ONE_MODE
 def test_heartbeats_do_not_keep_an_attempt_past_its_longest_duration(poison: FsmEnv) -> None:
     script = {"WORK": [Reply(heartbeat_for=12.0, silent=True)]}
     with ScriptedAgent(poison, script, own_stream=True) as agent:

@@ -31,9 +31,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS
-from tests.integration.harness import ROOT, create_template, drop_database
-from tests.secret import TEST_SECRET
-from tests.services import HOST, Services, free_port, start_redis
+from tests.support import ROOT
+from tests.support.credentials import TEST_SECRET
+from tests.support.databases import create_template, drop_database
+from tests.support.services import HOST, Services, free_port, start_redis
 
 RESTARTS = 7
 DOWNTIME = 0.5  # seconds Redis stays down

@@ -11,7 +11,8 @@ import pytest
 
 from fsm_celery.client import Client
 from fsm_celery.engine import Step
-from tests.integration.harness import FsmEnv, ScriptedAgent
+from tests.support.agents import ScriptedAgent
+from tests.support.processes import FsmEnv
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, parse_definition
 from fsm_celery.store.tables import machines, schedule_runs, transitions
-from tests.integration.harness import FsmEnv
+from tests.support.processes import FsmEnv
 
 EVERY_SECOND = "* * * * * *"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsm_celery.config import DEFAULT_SECRET, Settings
-from tests.integration.harness import ROOT
+from tests.support import ROOT
 
 PROCESSES = {
     "worker": [sys.executable, "-m", "celery", "-A", "fsm_celery", "worker", "--pool", "solo"],

@@ -14,7 +14,9 @@ import redis
 
 from fsm_celery.acks.streams import GROUP
 from fsm_celery.core.messages import ack_stream, task_stream
-from tests.integration.harness import SILENT, FsmEnv, Reply, ScriptedAgent, ack_for
+from tests.support.agents import ScriptedAgent
+from tests.support.messages import SILENT, Reply, ack_for
+from tests.support.processes import FsmEnv
 
 
 @pytest.fixture(scope="module")

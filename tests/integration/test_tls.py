@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from fsm_celery.agent.sdk import Agent, Task
-from tests.integration.harness import FsmEnv, serving
-from tests.services import free_port, start_redis, stop_redis
+from tests.support.agents import serving
+from tests.support.processes import FsmEnv
+from tests.support.services import free_port, start_redis, stop_redis
 
 
 def _certificates(directory: Path) -> dict[str, Path]:

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from fsm_celery.acks.wakeup import POLL_SECONDS, Wakeup, missing_flags
-from tests.services import Services
+from tests.support.services import Services
 
 
 @pytest.fixture()

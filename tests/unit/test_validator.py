@@ -193,7 +193,8 @@ states:
   - {name: B, on_success: {target: A, loop: true}, on_failure: DONE}
   - {name: DONE, terminal: completed}
 """
-    problems(text)
+    p = only_problem(text)
+    assert_problem(p, None, "on_loop_exhausted", "must be a terminal state, 'A' is not")
 
 
 # -- edges of one state -----------------------------------------------------------------------
@@ -272,7 +273,9 @@ def test_a_wait_past_30_days_is_refused(field: str, text: str) -> None:
 
 
 def test_a_wait_of_30_days_is_accepted() -> None:
-    load_text(edit("timeout: 10", "timeout: 2592000\n    max_duration: 2592000"), SOURCE)
+    text = edit("timeout: 10", "timeout: 2592000\n    max_duration: 2592000")
+    state = load_text(text, SOURCE).state("A")
+    assert (state.timeout.days, state.max_duration) == (30, state.timeout)
 
 
 def test_a_stored_version_past_a_newer_bound_is_still_read() -> None:

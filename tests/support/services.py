@@ -1,10 +1,12 @@
 """The PostgreSQL and Redis servers the suite talks to.
 
-By default the suite starts throwaway servers of its own, on free ports, in a temporary
-directory removed at the end: it needs the server binaries installed, not running, and never
-touches a server (or a Redis database) of the user's. FSM_TEST_DATABASE_URL (a server URL
+By default each test process (the one of a plain run, or each xdist worker of `pytest -n N`)
+starts throwaway servers of its own, on free ports, in a temporary directory removed at the
+end: it needs the server binaries installed, not running, and never touches a server (or a
+Redis database) of the user's, nor another worker's. FSM_TEST_DATABASE_URL (a server URL
 without a database name; the suite creates and drops databases there) and FSM_TEST_REDIS_URL
-point it at existing ones instead.
+point it at existing ones instead, for a run in one process: some tests change a server as a
+whole (roles, ACL users, FLUSHALL), which workers sharing it would do under each other.
 
 pytest-postgresql would do the PostgreSQL half, but it cannot run as root (initdb refuses, and
 CI runs as root) and it brings psycopg 3 in beside psycopg2; starting `postgres` as its own user
@@ -34,11 +36,34 @@ HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
 
+def worker_name() -> str:
+    """This test process's name: its xdist worker's (gw0, gw1, ...), else `main`."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def require_services(pg_url: str, redis_url: str) -> None:
+    """Fail loudly, naming the service, when PostgreSQL or Redis is not reachable."""
+    try:
+        redis.Redis.from_url(redis_url, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        raise RuntimeError(f"Redis is required at {redis_url} and is not reachable: {exc}") from exc
+    engine = create_engine(f"{pg_url}/postgres")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+    except Exception as exc:
+        raise RuntimeError(
+            f"PostgreSQL is required at {pg_url} and is not reachable: {exc}"
+        ) from exc
+    finally:
+        engine.dispose()
 
 
 def _die_with_parent(sig: int) -> Any:
@@ -272,7 +297,7 @@ class Services:
         redis_url = os.environ.get("FSM_TEST_REDIS_URL")
         if pg_url and redis_url:
             return cls(pg_url.rstrip("/"), redis_url)
-        directory = Path(tempfile.mkdtemp(prefix="fsm-celery-tests-"))
+        directory = Path(tempfile.mkdtemp(prefix=f"fsm-celery-tests-{worker_name()}-"))
         services = cls(pg_url or "", redis_url or "", directory)
         try:
             if not pg_url:

@@ -1,103 +1,44 @@
-"""Real services for integration tests: databases, worker and bridge processes, scripted agents.
-
-Nothing here is a mock: each environment has its own PostgreSQL database (a copy of a migrated
-template), its own Celery queue and channel prefix on the test Redis, real `celery worker` and
-`fsm-celery ack-bridge` processes, and agents that speak the wire protocol with plain redis-py.
-"""
+"""Deployments of real processes: each has its own PostgreSQL database (a copy of a migrated
+template), its own Celery queue and channel prefix on the test Redis, and real `celery worker`,
+`celery beat`, `fsm-celery ack-bridge`, agent, Flower and dashboard processes, logging into
+LOGS (a folder per test process)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
-from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from fsm_celery import wiring
-from fsm_celery.agent.mock import OUTPUTS as MOCK_OUTPUTS
-from fsm_celery.agent.sdk import Agent
 from fsm_celery.client import Client, MachineInfo
 from fsm_celery.config import Settings
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS
-from fsm_celery.core.messages import (
-    ack_channel,
-    ack_stream,
-    agent_ack_stream,
-    task_channel,
-    task_stream,
-)
-from fsm_celery.store.db import connect, upgrade
-from tests.secret import TEST_SECRET
+from fsm_celery.core.messages import ack_channel
+from tests.support import FIXTURE_DEFINITIONS, ROOT
+from tests.support.credentials import ADMIN_TOKEN, TEST_SECRET, VIEWER_TOKEN, WEBHOOK_SECRET
+from tests.support.databases import copy_database
+from tests.support.services import worker_name
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURE_DEFINITIONS = ROOT / "tests" / "fixtures" / "definitions"
-LOGS = Path(os.environ.get("FSM_TEST_LOGS", "/tmp/fsm-celery-test-logs"))
-# The HTTP API's credentials in every test deployment (32+ bytes of no one repeated character,
-# as the settings demand).
-ADMIN_TOKEN = "test-admin-token-" + "0a1b2c3d4e5f6789" * 2
-VIEWER_TOKEN = "test-viewer-token-" + "9f8e7d6c5b4a3210" * 2
-WEBHOOK_SECRET = "test-github-webhook-secret"
+LOG_ROOT = Path(os.environ.get("FSM_TEST_LOGS", "/tmp/fsm-celery-test-logs"))
+# The processes' logs (and beat's schedule files), kept after the run to read: a folder per test
+# process (xdist worker and pid), as the deployments' names repeat in each worker and in each
+# run of the suite side by side (another checkout's).
+LOGS = LOG_ROOT / f"{worker_name()}-{os.getpid()}"
 API_BASE = "https://testserver"  # what env.api() asks: the dashboard behind TLS
 TERMINAL = {"completed", "failed", "cancelled"}
-
-
-def require_services(pg_url: str, redis_url: str) -> None:
-    """Fail loudly, naming the service, when PostgreSQL or Redis is not reachable."""
-    try:
-        redis.Redis.from_url(redis_url, socket_connect_timeout=3).ping()
-    except redis.RedisError as exc:
-        raise RuntimeError(f"Redis is required at {redis_url} and is not reachable: {exc}") from exc
-    engine = create_engine(f"{pg_url}/postgres")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("select 1"))
-    except Exception as exc:
-        raise RuntimeError(
-            f"PostgreSQL is required at {pg_url} and is not reachable: {exc}"
-        ) from exc
-    finally:
-        engine.dispose()
-
-
-def admin_sql(pg_url: str, statement: str) -> None:
-    engine = create_engine(f"{pg_url}/postgres", isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(statement))
-    engine.dispose()
-
-
-def create_template(pg_url: str, name: str) -> None:
-    """A migrated database to copy for each environment."""
-    drop_database(pg_url, name)
-    admin_sql(pg_url, f'CREATE DATABASE "{name}"')
-    db = connect(f"{pg_url}/{name}")
-    upgrade(db)
-    db.dispose()
-
-
-def copy_database(pg_url: str, template: str, name: str) -> str:
-    drop_database(pg_url, name)
-    admin_sql(pg_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return f"{pg_url}/{name}"
-
-
-def drop_database(pg_url: str, name: str) -> None:
-    admin_sql(pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @dataclass
@@ -152,7 +93,7 @@ class FsmEnv:
         return {**os.environ, **{f"FSM_{k.upper()}": str(v) for k, v in fields.items()}}
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
-        LOGS.mkdir(parents=True, exist_ok=True)
+        _open_logs()
         log = LOGS / f"{self.name}-{name}-{len(self.procs)}.log"
         handle = log.open("wb")
         popen = subprocess.Popen(
@@ -348,6 +289,27 @@ class FsmEnv:
         return [row.to_state for row in self.client.history(machine_id)]
 
 
+def _open_logs() -> None:
+    """Make this process's log folder, removing those of test processes that have ended."""
+    if LOGS.is_dir():
+        return
+    for folder in LOG_ROOT.glob("*-*"):
+        pid = folder.name.rpartition("-")[2]
+        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def _subscribers(client: redis.Redis, channel: str) -> int:
     return int(dict(client.pubsub_numsub(channel)).get(channel.encode(), 0))
 
@@ -378,188 +340,3 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
 
 def database_name(env: FsmEnv) -> str:
     return str(make_url(env.settings.database_url).database)
-
-
-@contextmanager
-def serving(agent: Agent) -> Iterator[Agent]:
-    """The SDK agent running on a thread of the test process until the block ends."""
-    thread = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
-    thread.start()
-    try:
-        yield agent
-    finally:
-        agent.stop()
-        thread.join(10)
-
-
-# ---- agents -----------------------------------------------------------------------------
-
-OUTPUTS: dict[str, dict[str, Any]] = {
-    **MOCK_OUTPUTS,  # the shipped definitions' states
-    "ONE": {"one": 1},
-    "TWO": {"two": 2},
-    "THREE": {"three": 3},
-    "WAIT": {"answer": 42},
-    "FALLBACK": {"fallback": True},
-    "LONG": {"result": "done"},
-    "FIRST": {"first": 1},
-    "SECOND": {"second": 2},
-}
-FIX_BUG_STATES = [
-    "ANALYZE_BUG",
-    "LOCATE_CODE",
-    "WRITE_FIX",
-    "RUN_TESTS",
-    "COMMIT_PUSH",
-    "DEPLOY",
-    "COMPLETE",
-]
-
-
-@dataclass(frozen=True)
-class Reply:
-    """How the agent answers one state_task: an ack (success, output), or silence."""
-
-    success: bool = True
-    output: dict[str, Any] | None = None  # None: the state's usual output
-    silent: bool = False
-    error: str | None = None
-    heartbeat_for: float = 0.0  # send heartbeats this long first (every 0.3 s)
-
-
-SILENT = Reply(silent=True)
-
-
-class ScriptedAgent:
-    """An agent written with plain redis-py: SUBSCRIBE to its channel, PUBLISH JSON acks."""
-
-    def __init__(
-        self,
-        env: FsmEnv,
-        script: dict[str, list[Reply]] | None = None,
-        copies: int = 1,
-        gate: threading.Event | None = None,
-        via_stream: bool = False,
-        own_stream: bool = False,
-    ) -> None:
-        self.id = str(uuid.uuid4())
-        self.env = env
-        self.script = {state: list(replies) for state, replies in (script or {}).items()}
-        self.copies = copies
-        self.gate = gate
-        self.via_stream = via_stream
-        self.own_stream = own_stream  # its own ack stream: the engine knows who sent it
-        self.tasks: list[dict[str, Any]] = []
-        self._pending: list[str] = []
-        self._redis = redis.Redis.from_url(env.settings.redis_url)
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> ScriptedAgent:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("agent did not subscribe")
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(task_channel(self.id, self.env.settings.channel_prefix))
-        self._ready.set()
-        while not self._stop.is_set():
-            message = pubsub.get_message(timeout=0.05)
-            if message is not None:
-                self._answer(json.loads(message["data"]))
-            if self._pending and self.gate is not None and self.gate.is_set():
-                for ack in self._pending:
-                    self._publish(ack)
-                self._pending.clear()
-        pubsub.close()
-
-    def _answer(self, task: dict[str, Any]) -> None:
-        self.tasks.append(task)
-        replies = self.script.get(task["state"])
-        reply = replies.pop(0) if replies else Reply()
-        beat_until = time.monotonic() + reply.heartbeat_for
-        while time.monotonic() < beat_until:
-            self.send(heartbeat_for(task, f"{beat_until - time.monotonic():.1f}s to go"))
-            time.sleep(0.3)
-        if reply.silent:
-            return
-        ack = json.dumps(ack_for(task, reply))
-        if self.gate is not None and not self.gate.is_set():
-            self._pending.append(ack)  # held until the gate opens
-        else:
-            self._publish(ack)
-
-    def _publish(self, ack: str) -> None:
-        for _ in range(self.copies):
-            self.send(ack)
-
-    def send(self, message: str | dict[str, Any]) -> None:
-        """Send a raw message the way this agent does (PUBLISH, or XADD to the ack stream)."""
-        text = message if isinstance(message, str) else json.dumps(message)
-        prefix = self.env.settings.channel_prefix
-        if self.own_stream:
-            self._redis.xadd(agent_ack_stream(self.id, prefix), {"message": text})
-        elif self.via_stream:
-            self._redis.xadd(ack_stream(prefix), {"message": text})
-        else:
-            self._redis.publish(ack_channel(prefix), text)
-
-    def wait_for_tasks(self, count: int, timeout: float = 15.0) -> dict[str, Any]:
-        """The count-th state_task this agent received, once it arrived."""
-        deadline = time.monotonic() + timeout
-        while len(self.tasks) < count:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"agent received {len(self.tasks)} of {count} tasks")
-            time.sleep(0.02)
-        return self.tasks[count - 1]
-
-    def states(self) -> Iterator[str]:
-        return (task["state"] for task in self.tasks)
-
-
-def heartbeat_for(task: dict[str, Any], progress: str | None = None) -> dict[str, Any]:
-    """A state_heartbeat for the task's attempt."""
-    beat = {
-        "type": "state_heartbeat",
-        "machineId": task["machineId"],
-        "state": task["state"],
-        "attempt": task["attempt"],
-        "taskToken": task["taskToken"],
-    }
-    return beat if progress is None else {**beat, "progress": progress}
-
-
-def ack_for(task: dict[str, Any], reply: Reply = Reply()) -> dict[str, Any]:
-    """The state_ack answering a state_task."""
-    ack: dict[str, Any] = {
-        "type": "state_ack",
-        "machineId": task["machineId"],
-        "state": task["state"],
-        "success": reply.success,
-        "output": OUTPUTS.get(task["state"], {}) if reply.output is None else reply.output,
-        "attempt": task["attempt"],
-        "taskToken": task["taskToken"],
-    }
-    if reply.error is not None:
-        ack["error"] = reply.error
-    return ack
-
-
-def dispatches(env: FsmEnv, agent_id: str) -> dict[tuple[str, int], int]:
-    """How many state_tasks the agent's stream holds for each (machine, attempt)."""
-    stream = task_stream(agent_id, env.settings.channel_prefix)
-    counts: dict[tuple[str, int], int] = {}
-    for _, fields in env.redis.xrange(stream):
-        task = json.loads(fields[b"message"])
-        if task["type"] != "state_task":
-            continue
-        key = (task["machineId"], task["attempt"])
-        counts[key] = counts.get(key, 0) + 1
-    return counts
