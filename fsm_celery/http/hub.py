@@ -31,6 +31,9 @@ QUEUE = 1000  # events a page may fall behind by before it is told to resync
 MAX_EVENT_BYTES = 8192  # a state_event is a few hundred bytes
 MAX_FOLLOWED = 1000  # machines a page follows, those it asked for and those it saw start
 RESYNC = "resync"
+# redis-py's asyncio PubSub.aclose can hang in wait_closed (redis/redis-py#3941): every close,
+# and the hub's stop, waits at most this long.
+STOP_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,11 @@ class EventHub:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="event-hub")
 
     async def stop(self) -> None:
+        """Stop listening; never waits more than STOP_SECONDS (a connection that hangs as it
+        closes must not hold up the server's shutdown)."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=STOP_SECONDS)
 
     @contextlib.asynccontextmanager
     async def listen(self, interest: Interest = Interest()) -> AsyncIterator[Listener]:
@@ -164,9 +168,9 @@ class EventHub:
                 delay = min(delay * 2, 10.0)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await asyncio.wait_for(pubsub.aclose(), STOP_SECONDS)  # type: ignore[no-untyped-call]
                 with contextlib.suppress(Exception):
-                    await client.aclose()
+                    await asyncio.wait_for(client.aclose(), STOP_SECONDS)
 
     def _all(self) -> set[Listener]:
         found = self._everything | self._starts

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
+from fsm_celery.http import hub as hub_module
 from fsm_celery.http.hub import QUEUE, RESYNC, EventHub, Interest
 
 
@@ -86,3 +89,27 @@ def test_nobody_listening_costs_no_parsing() -> None:
     hub = EventHub("redis://127.0.0.1:1/0", "events")
     hub.publish(_event("m1"))
     assert hub.received == 0
+
+
+def test_stopping_never_waits_past_its_bound_for_a_feed_that_hangs_as_it_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hub_module, "STOP_SECONDS", 0.1)
+
+    async def scenario() -> bool:
+        hub = EventHub("redis://unused", "events")
+
+        async def hangs_as_it_closes() -> None:  # as redis-py's aclose can (#3941)
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await asyncio.sleep(3600)
+
+        hub._task = asyncio.create_task(hangs_as_it_closes())
+        await asyncio.sleep(0)
+        await hub.stop()
+        still_closing = not hub._task.done()  # stop returned without it
+        hub._task.cancel()  # let the loop end
+        return still_closing
+
+    assert asyncio.run(scenario())
