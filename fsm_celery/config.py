@@ -158,7 +158,8 @@ class Settings(BaseSettings):
         default=3,
         ge=1,
         description="Tries before a message that can be neither applied nor recorded is parked "
-        "in the dead-letter stream.",
+        "in the dead-letter stream (counted by its transport: a stream entry's deliveries, an "
+        "fsm.apply_acks task's runs).",
     )
     ack_stream_maxlen: int = Field(
         default=100_000, ge=100, description="The longest an ack stream may grow (trimmed)."
