@@ -86,9 +86,11 @@ class EventHub:
     async def stop(self) -> None:
         """Stop listening; never waits more than STOP_SECONDS (a connection that hangs as it
         closes must not hold up the server's shutdown)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=STOP_SECONDS)
+        task, self._task = self._task, None
+        if task is None or task.done():  # never started, or stopped (maybe on another loop)
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=STOP_SECONDS)
 
     @contextlib.asynccontextmanager
     async def listen(self, interest: Interest = Interest()) -> AsyncIterator[Listener]:

@@ -105,11 +105,24 @@ def test_stopping_never_waits_past_its_bound_for_a_feed_that_hangs_as_it_closes(
             finally:
                 await asyncio.sleep(3600)
 
-        hub._task = asyncio.create_task(hangs_as_it_closes())
+        task = hub._task = asyncio.create_task(hangs_as_it_closes())
         await asyncio.sleep(0)
         await hub.stop()
-        still_closing = not hub._task.done()  # stop returned without it
-        hub._task.cancel()  # let the loop end
+        still_closing = not task.done()  # stop returned without it
+        task.cancel()  # let the loop end
         return still_closing
 
     assert asyncio.run(scenario())
+
+
+def test_stopping_a_hub_whose_feed_ended_on_another_loop_is_a_no_op() -> None:
+    hub = EventHub("redis://unused", "events")
+
+    async def feed_ends() -> None:  # as a second test client's lifespan ends it
+        hub.start()
+        assert hub._task is not None
+        hub._task.cancel()
+        await asyncio.wait({hub._task})
+
+    asyncio.run(feed_ends())  # its loop is closed now
+    asyncio.run(hub.stop())
