@@ -97,9 +97,7 @@ class Bridge:
         if crashed:
             consumer.park(crashed, Policy.CRASHED)
         if failed:
-            parked = self.policy.give_up(failed, redelivers=consumer.redelivers)
-            given_up = {id(d) for d in parked}
-            again = [d for d in failed if id(d) not in given_up]
+            parked, again = self.policy.sort(failed, redelivers=consumer.redelivers)
             if parked:
                 consumer.park(parked)
             if again:

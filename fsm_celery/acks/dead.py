@@ -36,6 +36,14 @@ class Policy:
         """Of the messages that could not be applied nor recorded, those to park now."""
         return [d for d in failed if not redelivers or d.tries >= self.after]
 
+    def sort(
+        self, failed: Sequence[Delivery], *, redelivers: bool = True
+    ) -> tuple[list[Delivery], list[Delivery]]:
+        """The failed messages as (to park now, to try again)."""
+        parked = self.give_up(failed, redelivers=redelivers)
+        given_up = {id(d) for d in parked}
+        return parked, [d for d in failed if id(d) not in given_up]
+
     @staticmethod
     def crashed(delivery: Delivery) -> bool:
         """Whether the message was handed out so often, never answered, that it must be what

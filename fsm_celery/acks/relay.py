@@ -84,14 +84,12 @@ def apply_acks(task: Task, messages: Wire) -> int:
         raise RuntimeError("fsm.apply_acks runs in a worker started with `celery -A fsm_celery`")
     batch = unwire(messages, tries=task.request.retries + 1)
     failed = _parts.applier(batch)
-    parked = _parts.policy.give_up(failed)
+    parked, again = _parts.policy.sort(failed)
     if parked:
         dead = _parts.dead_letters
         pipe = dead.client.pipeline(transaction=False)
         dead.park(pipe, parked)
         pipe.execute()
-    given_up = {id(d) for d in parked}
-    again = [d for d in failed if id(d) not in given_up]
     if again:
         raise task.retry(args=(wire(again),), countdown=1, argsrepr=acks_repr(again))
     return len(batch)
