@@ -149,6 +149,18 @@ class Settings(BaseSettings):
         gt=0,
         description="The longest an attempt may run, whatever its heartbeats and deadlines.",
     )
+    max_fanout_items: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="The most children one map state may start (more is refused, not cut).",
+    )
+    max_child_depth: int = Field(
+        default=5,
+        ge=1,
+        le=50,
+        description="How deep children may nest under a machine (checked on load and on start).",
+    )
     max_handbacks: int = Field(
         default=3,
         ge=0,

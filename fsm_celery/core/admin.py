@@ -13,6 +13,7 @@ from fsm_celery.core.transition import (
     RejectReason,
     Transition,
     status_in,
+    typed,
 )
 
 
@@ -66,6 +67,16 @@ def decide_command(
             RejectReason.REFUSED_COMMAND,
             f"cannot {command.action.value} a {machine.status.value} machine",
         )
+    decided = _decide_command(definition, machine, command, last_working_state)
+    return decided if isinstance(decided, Rejected) else typed(definition, decided)
+
+
+def _decide_command(
+    definition: MachineDefinition,
+    machine: Machine,
+    command: Command,
+    last_working_state: str | None,
+) -> Transition | Rejected:
     base = Transition(
         from_state=machine.current_state,
         to_state=machine.current_state,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
@@ -75,6 +76,77 @@ def _edge(value: Any) -> Any:
     return {"target": value} if isinstance(value, str) else value
 
 
+class ParentCancel(StrEnum):
+    """What a fan-out's children do when their parent is paused, resumed or cancelled."""
+
+    CANCEL = "cancel"  # they follow it, all the way down the tree
+    ABANDON = "abandon"  # they run on alone; their ends no longer count for the parent
+
+
+# A child's input: a JMESPath expression that yields an object, or one expression per key. Both
+# see {"context": the parent's context, "item": a map's element, "index": its position}.
+Input = str | dict[str, str]
+
+
+class Body(BaseModel):
+    """What one child of a fan-out runs: states of its own (a small machine, written inline as
+    the top-level states are), or a machine of another definition (`machine:`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    machine: str | None = Field(default=None, max_length=50, pattern=NAME_PATTERN)
+    initial_state: str | None = None
+    states: tuple[StateDefinition, ...] = ()
+    agent_type: str | None = Field(default=None, max_length=10, min_length=1)
+    max_loops: int = Field(default=3, ge=0)
+    on_loop_exhausted: str = "FAILED"
+    input: Input | None = None
+    output: tuple[str, ...] | None = None  # the fields of the child's final context it returns
+
+
+class Branch(Body):
+    """One branch of a parallel state."""
+
+    name: str = Field(max_length=50, pattern=NAME_PATTERN)
+
+
+class AtLeast(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    at_least: int = Field(ge=1)
+
+
+class Parallel(BaseModel):
+    """Named branches, all started at once, joined by a policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    branches: tuple[Branch, ...] = Field(min_length=1, max_length=100)
+    join: Literal["all", "any"] | AtLeast = "all"
+    tolerated_failures: int = Field(default=0, ge=0)
+
+
+class MapSpec(Body):
+    """One child per element of a list in the context."""
+
+    items: str  # JMESPath over {"context": ...}: the list
+    item_key: str = Field(default="item", max_length=50, pattern=NAME_PATTERN)
+    max_concurrency: int | None = Field(default=None, ge=1, le=100_000)
+    tolerated_failures: int | str = 0  # a count, or a percentage of the items ("10%")
+    result_key: str | None = Field(default=None, max_length=50, pattern=NAME_PATTERN)
+
+    @field_validator("tolerated_failures")
+    @classmethod
+    def _tolerated(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError("tolerated_failures must be >= 0")
+            return value
+        if not re.fullmatch(r"(100|[0-9]{1,2})(\.[0-9]+)?%", value.strip()):
+            raise ValueError(f"tolerated_failures must be a count or a percentage, got {value!r}")
+        return value.strip()
+
+
 class StateDefinition(BaseModel):
     """One state: what the agent is told, what it must return, and where to go next."""
 
@@ -93,6 +165,14 @@ class StateDefinition(BaseModel):
     retry_on: tuple[FailureKind, ...] = RETRYABLE
     backoff: Backoff = Backoff()
     terminal: Terminal | None = None
+    # who does the work: an agent of this type (default: the machine's), or children
+    agent_type: str | None = Field(default=None, max_length=10, min_length=1)
+    parallel: Parallel | None = None
+    map: MapSpec | None = None
+    machine: str | None = Field(default=None, max_length=50, pattern=NAME_PATTERN)
+    input: Input | None = None  # a `machine:` state's child input
+    output: tuple[str, ...] | None = None  # what of a `machine:` state's child it returns
+    on_parent_cancel: ParentCancel = ParentCancel.CANCEL  # what the state's children do
 
     @field_validator("on_success", mode="before")
     @classmethod
@@ -116,6 +196,11 @@ class StateDefinition(BaseModel):
     @property
     def edges(self) -> tuple[Edge, ...]:
         return self.on_success + ((self.on_failure,) if self.on_failure else ())
+
+    @property
+    def fans_out(self) -> bool:
+        """Whether children do the state's work (parallel, map or machine), not an agent."""
+        return self.parallel is not None or self.map is not None or self.machine is not None
 
     @property
     def timeout_seconds(self) -> float:
@@ -148,6 +233,15 @@ class Notify(BaseModel):
     )
 
 
+class AgentTypeLimit(BaseModel):
+    """A bound on one agent type's work in flight, across all machines (a provider's rate limit
+    is per account, not per machine)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_in_flight: int = Field(ge=1, le=1_000_000)
+
+
 class MachineDefinition(BaseModel):
     """A machine type: its agent type, its states and its initial state."""
 
@@ -167,8 +261,11 @@ class MachineDefinition(BaseModel):
     notify: Notify | None = None
     # the JSON Schema a starting context must match (fsm_celery.core.context); None: any object
     context_schema: dict[str, Any] | None = None
+    # per agent type: how much of its work may be in flight at once, across all machines
+    agent_types: dict[str, AgentTypeLimit] = Field(default_factory=dict, max_length=50)
 
     _by_name: dict[str, StateDefinition] = PrivateAttr(default_factory=dict)
+    _inline: dict[tuple[str, str | None], MachineDefinition] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: Any, /) -> None:
         self._by_name = {s.name: s for s in self.states}
@@ -176,6 +273,61 @@ class MachineDefinition(BaseModel):
     def state(self, name: str) -> StateDefinition:
         """The state called name (KeyError if there is none)."""
         return self._by_name[name]
+
+    def agent_type_of(self, state: StateDefinition) -> str:
+        """The agent type that works the state."""
+        return state.agent_type or self.agent_type
+
+    def children(self, state: StateDefinition) -> tuple[tuple[str | None, Body], ...]:
+        """What a fan-out state starts: (branch name, body) for each branch of a parallel
+        state, or one body for a map (per item) and for a `machine:` state."""
+        if state.parallel is not None:
+            return tuple((branch.name, branch) for branch in state.parallel.branches)
+        if state.map is not None:
+            return ((None, state.map),)
+        if state.machine is not None:
+            return ((None, Body(machine=state.machine, input=state.input, output=state.output)),)
+        return ()
+
+    def child_type(self, state: StateDefinition, branch: str | None, body: Body) -> str:
+        """The machine type of a child: the definition it names, or its inline states' own
+        type, named by its place (`research_fanout.research`, `cto.build.tests`)."""
+        if body.machine is not None:
+            return body.machine
+        return f"{self.type}.{state.name}" + (f".{branch}" if branch is not None else "")
+
+    def inline(self, state_name: str, branch: str | None = None) -> MachineDefinition:
+        """The machine an inline body makes: its states, typed by its place, in the same
+        version as its parent (it is part of the parent's definition)."""
+        key = (state_name, branch)
+        found = self._inline.get(key)
+        if found is None:
+            state = self.state(state_name)
+            body = dict(self.children(state))[branch]
+            assert body.initial_state is not None  # the validator requires it of inline bodies
+            found = self._inline[key] = MachineDefinition.model_construct(
+                type=self.child_type(state, branch, body),
+                agent_type=body.agent_type or state.agent_type or self.agent_type,
+                description=f"{state_name}" + (f", branch {branch}" if branch else ""),
+                initial_state=body.initial_state,
+                max_loops=body.max_loops,
+                on_loop_exhausted=body.on_loop_exhausted,
+                states=body.states,
+                agent_types=self.agent_types,
+            )
+        return found
+
+    def at(self, machine_type: str) -> MachineDefinition:
+        """The definition of a type inside this one (`type.state[.branch]...`), or itself."""
+        parts = machine_type.split(".")
+        found: MachineDefinition = self
+        i = 1
+        while i < len(parts):
+            state = found.state(parts[i])
+            branch = parts[i + 1] if state.parallel is not None else None
+            i += 2 if branch is not None else 1
+            found = found.inline(state.name, branch)
+        return found
 
     def step_bound(self) -> int:
         """The most transitions a run can take: each loop pass visits each state, retries too."""
@@ -190,6 +342,10 @@ class MachineDefinition(BaseModel):
         """A hash of the content, so a reload of an unchanged file makes no new version."""
         canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+for _model in (Body, Branch, MapSpec):
+    _model.model_rebuild()
 
 
 @lru_cache(maxsize=4096)
@@ -244,10 +400,279 @@ def _problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
         )
     for state in d.states:
         yield from _state_problems(state, seen, source)
+        yield from _fanout_problems(d, state, source)
     known = not any(p for p in _edge_targets_unknown(d, seen))
     if known:  # else graph checks would only repeat the unknown targets
         yield from _graph_problems(d, source)
     yield from _context_problems(d, source, known)
+
+
+# The keys the engine keeps in every context: a fan-out may not write its results over them.
+RESERVED_KEYS = ("retryCount", "maxRetries")
+
+
+def _fanout_problems(
+    d: MachineDefinition, state: StateDefinition, source: str
+) -> Iterator[Problem]:
+    """What is wrong with a state's children: its kind, its join, its bodies, its map."""
+    kinds = [k for k in ("parallel", "map", "machine") if getattr(state, k) is not None]
+    if not kinds:
+        for field in ("input", "output", "on_parent_cancel"):
+            if field in state.model_fields_set:
+                yield Problem(
+                    f"{field} applies to a state with children", source, state.name, field
+                )
+        return
+    if len(kinds) > 1:
+        kinds_text = " and ".join(kinds)
+        yield Problem(f"a state has one kind of children, not {kinds_text}", source, state.name)
+        return
+    yield from _kind_problems(state, kinds[0], source)
+    if state.parallel is not None:
+        yield from _parallel_problems(d, state, state.parallel, source)
+    if state.map is not None:
+        yield from _map_problems(d, state, state.map, source)
+    for branch, body in d.children(state):
+        yield from _body_problems(d, state, branch, body, source)
+
+
+def _kind_problems(state: StateDefinition, kind: str, source: str) -> Iterator[Problem]:
+    name = state.name
+    if state.terminal is not None:
+        yield Problem(f"a terminal state starts no children ({kind})", source, name, kind)
+    if state.prompt:
+        yield Problem(f"a {kind} state has no prompt: its children do the work", source, name)
+    if kind != "machine":
+        for field in ("input", "output"):
+            if field in state.model_fields_set:
+                yield Problem(f"{field} goes on each of the {kind}'s bodies", source, name, field)
+
+
+def _parallel_problems(
+    d: MachineDefinition, state: StateDefinition, parallel: Parallel, source: str
+) -> Iterator[Problem]:
+    name = state.name
+    names = [b.name for b in parallel.branches]
+    for i, branch in enumerate(names):
+        if branch in names[:i]:
+            yield Problem(f"duplicate branch name {branch!r}", source, name, "parallel.branches")
+        if branch in RESERVED_KEYS:
+            yield Problem(
+                f"branch {branch!r} would write its output over the engine's loop counter",
+                source,
+                name,
+                "parallel.branches",
+            )
+    if isinstance(parallel.join, AtLeast) and parallel.join.at_least > len(names):
+        yield Problem(
+            f"join at_least: {parallel.join.at_least} is more than the {len(names)} branches",
+            source,
+            name,
+            "parallel.join",
+        )
+    if parallel.tolerated_failures and parallel.join != "all":
+        yield Problem(
+            "tolerated_failures applies to join: all (any and at_least need fewer already)",
+            source,
+            name,
+            "parallel.tolerated_failures",
+        )
+    if parallel.tolerated_failures >= len(names):
+        yield Problem(
+            f"tolerated_failures {parallel.tolerated_failures} tolerates every branch failing",
+            source,
+            name,
+            "parallel.tolerated_failures",
+        )
+
+
+def _map_problems(
+    d: MachineDefinition, state: StateDefinition, spec: MapSpec, source: str
+) -> Iterator[Problem]:
+    name = state.name
+    try:
+        compile_guard(spec.items)
+    except jmespath.exceptions.JMESPathError as exc:
+        yield Problem(f"items {spec.items!r} does not compile: {exc}", source, name, "map.items")
+        return
+    result_key = spec.result_key or name
+    clash = _clash(d, spec.items, result_key)
+    if clash is not None:
+        yield Problem(f"result_key {result_key!r} {clash}", source, name, "map.result_key")
+    if spec.max_concurrency is None and _bound(d, spec.items) is None:
+        yield Problem(
+            f"map over {spec.items} needs max_concurrency: nothing bounds the list (set "
+            "max_concurrency, or give its context_schema property a maxItems)",
+            source,
+            name,
+            "map.max_concurrency",
+        )
+
+
+def _clash(d: MachineDefinition, items: str, key: str) -> str | None:
+    """How a map's result_key would clash with the context, or None."""
+    if key in RESERVED_KEYS:
+        return "would write over the engine's loop counter"
+    if items.strip() == f"context.{key}":
+        return f"would write the results over the list they come from ({items})"
+    declared = (d.context_schema or {}).get("properties", {})
+    if isinstance(declared, dict) and key in declared:
+        return "is a property of the context_schema: the results would write over it"
+    return None
+
+
+def _bound(d: MachineDefinition, items: str) -> int | None:
+    """The most items a map's list can hold, when its context_schema says (a simple
+    `context.key` path to an array with maxItems), or None."""
+    path = items.strip()
+    if not re.fullmatch(r"context\.[A-Za-z_][A-Za-z0-9_]*", path):
+        return None
+    declared = (d.context_schema or {}).get("properties", {}).get(path.split(".", 1)[1])
+    if isinstance(declared, dict) and isinstance(declared.get("maxItems"), int):
+        return int(declared["maxItems"])
+    return None
+
+
+def _body_problems(
+    d: MachineDefinition, state: StateDefinition, branch: str | None, body: Body, source: str
+) -> Iterator[Problem]:
+    name = state.name
+    where = f"{name}.{branch}" if branch is not None else name
+    field = "map" if state.map is not None else ("parallel.branches" if branch else None)
+    if body.machine is not None:
+        inline = [
+            f for f in ("initial_state", "states", "agent_type") if f in body.model_fields_set
+        ]
+        if inline:
+            yield Problem(
+                f"a body runs a machine or states of its own, not both ({', '.join(inline)})",
+                source,
+                where,
+                field,
+            )
+    elif not body.states or body.initial_state is None:
+        yield Problem(
+            "a body needs states and initial_state, or machine: another definition's type",
+            source,
+            where,
+            field,
+        )
+    yield from _input_problems(body, source, where)
+    if body.machine is None and body.states and body.initial_state is not None:
+        inner = d.inline(name, branch)
+        for problem in _problems(inner, source):
+            inner_state = f"{where}.{problem.state}" if problem.state else where
+            yield Problem(problem.message, source, inner_state, problem.field)
+
+
+def _input_problems(body: Body, source: str, where: str) -> Iterator[Problem]:
+    expressions = (
+        {"input": body.input}
+        if isinstance(body.input, str)
+        else {f"input.{k}": v for k, v in (body.input or {}).items()}
+    )
+    for field, expression in expressions.items():
+        try:
+            compile_guard(expression)
+        except jmespath.exceptions.JMESPathError as exc:
+            yield Problem(f"{expression!r} does not compile: {exc}", source, where, field)
+
+
+def tree_problems(
+    definitions: Mapping[str, MachineDefinition], max_depth: int
+) -> Iterator[Problem]:
+    """What is wrong between definitions: a `machine:` naming no loaded type, definitions that
+    start each other in a cycle, children nested deeper than max_depth."""
+    starts: dict[str, set[str]] = {}
+    for machine_type, d in definitions.items():
+        starts[machine_type] = set()
+        for state, branch, body, inner in _nested(d):
+            if body.machine is None:
+                continue
+            starts[machine_type].add(body.machine)
+            if body.machine not in definitions:
+                where = f"{inner.type}.{state.name}".split(".", 1)[1]
+                where += f".{branch}" if branch else ""
+                yield Problem(
+                    f"machine {body.machine!r} is not a loaded definition", machine_type, where
+                )
+    cycle = _cycle(starts)
+    if cycle is not None:
+        yield Problem(
+            "definitions start each other in a cycle: " + " -> ".join(cycle), cycle[0], None
+        )
+        return
+    depths: dict[str, int] = {}
+    for machine_type in sorted(definitions):
+        deepest = _depth(machine_type, definitions, depths)
+        if deepest > max_depth:
+            yield Problem(
+                f"children nest {deepest} deep, past FSM_MAX_CHILD_DEPTH={max_depth}",
+                machine_type,
+            )
+
+
+def _nested(
+    d: MachineDefinition,
+) -> Iterator[tuple[StateDefinition, str | None, Body, MachineDefinition]]:
+    """Every (state, branch, body) inside d, its inline bodies' own included, with the
+    definition each is in."""
+    for state in d.states:
+        for branch, body in d.children(state):
+            yield state, branch, body, d
+            if body.machine is None and body.initial_state is not None:
+                yield from _nested(d.inline(state.name, branch))
+
+
+def _cycle(starts: dict[str, set[str]]) -> list[str] | None:
+    path: list[str] = []
+    done: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done or node not in starts:
+            return None
+        path.append(node)
+        for target in sorted(starts[node]):
+            found = visit(target)
+            if found is not None:
+                return found
+        path.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(starts):
+        found = visit(node)
+        if found is not None:
+            return found
+    return None
+
+
+def _depth(
+    machine_type: str, definitions: Mapping[str, MachineDefinition], memo: dict[str, int]
+) -> int:
+    """How deep children nest under a machine of the type (0: it starts none)."""
+    if machine_type not in memo:
+        memo[machine_type] = 0  # no cycles here: _cycle refused them first
+        memo[machine_type] = _inline_depth(definitions[machine_type], definitions, memo)
+    return memo[machine_type]
+
+
+def _inline_depth(
+    d: MachineDefinition, definitions: Mapping[str, MachineDefinition], memo: dict[str, int]
+) -> int:
+    deepest = 0
+    for state in d.states:
+        for branch, body in d.children(state):
+            if body.machine is not None:
+                below = (
+                    _depth(body.machine, definitions, memo) if body.machine in definitions else 0
+                )
+            else:
+                below = _inline_depth(d.inline(state.name, branch), definitions, memo)
+            deepest = max(deepest, 1 + below)
+    return deepest
 
 
 def _edge_targets_unknown(d: MachineDefinition, names: set[str]) -> Iterator[str]:
@@ -463,13 +888,22 @@ def _provided_on_entry(d: MachineDefinition, start: frozenset[str]) -> dict[str,
         for state in d.states:
             if state.name not in given or state.terminal is not None:
                 continue
-            after = given[state.name] | set(state.required_output)
+            after = given[state.name] | set(state.required_output) | _merged_keys(d, state)
             for edge, keys in _ways_out(d, state, after, given[state.name]):
                 merged = keys if edge not in given else given[edge] & keys
                 if given.get(edge) != merged:
                     given[edge] = merged
                     changed = True
     return given
+
+
+def _merged_keys(d: MachineDefinition, state: StateDefinition) -> frozenset[str]:
+    """The keys a fan-out state's join writes into the context."""
+    if state.parallel is not None:
+        return frozenset(b.name for b in state.parallel.branches)
+    if state.map is not None:
+        return frozenset({state.map.result_key or state.name})
+    return frozenset(state.output or ())
 
 
 def _ways_out(

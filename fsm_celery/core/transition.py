@@ -117,7 +117,18 @@ class DispatchFailed:
     error: str
 
 
-Event = Ack | Timeout | HandBack | DispatchFailed
+@dataclass(frozen=True)
+class Joined:
+    """A fan-out's join was decided: its children's merged output, or why it failed."""
+
+    state: str
+    attempt: int
+    success: bool
+    output: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+Event = Ack | Timeout | HandBack | DispatchFailed | Joined
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,7 @@ class Transition:
     usage: Usage = NOTHING  # what this attempt spent
     budget: Budget | None = None  # a new budget (set by an admin command)
     handbacks: int = 0  # the machine's hand-backs in a row after this transition
+    agent_type: str | None = None  # who works the state it moves to (None: as before)
 
     @property
     def enters_state(self) -> bool:
@@ -177,9 +189,13 @@ def decide(
 ) -> Decision:
     """Decide what the event does to the machine. Pure: no I/O, no clock."""
     decision = _decide(definition, machine, event, limits)
-    if isinstance(decision, Rejected) or not isinstance(event, Ack):
+    if isinstance(decision, Rejected):
         return decision
-    usage = usage_of(event.output)
+    decision = typed(definition, decision)
+    if not isinstance(event, Ack | Joined):
+        return decision
+    # a join's children's usage was counted as they spent it (rolled up to each ancestor)
+    usage = usage_of(event.output) if isinstance(event, Ack) else NOTHING
     unfit = unbounded(machine.usage, usage)
     if unfit is not None:  # refused whole: a total the database cannot hold is no total
         return Rejected(RejectReason.INVALID_VALUE, unfit)
@@ -191,6 +207,12 @@ def decide(
             decision, usage=usage, status=MachineStatus.PAUSED, error=over, delay_seconds=0.0
         )
     return replace(decision, usage=usage)
+
+
+def typed(definition: MachineDefinition, transition: Transition) -> Transition:
+    """The transition with the agent type of the state it moves to (a state may name its own)."""
+    state = definition.state(transition.to_state)
+    return replace(transition, agent_type=definition.agent_type_of(state))
 
 
 def _decide(
@@ -206,6 +228,9 @@ def _decide(
         return _hand_back(definition, machine, state, event, limits)
     if isinstance(event, DispatchFailed):
         return _undispatchable(machine, event)
+    if isinstance(event, Joined) and not event.success:
+        error = event.error or "the join failed"
+        return _fail(definition, machine, state, FailureKind.FAILURE, error, dict(event.output))
     return _decide_ack(definition, machine, state, event, limits)
 
 
@@ -233,7 +258,7 @@ def _decide_ack(
     definition: MachineDefinition,
     machine: Machine,
     state: StateDefinition,
-    event: Ack,
+    event: Ack | Joined,
     limits: Limits,
 ) -> Transition:
     output = dict(event.output)

@@ -107,7 +107,8 @@ class Admin:
         """Apply an operator's command; raises CommandRefused when it does not apply."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
+            rows = q.lock_machines_txn(conn, [machine_id])
+            row = rows.get(machine_id)
             if row is None:
                 raise MachineNotFound(str(machine_id))
             definition = self._rt.catalog.version(conn, row.type, row.definition_version)
@@ -125,7 +126,7 @@ class Admin:
                 raise CommandRefused(command.action.value, str(machine_id), exc.detail) from exc
             secret = self._rt.settings.token_secrets[0]
             cancel_in_flight(writes, row, secret, _cancel_reason(command))
-            self._entry.enter_due_txn(conn, {row.id: row}, writes)
+            self._entry.enter_due_txn(conn, rows, writes)  # children follow (engine.fanout)
             self._entry.send_and_write(conn, writes)
         return writes.next()
 
@@ -134,7 +135,8 @@ class Admin:
         resumes if now within it."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
+            rows = q.lock_machines_txn(conn, [machine_id])
+            row = rows.get(machine_id)
             if row is None:
                 raise MachineNotFound(str(machine_id))
             q.set_budget_txn(conn, machine_id, budget.tokens, budget.cost)
@@ -161,7 +163,7 @@ class Admin:
             decision = decide_command(definition, machine, command)
             assert not isinstance(decision, Rejected)  # a paused machine can always resume
             writes.transition(row, decision, "resume", actor=actor, reason=command.reason)
-            self._entry.enter_due_txn(conn, {row.id: row}, writes)
+            self._entry.enter_due_txn(conn, rows, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()
 

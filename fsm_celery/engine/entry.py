@@ -16,6 +16,7 @@ from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import DispatchFailed, Machine, MachineStatus, Rejected, decide
+from fsm_celery.engine.fanout import FanOut, Rows
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
@@ -28,6 +29,7 @@ EARLY = timedelta(milliseconds=50)  # how early a countdown may fire and still e
 class Entry:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self._fanout = FanOut(runtime)
 
     def enter(self, machine_id: UUID, attempt: int) -> Next:
         """Enter the attempt's state unless that was done already or it is not due yet (the
@@ -35,22 +37,37 @@ class Entry:
         leads to after a retry delay is returned."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            row = q.lock_machines_txn(conn, [machine_id]).get(machine_id)
+            rows = q.lock_machines_txn(conn, [machine_id])
+            row = rows.get(machine_id)
             if row is None or not _awaits_dispatch(row, attempt):
                 return []
             if aware(row.dispatch_due_at) > writes.now + EARLY:  # type: ignore[operator]
                 return []  # a retry delay is still running
-            self.enter_txn(conn, row, writes)
+            self.enter_txn(conn, rows, row, writes)
+            self.settle_txn(conn, rows, writes)  # children it started are handed on
             self.send_and_write(conn, writes)
         return writes.next()
 
-    def enter_due_txn(self, conn: Connection, rows: dict[UUID, q.AnyRow], writes: Writes) -> None:
-        """Enter the states the transaction moved machines to that are due now."""
-        for mid in writes.due_now():
-            self.enter_txn(conn, rows[mid], writes)
+    def enter_due_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
+        """Settle what the transaction did to fan-outs, and enter the states it moved machines
+        to, or started children in, that are due now; until nothing more is (a state entered
+        may start children, a join may move a parent on)."""
+        while True:
+            self.settle_txn(conn, rows, writes)
+            due = writes.due_now()
+            if not due:
+                return
+            for mid in due:
+                self.enter_txn(conn, rows, rows[mid], writes)
 
-    def enter_txn(self, conn: Connection, row: q.AnyRow, writes: Writes) -> None:
-        """Build the machine's state_task, route it, and record it as sent (in this txn).
+    def settle_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
+        """Settle what the transaction did to fan-outs, entering nothing (see FanOut)."""
+        self._fanout.settle_txn(conn, rows, writes)
+
+    def enter_txn(self, conn: Connection, rows: Rows, row: q.AnyRow, writes: Writes) -> None:
+        """Build the machine's state_task, route it, and record it as sent (in this txn); or,
+        for a state whose children do its work, start them (engine.fanout). `rows` holds the
+        machines the transaction locked, and those it starts.
 
         A state that cannot be sent (its prompt does not render with this context) fails its
         machine at once, recorded with the reason, and nothing is sent (core.transition says
@@ -59,6 +76,9 @@ class Entry:
         definition = self._rt.catalog.version(conn, row.type, row.definition_version)
         machine = writes.machine(row)
         state = definition.state(machine.current_state)
+        if state.fans_out:
+            self._fanout.enter_txn(conn, rows, row, definition, state, writes)
+            return
         try:
             task = self._task(row, state, machine, writes.now)
         except PromptError as exc:
@@ -68,8 +88,9 @@ class Entry:
             writes.transition(row, decision, "dispatch_error")
             return
         earlier = writes.sent_before(row.id, task.attempt, task.state)
-        agent = self._route(conn, row, writes.now, earlier)
-        writes.dispatch(task, agent)
+        agent_type = definition.agent_type_of(state)
+        where, agent_id = self._route(conn, row, agent_type, writes.now, earlier)
+        writes.dispatch(task, where, agent_id)
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.
@@ -110,25 +131,27 @@ class Entry:
         )
 
     def _route(
-        self, conn: Connection, row: q.AnyRow, now: datetime, earlier: str | None = None
-    ) -> str:
-        """Where the task goes: the machine's agent, else a live agent of its type, else the
-        type's own channel and stream, where any agent of the type may take it. A task a failed
-        transaction sent already stays where it went (`earlier`)."""
+        self,
+        conn: Connection,
+        row: q.AnyRow,
+        agent_type: str,
+        now: datetime,
+        earlier: str | None = None,
+    ) -> tuple[str, UUID | None]:
+        """Where the task goes, and the agent the machine is then assigned to: its agent (while
+        its states are of that agent's type, or it is pinned), else a live agent of the state's
+        type, else the type's own channel and stream, where any agent of the type may take it.
+        A task a failed transaction sent already stays where it went (`earlier`)."""
+        own = row.agent_id if row.agent_pinned or agent_type == row.agent_type else None
         if earlier is not None:
-            if earlier not in (str(row.agent_id), row.agent_type):
-                q.assign_agent_txn(conn, row.id, UUID(earlier))  # as that transaction did
-            return earlier
+            return earlier, own if earlier == agent_type else UUID(earlier)
         since = now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
-        if row.agent_id is not None and (
-            row.agent_pinned or q.agent_alive_txn(conn, row.agent_id, since)
-        ):
-            return str(row.agent_id)
-        chosen = q.pick_agent_txn(conn, row.agent_type, since, now)
+        if own is not None and (row.agent_pinned or q.agent_alive_txn(conn, own, since)):
+            return str(own), own
+        chosen = q.pick_agent_txn(conn, agent_type, since, now)
         if chosen is None:
-            return str(row.agent_type)
-        q.assign_agent_txn(conn, row.id, chosen)
-        return str(chosen)
+            return agent_type, own
+        return str(chosen), chosen
 
 
 def _awaits_dispatch(row: q.AnyRow, attempt: int) -> bool:

@@ -91,6 +91,8 @@ class Inbox:
                     self._apply(conn, row, message, item.raw, writes)
             if enter:
                 self._entry.enter_due_txn(conn, rows, writes)
+            else:
+                self._entry.settle_txn(conn, rows, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()
 

@@ -14,10 +14,10 @@ import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
 from fsm_celery.config import Settings
-from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.definition import MachineDefinition, tree_problems
 from fsm_celery.core.transition import Limits
 from fsm_celery.engine.ports import Dispatcher
-from fsm_celery.exceptions import UnknownMachineType
+from fsm_celery.exceptions import DefinitionError, UnknownMachineType
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
 from fsm_celery.store import schedules as schedule_store
@@ -43,27 +43,53 @@ class Catalog:
     """The machine definitions: stored as versions (a running machine keeps the version it
     started with), each parsed once per process."""
 
-    def __init__(self, db: Engine, clock: Callable[[], datetime]) -> None:
+    def __init__(self, db: Engine, clock: Callable[[], datetime], max_depth: int = 5) -> None:
         self._db = db
         self._clock = clock
+        self._max_depth = max_depth
         self._parsed: dict[tuple[str, int], MachineDefinition] = {}
 
     def load(self, definitions: Iterable[MachineDefinition]) -> list[tuple[str, int, bool]]:
         """Store each definition as a new version when it changed, and make its schedules the
         stored ones: (type, version, created)."""
+        definitions = list(definitions)
         loaded = []
         with self._db.begin() as conn:
+            self._check_tree(conn, definitions)
             for definition in definitions:
                 loaded.append((definition.type, *q.save_definition_txn(conn, definition)))
                 schedule_store.sync_schedules_txn(conn, definition, self._clock())
         return loaded
 
+    def _check_tree(self, conn: Connection, definitions: list[MachineDefinition]) -> None:
+        """Refuse definitions that start machines not loaded, start each other in a cycle, or
+        nest children too deep, with those stored (DefinitionError, nothing stored)."""
+        known = {t: d for t in reads.machine_types_txn(conn) if (d := self._latest(conn, t))}
+        known |= {d.type: d for d in definitions}
+        names = {d.type for d in definitions}
+        problems = [
+            p
+            for p in tree_problems(known, self._max_depth)
+            if p.source in names or any(f"{n} ->" in p.message for n in names)
+        ]
+        if problems:
+            raise DefinitionError(problems)
+
+    def _latest(self, conn: Connection, machine_type: str) -> MachineDefinition | None:
+        latest = q.latest_definition_txn(conn, machine_type)
+        return latest[1] if latest is not None else None
+
     def version(self, conn: Connection, machine_type: str, version: int) -> MachineDefinition:
-        """One version of a machine type."""
+        """One version of a machine type (a child's inline type, `type.state[.branch]`, is
+        part of its root type's version)."""
         key = (machine_type, version)
         found = self._parsed.get(key)
         if found is None:
-            found = self._parsed[key] = q.definition_txn(conn, machine_type, version)
+            if "." in machine_type:
+                root = self.version(conn, machine_type.split(".", 1)[0], version)
+                found = self._parsed[key] = root.at(machine_type)
+            else:
+                found = self._parsed[key] = q.definition_txn(conn, machine_type, version)
         return found
 
     def latest(self, conn: Connection, machine_type: str) -> tuple[int, MachineDefinition]:
@@ -85,7 +111,7 @@ class Runtime:
     limits: Limits = field(init=False)
 
     def __post_init__(self) -> None:
-        self.catalog = Catalog(self.db, self.clock)
+        self.catalog = Catalog(self.db, self.clock, self.settings.max_child_depth)
         self.limits = Limits(self.settings.max_context_bytes, self.settings.max_handbacks)
 
     @contextmanager

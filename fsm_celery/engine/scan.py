@@ -63,15 +63,17 @@ class Scan:
         writes = Writes(self._rt.clock(), sent=self._sent)
         grace = timedelta(seconds=self._rt.settings.dispatch_grace_seconds)
         with self._rt.transaction(writes) as conn:
-            overdue = q.lock_overdue_txn(conn, writes.now, limit, only)
+            # found without a lock, then locked with their ancestors (the one lock order:
+            # docs/fan-out.md), and kept if still overdue or due once locked
+            late, ready = q.scan_candidates_txn(conn, writes.now, writes.now - grace, limit, only)
+            rows = q.lock_machines_txn(conn, [*late, *ready])
+            overdue = [rows[i] for i in late if i in rows and q.overdue(rows[i], writes.now)]
+            due = [rows[i] for i in ready if i in rows and q.due(rows[i], writes.now - grace)]
             for row in overdue:
                 _contained(row, self._time_out, conn, row, writes)
-            due = q.lock_due_txn(conn, writes.now - grace, limit, only)
-            rows = {row.id: row for row in (*overdue, *due)}
-            for mid in writes.due_now():
-                _contained(rows[mid], self._entry.enter_txn, conn, rows[mid], writes)
             for row in due:
-                _contained(row, self._entry.enter_txn, conn, row, writes)
+                _contained(row, self._entry.enter_txn, conn, rows, row, writes)
+            self._entry.enter_due_txn(conn, rows, writes)
             self._entry.send_and_write(conn, writes)
             schedule_store.touch_txn(conn, "scan", writes.now)  # beat is alive (fsm-celery doctor)
         return Scanned(len(overdue) + len(due), writes.next())
@@ -81,7 +83,8 @@ class Scan:
         now = self._rt.clock()
         grace = timedelta(seconds=self._rt.settings.dispatch_grace_seconds)
         with self._rt.db.connect() as conn:
-            return q.scan_candidates_txn(conn, now, now - grace, limit)
+            late, ready = q.scan_candidates_txn(conn, now, now - grace, limit)
+        return list(dict.fromkeys([*late, *ready]))
 
     def _time_out(self, conn: Connection, row: q.AnyRow, writes: Writes) -> None:
         definition = self._rt.catalog.version(conn, row.type, row.definition_version)

@@ -4,7 +4,7 @@ and rejections, written in one go by the store (and the state_tasks to send befo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -19,10 +19,11 @@ from fsm_celery.core.messages import (
     StateTask,
 )
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
-from fsm_celery.core.usage import Budget, Usage
+from fsm_celery.core.usage import NOTHING, Budget, Usage
 from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.sent import Sending, Sent
 from fsm_celery.exceptions import Unstorable
+from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
 
@@ -78,6 +79,11 @@ class Writes:
     events: list[StateEvent] = field(default_factory=list)  # announced once committed
     cancels: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_cancel), too
     ended: list[tuple[q.AnyRow, Transition]] = field(default_factory=list)  # to notify
+    # every transition in order, and how many of them fan-outs have settled (engine.fanout)
+    log: list[tuple[q.AnyRow, Transition, str]] = field(default_factory=list)
+    settled: int = 0
+    spawned: dict[UUID, Step] = field(default_factory=dict)  # children started here
+    rolled_up: dict[UUID, Usage] = field(default_factory=dict)  # children's usage, per ancestor
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
@@ -122,11 +128,13 @@ class Writes:
         self.moves[row.id] = move
         self.history.append(history)
         self.announce(history, row, t.status.value, t.state_retries)
+        self.log.append((row, t, event))
         if t.status in ENDED:
             self.ended.append((row, t))
 
     def _move(self, row: q.AnyRow, t: Transition, spent: Usage) -> Move:
         running = t.status is MachineStatus.RUNNING
+        agent_type = t.agent_type or row.agent_type
         return Move(
             id=row.id,
             current_state=t.to_state,
@@ -144,6 +152,8 @@ class Writes:
             entered_at=row.entered_at,
             error=t.error if t.status in KEEPS_ERROR else None,
             updated_at=self.now,
+            agent_type=agent_type,
+            agent_id=row.agent_id if row.agent_pinned or agent_type == row.agent_type else None,
         )
 
     def _history(
@@ -210,36 +220,61 @@ class Writes:
             )
         )
 
-    def dispatch(self, task: StateTask, agent: str) -> None:
-        """Record that the machine's attempt is sent now, with its deadline, and queue it (unless
-        a transaction that failed sent it already: see Sent)."""
+    def dispatch(self, task: StateTask, agent: str, agent_id: UUID | None) -> None:
+        """Record that the machine's attempt is sent now to `agent` (its uuid, or its type's
+        stream) with its deadline, and queue it (unless a transaction that failed sent it
+        already: see Sent)."""
         machine_id = task.machine_id
-        moved = self.moves.get(machine_id)
-        if moved is not None:  # decided in this transaction: one UPDATE does both
-            moved.dispatch_due_at = None
-            moved.entered_at = self.now
-            moved.deadline_at = task.deadline
-        else:
-            self.dispatches[machine_id] = Dispatch(
-                machine_id, None, self.now, task.deadline, self.now
-            )
-        self.entered.add(machine_id)
+        self.entering(machine_id, task.deadline, agent_id)
         sending = (machine_id, task.attempt, task.state)
         self.sending[sending] = agent
         if self.sent is None or self.sent.where(sending) is None:
             self.to_send.append((agent, task.to_wire()))
 
+    def entering(self, machine_id: UUID, deadline: datetime, agent_id: UUID | None) -> None:
+        """Record that the machine's state is entered now, with its deadline: its state_task
+        sent, or its children started (it then waits for their join)."""
+        moved = self.moves.get(machine_id)
+        if moved is not None:  # decided in this transaction: one UPDATE does both
+            moved.dispatch_due_at = None
+            moved.entered_at = self.now
+            moved.deadline_at = deadline
+            moved.agent_id = agent_id
+        else:
+            self.dispatches[machine_id] = Dispatch(
+                machine_id, None, self.now, deadline, self.now, agent_id
+            )
+        self.entered.add(machine_id)
+
     def sent_before(self, machine_id: UUID, attempt: int, state: str) -> str | None:
         """Where a failed transaction sent this attempt's state_task, if one did."""
         return None if self.sent is None else self.sent.where((machine_id, attempt, state))
 
+    def spawn(self, step: Step) -> None:
+        """Record a child started in this transaction, its first state to enter."""
+        self.spawned[step.machine_id] = step
+        self.delays[step.machine_id] = 0.0
+
+    def roll_up(self, row: q.AnyRow, usage: Usage) -> None:
+        """Count a descendant's spending against a machine (its budget sees its children's)."""
+        machine = self.machine(row)
+        self.machines[row.id] = replace(machine, usage=machine.usage + usage)
+        self.rolled_up[row.id] = self.rolled_up.get(row.id, NOTHING) + usage
+        moved = self.moves.get(row.id)
+        if moved is not None:
+            moved.tokens_used += usage.tokens
+            moved.cost += usage.cost
+
     def due_now(self) -> list[UUID]:
-        """Machines this transaction moved on whose next state is to be entered at once."""
-        return [
+        """Machines this transaction moved on or started whose next state is to be entered at
+        once."""
+        moved = [
             mid
             for mid, move in self.moves.items()
             if move.status == RUNNING and not self.delays[mid] and mid not in self.entered
         ]
+        started = [mid for mid in self.spawned if mid not in self.entered and mid not in self.moves]
+        return moved + started
 
     def heartbeat(self, row: q.AnyRow, deadline: datetime, progress: str | None) -> None:
         """Record a sign of life: a later deadline, and the agent's progress text."""
@@ -274,16 +309,24 @@ class Writes:
 
     def next(self) -> Next:
         """The states this transaction moved machines to and did not enter, with their delays."""
-        return [
+        moved = [
             Step(mid, move.attempt, self.delays[mid], move.current_state, self.types[mid])
             for mid, move in self.moves.items()
             if move.status == RUNNING and mid not in self.entered
         ]
+        started = [
+            step
+            for mid, step in self.spawned.items()
+            if mid not in self.entered and mid not in self.moves
+        ]
+        return moved + started
 
     def write(self, conn: Connection) -> None:
         """Write everything decided (`to_send` is sent by the caller, before commit)."""
         q.update_heartbeats_txn(conn, list(self.beats.values()))
         q.move_machines_txn(conn, list(self.moves.values()), self.history)
+        spent = {mid: u for mid, u in self.rolled_up.items() if mid not in self.moves}
+        fanouts.add_usage_txn(conn, spent)  # a moved machine's Move holds its new totals
         q.mark_dispatched_txn(conn, list(self.dispatches.values()))
         q.insert_rejections_txn(conn, self.rejections)
 

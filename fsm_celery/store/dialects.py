@@ -20,7 +20,8 @@ from fsm_celery.store.rows import ById, History, Move
 
 class Dialect(Protocol):
     def lock_machines(self, conn: Connection, ids: Sequence[UUID]) -> Iterable[Row[Any]]:
-        """Lock the machines' rows (ids sorted: concurrent batches never deadlock)."""
+        """Lock the machines' rows and their ancestors', by depth then id (ancestors first:
+        concurrent transactions never deadlock)."""
         ...
 
     def update(self, conn: Connection, table: Table, rows: Sequence[ById]) -> None:

@@ -24,9 +24,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from fsm_celery.store.rows import ById, History, Move, columns
 from fsm_celery.store.tables import machines, transitions
 
+# The machines and their ancestors (a child's parent_id never changes: read without a lock),
+# locked ancestors first: by depth, then id (docs/fan-out.md, "Lock order").
 _LOCK = (
+    "WITH RECURSIVE family(id, parent_id) AS ("
+    f"SELECT id, parent_id FROM {machines.name} WHERE id = ANY(CAST(:ids AS UUID[])) "
+    f"UNION SELECT m.id, m.parent_id FROM {machines.name} m JOIN family f ON m.id = f.parent_id) "
     f"SELECT {', '.join(c.name for c in machines.c)} FROM {machines.name} "
-    "WHERE id = ANY(CAST(:ids AS UUID[])) ORDER BY id FOR UPDATE"
+    "WHERE id IN (SELECT id FROM family) ORDER BY depth, id FOR UPDATE"
 )
 
 

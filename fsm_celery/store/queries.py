@@ -10,7 +10,7 @@ the rows written are typed in fsm_celery.store.rows.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -106,7 +106,11 @@ def insert_machine_txn(conn: Connection, machine: NewMachine) -> None:
 
 
 def lock_machines_txn(conn: Connection, ids: Iterable[UUID]) -> dict[UUID, AnyRow]:
-    """Lock the machines' rows in id order (so concurrent batches never deadlock)."""
+    """Lock the machines' rows, with their ancestors' (a fan-out's parent, its parent...):
+    ancestors first, then by id, so that concurrent transactions never deadlock. A child's end
+    joins its parent in the same transaction, which therefore holds the parent already; and a
+    transaction that holds a machine holds its whole subtree, as every other waits for the
+    machine before it can lock any of its descendants (docs/fan-out.md)."""
     ordered = sorted(set(ids))
     if not ordered:
         return {}
@@ -179,46 +183,43 @@ def rejections_txn(
     return conn.execute(query).all()
 
 
-def lock_overdue_txn(
-    conn: Connection, now: datetime, limit: int, only: UUID | None = None
-) -> Sequence[AnyRow]:
-    """Lock running, dispatched machines whose deadline passed (skipping rows others hold);
-    only: that machine, if it is one."""
-    query = (
-        select(machines)
-        .where(_overdue(now))
-        .order_by(machines.c.deadline_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    return conn.execute(query if only is None else query.where(machines.c.id == only)).all()
-
-
-def lock_due_txn(
-    conn: Connection, now: datetime, limit: int, only: UUID | None = None
-) -> Sequence[AnyRow]:
-    """Lock running machines whose next state is due to be dispatched (skipping held rows);
-    only: that machine, if it is one."""
-    query = (
-        select(machines)
-        .where(_due(now))
-        .order_by(machines.c.dispatch_due_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    return conn.execute(query if only is None else query.where(machines.c.id == only)).all()
-
-
 def scan_candidates_txn(
-    conn: Connection, overdue: datetime, due: datetime, limit: int
-) -> list[UUID]:
-    """The machines past their deadline, then those due to be dispatched (no lock taken)."""
+    conn: Connection, overdue: datetime, due: datetime, limit: int, only: UUID | None = None
+) -> tuple[list[UUID], list[UUID]]:
+    """The machines past their deadline, and those due to be dispatched (no lock taken: the
+    scan locks them with their ancestors, then checks them again with `overdue` and `due`);
+    only: that machine, if it is one."""
     c = machines.c
-    found: list[UUID] = []
+    found: list[list[UUID]] = []
     for where, order in ((_overdue(overdue), c.deadline_at), (_due(due), c.dispatch_due_at)):
         query = select(c.id).where(where).order_by(order).limit(limit)
-        found += [row.id for row in conn.execute(query)]
-    return list(dict.fromkeys(found))
+        if only is not None:
+            query = query.where(c.id == only)
+        found.append([row.id for row in conn.execute(query)])
+    return found[0], found[1]
+
+
+def overdue(row: AnyRow, now: datetime) -> bool:
+    """Whether a locked machine's attempt is past its deadline (as _overdue selects)."""
+    return (
+        row.status == "running"
+        and row.dispatch_due_at is None
+        and row.deadline_at is not None
+        and _utc(row.deadline_at) <= now
+    )
+
+
+def due(row: AnyRow, now: datetime) -> bool:
+    """Whether a locked machine's next state is due to be dispatched (as _due selects)."""
+    return (
+        row.status == "running"
+        and row.dispatch_due_at is not None
+        and _utc(row.dispatch_due_at) <= now
+    )
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _overdue(now: datetime) -> ColumnElement[bool]:
@@ -348,10 +349,6 @@ def pick_agent_txn(
     if chosen is not None:
         conn.execute(update(agents).where(agents.c.id == chosen).values(assigned_at=now))
     return chosen
-
-
-def assign_agent_txn(conn: Connection, machine_id: UUID, agent_id: UUID) -> None:
-    conn.execute(update(machines).where(machines.c.id == machine_id).values(agent_id=agent_id))
 
 
 def set_budget_txn(

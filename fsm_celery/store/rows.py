@@ -42,6 +42,14 @@ class NewMachine:
     attempt: int
     state_retries: int
     dispatch_due_at: datetime
+    # a fan-out's child: where it stands in its parent's (fsm_celery.engine.fanout)
+    parent_id: UUID | None = None
+    parent_attempt: int | None = None
+    slot: int | None = None
+    branch: str | None = None
+    root_id: UUID | None = None
+    depth: int = 0
+    on_parent_cancel: str | None = None
 
 
 @dataclass(slots=True)
@@ -65,6 +73,8 @@ class Move:
     entered_at: datetime | None
     error: str | None
     updated_at: datetime
+    agent_type: str  # who works the state it moved to
+    agent_id: UUID | None  # its agent, kept while the agent type stays (or it is pinned)
 
 
 @dataclass(slots=True)
@@ -76,6 +86,7 @@ class Dispatch:
     entered_at: datetime
     deadline_at: datetime
     updated_at: datetime
+    agent_id: UUID | None  # the agent it was routed to (None: its type's stream)
 
 
 @dataclass(slots=True)

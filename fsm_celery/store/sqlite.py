@@ -18,10 +18,22 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from fsm_celery.store.rows import ById, History, Move, columns, values
 from fsm_celery.store.tables import machines, transitions
 
+_FAMILY = (
+    select(machines.c.id, machines.c.parent_id)
+    .where(machines.c.id.in_(bindparam("ids", expanding=True)))
+    .cte("family", recursive=True)
+)
+_ANCESTOR = machines.alias("ancestor")
+_FAMILY = _FAMILY.union(
+    select(_ANCESTOR.c.id, _ANCESTOR.c.parent_id).join(
+        _FAMILY, _ANCESTOR.c.id == _FAMILY.c.parent_id
+    )
+)
+# The machines and their ancestors, ancestors first (as PostgreSQL locks them).
 _LOCK = (
     select(machines)
-    .where(machines.c.id.in_(bindparam("ids", expanding=True)))
-    .order_by(machines.c.id)
+    .where(machines.c.id.in_(select(_FAMILY.c.id)))
+    .order_by(machines.c.depth, machines.c.id)
 )
 
 

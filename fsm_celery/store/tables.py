@@ -54,11 +54,14 @@ definitions = Table(
     UniqueConstraint("type", "version", name="uq_definitions_type_version"),
 )
 
+TYPE_CHARS = 120  # a child's type names its place: research_fanout.research (0009: 50)
+OPEN = text("closed_at IS NULL")
+
 machines = Table(
     "state_machines",
     metadata,
     Column("id", Uuid, primary_key=True),
-    Column("type", String(50), nullable=False),
+    Column("type", String(TYPE_CHARS), nullable=False),
     Column("agent_type", String(10), nullable=False),
     Column("current_state", String(50), nullable=False),
     Column("context", Json, nullable=False),
@@ -83,7 +86,19 @@ machines = Table(
     Column("budget_tokens", BigInteger),
     Column("budget_cost", Float),
     Column("handbacks", Integer, nullable=False, server_default="0"),
+    # a child of a fan-out: its parent, the parent's attempt that started it, its slot there
+    # (a branch's position, a map item's index) and the branch's name; never changed once
+    # written, so read without a lock (store.postgres locks a machine's ancestors first)
+    Column("parent_id", Uuid),
+    Column("parent_attempt", Integer),
+    Column("slot", Integer),
+    Column("branch", String(50)),
+    Column("root_id", Uuid),
+    Column("depth", SmallInteger, nullable=False, server_default="0"),
+    Column("on_parent_cancel", String(8)),
     Index("idx_machines_agent", "agent_type", "status"),
+    Index("idx_machines_parent", "parent_id", "parent_attempt"),
+    Index("idx_machines_root", "root_id"),
     Index("idx_machines_issue", "github_issue"),
     Index("idx_machines_type_status", "type", "status"),
     Index("idx_machines_type_created", "type", "created_at"),
@@ -270,12 +285,52 @@ notifications = Table(
     Index("idx_notifications_machine", "machine_id"),
 )
 
+# One row per attempt of a state that started children: what it started and how they stand.
+# The join is decided in the transaction that applies a child's last transition, with the
+# parent's row locked: these counters are written there, never in Redis (docs/fan-out.md).
+fan_outs = Table(
+    "fan_outs",
+    metadata,
+    Column("parent_id", Uuid, ForeignKey("state_machines.id"), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("state", String(50), nullable=False),
+    Column("kind", String(10), nullable=False),  # parallel, map, machine
+    Column("total", Integer, nullable=False),
+    Column("started", Integer, nullable=False),
+    Column("succeeded", Integer, nullable=False, server_default="0"),
+    Column("failed", Integer, nullable=False, server_default="0"),
+    Column("verdict", String(10), nullable=False),  # pending, met, failed, closed
+    Column("decided_at", DateTime(timezone=True)),
+    Column("decided_by", Uuid),  # the child whose end decided it
+    # once the parent has moved on (by the join, or out of the state another way); a parent
+    # paused when its join was decided keeps it open, to join when resumed
+    Column("closed_at", DateTime(timezone=True)),
+    _created(),
+    Index("idx_fan_outs_open", "parent_id", postgresql_where=OPEN, sqlite_where=OPEN),
+)
+
+# Each child's slot: its starting context (a map's item in it: the list lives here, never in a
+# Redis message), the child started for it, and its result or error once it ended. A map item
+# not started yet has its row, waiting.
+fan_out_items = Table(
+    "fan_out_items",
+    metadata,
+    Column("parent_id", Uuid, primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("slot", Integer, primary_key=True),
+    Column("input", Json, nullable=False),  # the child's starting context (a map's item in it)
+    Column("child_id", Uuid),
+    Column("status", String(10), nullable=False),  # waiting, running, succeeded, failed, ...
+    Column("result", Json),
+    Column("error", Text),
+)
+
 # Attempts per machine type, state and duration bucket, folded from the history by beat's job
 # (fsm_celery.store.rollup), so that statistics never scan the history.
 state_stats = Table(
     "state_stats",
     metadata,
-    Column("machine_type", String(50), primary_key=True),
+    Column("machine_type", String(TYPE_CHARS), primary_key=True),
     Column("state", String(50), primary_key=True),
     Column("bucket", SmallInteger, primary_key=True),
     Column("attempts", BigInteger, nullable=False),

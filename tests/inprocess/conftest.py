@@ -92,9 +92,13 @@ class Fsm:
     # -- the engine's use cases, each returning Next -------------------------------------
 
     def start(self, machine_type: str, context: dict[str, Any] | None = None, **kw: Any) -> UUID:
-        """Start a machine and enter its first state, as the client and its task do."""
+        """Start a machine and enter its first state, as the client and its task do (and the
+        first states of the children it starts, as their fsm.enter_state tasks do)."""
         [first] = self.engine.admin.start(machine_type, context, **kw)
-        assert self.engine.entry.enter(first.machine_id, first.attempt) == []
+        started = self.engine.entry.enter(first.machine_id, first.attempt)
+        while started:
+            assert all(step.delay == 0 for step in started)
+            started = [s for step in started for s in self.engine.entry.enter(*step[:2])]
         return first.machine_id
 
     def receive(self, *messages: str | dict[str, Any], agent: UUID | None = None) -> Next:

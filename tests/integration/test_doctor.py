@@ -63,7 +63,7 @@ def test_each_check_fails_with_its_fix_then_all_pass(
             FSM_TASK_TOKEN_SECRET="change-me-in-production",
         )
         assert status == 1
-        assert lines["database"].startswith("✔ database:") and "at head (0008)" in lines["database"]
+        assert lines["database"].startswith("✔ database:") and "at head (0009)" in lines["database"]
         assert lines["redis"].startswith("✘ redis: maxmemory-policy is allkeys-lru")
         assert "noeviction" in lines["redis"]
         assert lines["definitions"].startswith("✘ definitions: cto_infrastructure_check")
@@ -111,7 +111,7 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         command.downgrade(alembic_config(env.settings.database_url), "0006")
         status, lines = _doctor(env)
         assert lines["database"].startswith("✘ database:")
-        assert "is at migration 0006, the code needs 0008" in lines["database"]
+        assert "is at migration 0006, the code needs 0009" in lines["database"]
         assert lines["database"].endswith("run: fsm-celery db upgrade")
 
         command.downgrade(alembic_config(env.settings.database_url), "base")

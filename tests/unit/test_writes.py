@@ -98,6 +98,8 @@ def _row(**overrides: Any) -> Any:
         "entered_at": NOW,
         "progress": None,
         "agent_id": None,
+        "agent_pinned": False,
+        "parent_id": None,
     }
     return SimpleNamespace(**{**values, **overrides})
 
@@ -124,7 +126,7 @@ def test_next_holds_the_states_moved_to_and_not_entered() -> None:
     writes.transition(waiting, _moved(waiting, "C", MachineStatus.RUNNING), "ack")
     writes.transition(done, _moved(done, "END", MachineStatus.COMPLETED), "ack")
     assert writes.due_now() == [entered.id, waiting.id]
-    writes.dispatch(_task(entered.id, 2, "B"), "agent")
+    writes.dispatch(_task(entered.id, 2, "B"), "agent", None)
     assert writes.due_now() == [waiting.id]
     assert writes.next() == [Step(delayed.id, 2, 2.0, "A", "t"), Step(waiting.id, 2, 0.0, "C", "t")]
     move = writes.moves[entered.id]
@@ -160,8 +162,8 @@ def test_entering_a_machine_not_moved_records_a_dispatch_of_its_own() -> None:
     writes = Writes(NOW)
     row = _row(entered_at=None)
     task = _task(row.id, 1, "A")
-    writes.dispatch(task, "agent")
-    assert writes.dispatches[row.id] == Dispatch(row.id, None, NOW, NOW, NOW)
+    writes.dispatch(task, "agent", None)
+    assert writes.dispatches[row.id] == Dispatch(row.id, None, NOW, NOW, NOW, None)
     assert writes.next() == [] and writes.to_send == [("agent", task.to_wire())]
 
 
@@ -184,11 +186,11 @@ def test_a_state_task_a_failed_transaction_sent_is_recorded_and_not_sent_again()
     sent = Sent()
     row = _row(entered_at=None)
     failed = Writes(NOW, sent=sent)
-    failed.dispatch(_task(row.id, 1, "A"), "agent-1")
+    failed.dispatch(_task(row.id, 1, "A"), "agent-1", None)
     sent.add(failed.sending)  # what send_and_write does once it sent them; then it rolled back
     again = Writes(NOW, sent=sent)
     assert again.sent_before(row.id, 1, "A") == "agent-1"
-    again.dispatch(_task(row.id, 1, "A"), "agent-1")
+    again.dispatch(_task(row.id, 1, "A"), "agent-1", None)
     assert again.to_send == [] and row.id in again.dispatches  # recorded, not sent
     sent.forget(again.sending)  # committed
     assert sent.where((row.id, 1, "A")) is None

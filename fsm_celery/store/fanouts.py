@@ -1,0 +1,263 @@
+"""The fan-outs' SQL: their counters (fan_outs), their children's slots (fan_out_items), and
+the children themselves. Helpers take a connection and never commit; the caller holds the
+parent's row lock (fsm_celery.engine.fanout), which serialises everything written here for
+one fan-out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Connection, and_, bindparam, insert, select, update
+
+from fsm_celery.core.join import Slot, SlotStatus, Tally, Verdict
+from fsm_celery.core.usage import Usage
+from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.rows import NewMachine, values
+from fsm_celery.store.tables import fan_out_items, fan_outs, machines
+
+AT_WORK = ("running", "paused")
+
+
+def insert_machines_txn(conn: Connection, children: Sequence[NewMachine]) -> list[AnyRow]:
+    """Insert the children and hand back their rows, as a lock of them would."""
+    if not children:
+        return []
+    rows = conn.execute(
+        insert(machines).returning(*machines.c, sort_by_parameter_order=True),
+        [values(child) for child in children],
+    ).all()
+    return list(rows)
+
+
+def open_txn(
+    conn: Connection,
+    parent_id: UUID,
+    attempt: int,
+    state: str,
+    kind: str,
+    total: int,
+    tally: Tally,
+    now: datetime,
+) -> None:
+    conn.execute(
+        insert(fan_outs).values(
+            parent_id=parent_id,
+            attempt=attempt,
+            state=state,
+            kind=kind,
+            total=total,
+            started=tally.started,
+            succeeded=tally.succeeded,
+            failed=tally.failed,
+            verdict=tally.verdict.value,
+            created_at=now,
+        )
+    )
+
+
+def insert_slots_txn(
+    conn: Connection, parent_id: UUID, attempt: int, inputs: Sequence[Mapping[str, Any]]
+) -> None:
+    """A slot per child, each waiting with its starting context."""
+    if inputs:
+        conn.execute(
+            insert(fan_out_items),
+            [
+                {
+                    "parent_id": parent_id,
+                    "attempt": attempt,
+                    "slot": slot,
+                    "input": dict(context),
+                    "status": SlotStatus.WAITING.value,
+                }
+                for slot, context in enumerate(inputs)
+            ],
+        )
+
+
+def open_fan_out_txn(conn: Connection, parent_id: UUID) -> AnyRow | None:
+    """The parent's fan-out its moving on has not closed (at most one)."""
+    return conn.execute(
+        select(fan_outs).where(fan_outs.c.parent_id == parent_id, fan_outs.c.closed_at.is_(None))
+    ).first()
+
+
+def fan_out_txn(conn: Connection, parent_id: UUID, attempt: int) -> AnyRow | None:
+    return conn.execute(
+        select(fan_outs).where(fan_outs.c.parent_id == parent_id, fan_outs.c.attempt == attempt)
+    ).first()
+
+
+def tally_of(row: AnyRow) -> Tally:
+    return Tally(row.started, row.succeeded, row.failed, Verdict(row.verdict))
+
+
+def count_txn(
+    conn: Connection,
+    parent_id: UUID,
+    attempt: int,
+    tally: Tally,
+    decided_at: datetime | None = None,
+    decided_by: UUID | None = None,
+) -> None:
+    """Write a fan-out's counts (and when and by whom its join was decided)."""
+    changes: dict[str, Any] = {
+        "started": tally.started,
+        "succeeded": tally.succeeded,
+        "failed": tally.failed,
+        "verdict": tally.verdict.value,
+    }
+    if decided_at is not None:
+        changes |= {"decided_at": decided_at, "decided_by": decided_by}
+    conn.execute(update(fan_outs).where(_fan_out(parent_id, attempt)).values(**changes))
+
+
+def close_txn(conn: Connection, parent_id: UUID, attempt: int, now: datetime) -> None:
+    """The parent moved on: its fan-out counts nothing more (a pending one is marked closed)."""
+    fan_out = _fan_out(parent_id, attempt)
+    conn.execute(
+        update(fan_outs)
+        .where(fan_out, fan_outs.c.verdict == Verdict.PENDING.value)
+        .values(verdict=Verdict.CLOSED.value)
+    )
+    conn.execute(update(fan_outs).where(fan_out).values(closed_at=now))
+
+
+def _fan_out(parent_id: UUID, attempt: int) -> Any:
+    return and_(fan_outs.c.parent_id == parent_id, fan_outs.c.attempt == attempt)
+
+
+_SET_SLOT = (
+    update(fan_out_items)
+    .where(
+        fan_out_items.c.parent_id == bindparam("p"),
+        fan_out_items.c.attempt == bindparam("a"),
+        fan_out_items.c.slot == bindparam("s"),
+    )
+    .values(
+        status=bindparam("st"),
+        result=bindparam("res"),
+        error=bindparam("err"),
+    )
+)
+
+
+def end_slots_txn(conn: Connection, parent_id: UUID, attempt: int, ended: Sequence[Slot]) -> None:
+    """Record how each child ended in its slot: its result, or its error."""
+    if ended:
+        conn.execute(
+            _SET_SLOT,
+            [
+                {
+                    "p": parent_id,
+                    "a": attempt,
+                    "s": slot.index,
+                    "st": slot.status.value,
+                    "res": dict(slot.result) if slot.result is not None else None,
+                    "err": slot.error,
+                }
+                for slot in ended
+            ],
+        )
+
+
+def waiting_txn(conn: Connection, parent_id: UUID, attempt: int, most: int) -> list[AnyRow]:
+    """The first `most` slots still waiting their turn, in item order."""
+    c = fan_out_items.c
+    return list(
+        conn.execute(
+            select(c.slot, c.input)
+            .where(
+                c.parent_id == parent_id,
+                c.attempt == attempt,
+                c.status == SlotStatus.WAITING.value,
+            )
+            .order_by(c.slot)
+            .limit(most)
+        ).all()
+    )
+
+
+_START_SLOT = (
+    update(fan_out_items)
+    .where(
+        fan_out_items.c.parent_id == bindparam("p"),
+        fan_out_items.c.attempt == bindparam("a"),
+        fan_out_items.c.slot == bindparam("s"),
+    )
+    .values(status=SlotStatus.RUNNING.value, child_id=bindparam("child"))
+)
+
+
+def start_slots_txn(
+    conn: Connection, parent_id: UUID, attempt: int, started: Mapping[int, UUID]
+) -> None:
+    if started:
+        conn.execute(
+            _START_SLOT,
+            [{"p": parent_id, "a": attempt, "s": s, "child": c} for s, c in started.items()],
+        )
+
+
+def cancel_waiting_txn(conn: Connection, parent_id: UUID, attempt: int) -> int:
+    """Mark the slots never started as cancelled; how many were."""
+    c = fan_out_items.c
+    result = conn.execute(
+        update(fan_out_items)
+        .where(c.parent_id == parent_id, c.attempt == attempt, c.status == SlotStatus.WAITING.value)
+        .values(status=SlotStatus.CANCELLED.value)
+    )
+    return int(result.rowcount)
+
+
+def inputs_txn(
+    conn: Connection, parent_id: UUID, attempt: int, slots: Sequence[int]
+) -> dict[int, Any]:
+    """The starting context of each of those slots' children."""
+    c = fan_out_items.c
+    rows = conn.execute(
+        select(c.slot, c.input).where(
+            c.parent_id == parent_id, c.attempt == attempt, c.slot.in_(list(slots))
+        )
+    ).all()
+    return {row.slot: row.input for row in rows}
+
+
+def slots_txn(conn: Connection, parent_id: UUID, attempt: int) -> list[Slot]:
+    c = fan_out_items.c
+    rows = conn.execute(
+        select(c.slot, c.status, c.result, c.error)
+        .where(c.parent_id == parent_id, c.attempt == attempt)
+        .order_by(c.slot)
+    ).all()
+    return [Slot(r.slot, SlotStatus(r.status), r.result, r.error) for r in rows]
+
+
+def children_txn(
+    conn: Connection, parent_id: UUID, statuses: Sequence[str] = AT_WORK
+) -> list[UUID]:
+    """The parent's children in those statuses, of any of its attempts (read without a lock:
+    the caller locks them, holding the parent, which keeps others off them)."""
+    c = machines.c
+    return list(
+        conn.execute(
+            select(c.id).where(c.parent_id == parent_id, c.status.in_(statuses)).order_by(c.id)
+        ).scalars()
+    )
+
+
+def add_usage_txn(conn: Connection, spent: Mapping[UUID, Usage]) -> None:
+    """Add descendants' spending to machines that did not move (a move writes its totals)."""
+    if spent:
+        conn.execute(
+            update(machines)
+            .where(machines.c.id == bindparam("_id"))
+            .values(
+                tokens_used=machines.c.tokens_used + bindparam("t"),
+                cost=machines.c.cost + bindparam("c"),
+            ),
+            [{"_id": mid, "t": u.tokens, "c": u.cost} for mid, u in spent.items()],
+        )

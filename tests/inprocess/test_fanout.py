@@ -1,0 +1,170 @@
+"""Fan-out against real PostgreSQL and Redis: children started, joined once, cancelled, in both
+modes' shapes (inline: the batch enters what is due; celery: every step handed on)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import select
+
+from fsm_celery.core.admin import Action, Command
+from fsm_celery.engine import Inbound
+from fsm_celery.store.tables import fan_out_items, fan_outs, machines
+from tests.inprocess.conftest import Fsm, ack
+
+
+def children(fsm: Fsm, parent: UUID) -> list[Any]:
+    with fsm.engine.db.connect() as conn:
+        return list(
+            conn.execute(
+                select(machines).where(machines.c.parent_id == parent).order_by(machines.c.slot)
+            ).all()
+        )
+
+
+def fan_out(fsm: Fsm, parent: UUID) -> Any:
+    with fsm.engine.db.connect() as conn:
+        return conn.execute(select(fan_outs).where(fan_outs.c.parent_id == parent)).one()
+
+
+def slots(fsm: Fsm, parent: UUID) -> list[str]:
+    with fsm.engine.db.connect() as conn:
+        rows = conn.execute(
+            select(fan_out_items.c.status)
+            .where(fan_out_items.c.parent_id == parent)
+            .order_by(fan_out_items.c.slot)
+        ).all()
+    return [r.status for r in rows]
+
+
+def test_parallel_branches_go_to_their_own_agent_types_and_join_once(fsm: Fsm) -> None:
+    writer, docwriter = fsm.agent("writer"), fsm.agent("docwriter")
+    mid = fsm.start("test_fan_parallel", {"repo": "sla"})
+    [tests_task], [docs_task] = writer.tasks(), docwriter.tasks()
+    assert tests_task["machineType"] == "test_fan_parallel.BUILD.tests"
+    assert tests_task["context"]["repo"] == "sla"  # a branch sees its parent's context
+    kids = children(fsm, mid)
+    assert [(k.branch, k.agent_type, k.depth, k.root_id) for k in kids] == [
+        ("tests", "writer", 1, mid),
+        ("docs", "docwriter", 1, mid),
+    ]
+    assert fsm.receive(ack(docs_task, output={"pages": 3})) == []
+    assert fsm.machine(mid).current_state == "BUILD"  # one branch of two: no join yet
+    answer = ack(tests_task, output={"suite": "ok"})
+    assert fsm.receive(answer, answer) == []  # redelivered in the same batch
+    assert fsm.receive(answer) == []  # and again later: stale
+    parent = fsm.machine(mid)
+    assert (parent.current_state, parent.status) == ("SHIP", "running")
+    assert parent.context["tests"] == {"suite": "ok"}
+    assert parent.context["docs"] == {"pages": 3}
+    joins = [h for h in fsm.history(mid) if h.event == "join"]
+    assert len(joins) == 1 and joins[0].to_state == "SHIP"
+    assert fan_out(fsm, mid).verdict == "met" and fan_out(fsm, mid).decided_by == kids[0].id
+    [ship] = fsm.agent("tester").tasks()
+    assert ship["state"] == "SHIP"
+
+
+def test_in_the_celery_shape_every_child_and_the_join_are_handed_on(fsm: Fsm) -> None:
+    [first] = fsm.engine.admin.start("test_fan_parallel", {})
+    started = fsm.engine.entry.enter(first.machine_id, first.attempt)
+    assert sorted(s.machine_type for s in started) == [
+        "test_fan_parallel.BUILD.docs",
+        "test_fan_parallel.BUILD.tests",
+    ]
+    fsm.enter_all(started)
+    [t1], [t2] = fsm.agent("writer").tasks(), fsm.agent("docwriter").tasks()
+    inbox = fsm.engine.inbox
+    assert inbox.apply_and_hand_on([Inbound(json.dumps(ack(t1, output={"suite": 1})))]) == []
+    [joined] = inbox.apply_and_hand_on([Inbound(json.dumps(ack(t2, output={"pages": 1})))])
+    assert (joined.machine_id, joined.state) == (first.machine_id, "SHIP")
+
+
+def test_a_map_runs_its_items_two_at_a_time_and_collects_results_in_order(fsm: Fsm) -> None:
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_map", {"items": ["a", "b", "c", "d"], "prefix": "p"})
+    first = agent.tasks()
+    assert [t["context"]["item"] for t in first] == ["a", "b"]
+    assert first[0]["context"]["prefix"] == "p" and "items" not in first[0]["context"]
+    assert slots(fsm, mid) == ["running", "running", "waiting", "waiting"]
+    fsm.receive(ack(first[1], output={"answer": "B"}))  # the second ends first
+    [c] = agent.tasks()
+    assert c["context"]["item"] == "c"
+    fsm.receive(ack(first[0], success=False, error="no source"))  # one failure: tolerated
+    [d] = agent.tasks()
+    fsm.receive(ack(d, output={"answer": "D"}), ack(c, output={"answer": "C"}))
+    parent = fsm.machine(mid)
+    assert (parent.current_state, parent.status) == ("DONE", "completed")
+    results = parent.context["results"]
+    assert results[1:] == [{"answer": "B"}, {"answer": "C"}, {"answer": "D"}]
+    assert results[0]["status"] == "failed" and "no source" in results[0]["error"]
+
+
+def test_an_any_join_cancels_the_losers_and_refuses_their_late_acks(fsm: Fsm) -> None:
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_any", {})
+    a, b, c = agent.tasks()
+    fsm.receive(ack(b, output={"won": True}))
+    parent = fsm.machine(mid)
+    assert (parent.status, parent.context["b"]) == ("completed", {"won": True})
+    assert parent.context["a"] == {"status": "cancelled", "error": "cancelled by the join"}
+    kids = children(fsm, mid)
+    assert [k.status for k in kids] == ["cancelled", "completed", "cancelled"]
+    assert agent.tasks() == []  # nothing new to do: the losers' agents are told to stop
+    assert {m["machineId"] for m in agent.cancels} == {a["machineId"], c["machineId"]}
+    fsm.receive(ack(a, output={"late": 1}))
+    assert fsm.rejections(kids[0].id) == ["stale_attempt"]  # its attempt was cancelled
+    assert [h.event for h in fsm.history(mid)].count("join") == 1
+
+
+def test_a_child_machine_returns_its_fields_and_its_spending_counts_for_its_parent(
+    fsm: Fsm,
+) -> None:
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_child", {"left": "L", "unrelated": 1})
+    [first] = agent.tasks()
+    assert first["machineType"] == "test_pair"
+    assert {k: first["context"][k] for k in ("left",)} == {"left": "L"}
+    assert "unrelated" not in first["context"]
+    fsm.receive(ack(first, output={"first": 1, "tokensUsed": 40}))
+    assert fsm.machine(mid).tokens_used == 40  # rolled up to the parent as it is spent
+    [second] = agent.tasks()
+    fsm.receive(ack(second, output={"second": 2, "tokensUsed": 30}))
+    parent = fsm.machine(mid)
+    assert (parent.status, parent.tokens_used) == ("completed", 70)
+    assert parent.context["first"] == 1 and parent.context["second"] == 2
+
+
+def test_a_budget_exhausted_mid_fan_out_cancels_the_child_and_pauses_the_parent(
+    fsm: Fsm,
+) -> None:
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_child", {"left": "L"})
+    [first] = agent.tasks()
+    fsm.receive(ack(first, output={"first": 1, "tokensUsed": 150}))  # past the parent's 100
+    parent = fsm.machine(mid)
+    assert (parent.status, parent.current_state) == ("failed", "FAILED")
+    assert parent.tokens_used == 150 and "budget" in (parent.error or "")
+    [kid] = children(fsm, mid)
+    assert kid.status == "cancelled"
+
+
+def test_cancelling_a_root_reaches_its_grandchildren(fsm: Fsm) -> None:
+    agent = fsm.agent("tester")
+    root = fsm.start("test_fan_tree", {"left": "L"})
+    [task] = agent.tasks()
+    [child] = children(fsm, root)
+    [grandchild] = children(fsm, child.id)
+    assert str(grandchild.id) == task["machineId"] and grandchild.root_id == root
+    fsm.engine.admin.command(root, Command(Action.PAUSE, "ops"))
+    assert fsm.machine(child.id).status == "paused"
+    assert fsm.machine(grandchild.id).status == "paused"
+    fsm.engine.admin.command(root, Command(Action.RESUME, "ops"))
+    assert fsm.machine(grandchild.id).status == "running"
+    [again] = agent.tasks()  # the grandchild's state dispatched again, once
+    assert again["machineId"] == str(grandchild.id) and again["attempt"] > task["attempt"]
+    fsm.engine.admin.command(root, Command(Action.CANCEL, "ops", "wrong issue"))
+    assert [fsm.machine(m).status for m in (root, child.id, grandchild.id)] == ["cancelled"] * 3
+    history = fsm.history(grandchild.id)
+    assert history[-1].event == "cancel" and history[-1].actor == "parent"
