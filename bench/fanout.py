@@ -52,7 +52,7 @@ def run_chord(
     results.flushdb()
     env = deployment("chord")
     try:
-        start_chord_worker(env, concurrency, pool)
+        ready = start_chord_worker(env, concurrency, pool)
         queue = env.settings.queue
         header = [noop.s().set(queue=queue) for _ in range(children)]
         key = f"bench:chord:{uuid.uuid4().hex}"
@@ -66,6 +66,7 @@ def run_chord(
         cpu = meter.stop()
         forget_results(noop.backend)
         joined = json.loads(cast(bytes, _done.get(key)))  # set before the wait ended
+        _done.delete(key, ready)
         if joined["parts"] != children:
             raise RuntimeError(f"the chord joined {joined['parts']} results of {children}")
         seconds = joined["at"] - t0
@@ -96,19 +97,22 @@ def forget_results(backend: Any) -> None:
     gc.collect()
 
 
-def start_chord_worker(env: FsmEnv, concurrency: int, pool: str) -> None:
-    """A `celery worker` of bench/chord_app.py, returned once it consumes."""
+def start_chord_worker(env: FsmEnv, concurrency: int, pool: str) -> str:
+    """A `celery worker` of bench/chord_app.py, started and consuming; its readiness key."""
     from bench.chord_app import _done, ready_key
 
     argv = plain_worker_argv("bench.chord_app", env.settings.queue, concurrency, pool)
     worker = env._spawn("chord-worker", [*argv, "-n", "chord@%h"])
 
+    ready = ready_key(worker.popen.pid)
+
     def started() -> bool:
         if worker.popen.poll() is not None:
             raise RuntimeError(f"the chord worker exited: see {worker.log}")
-        return bool(_done.exists(ready_key(worker.popen.pid)))
+        return bool(_done.exists(ready))
 
     wait(started, 60, "the chord worker")
+    return ready
 
 
 def memory(env: FsmEnv, names: list[str]) -> dict[str, float]:
@@ -119,15 +123,18 @@ def memory(env: FsmEnv, names: list[str]) -> dict[str, float]:
 def wait_sampling(
     env: FsmEnv, names: list[str], joined: Callable[[], bool], what: str, timeout: float = 1800
 ) -> dict[str, float]:
-    """Wait until joined() while sampling the named processes' memory; their peak RSS in MiB."""
+    """Wait until joined() while sampling the named processes' memory; their peak RSS in MiB,
+    a sample taken once joined() included."""
     peak = memory(env, names)
     deadline = time.monotonic() + timeout
-    while not joined():
+    while True:
+        over = joined()
+        peak = {name: max(mib, peak[name]) for name, mib in memory(env, names).items()}
+        if over:
+            return peak
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
-        peak = {name: max(mib, peak[name]) for name, mib in memory(env, names).items()}
         time.sleep(0.05)
-    return peak
 
 
 # What one run of the bench compares: a name and a run of N children, which returns the
