@@ -7,10 +7,9 @@ The anchor is a Celery chord, `chord([noop.s()] * N)(done.s())` of bench/chord_a
 header tasks on one prefork worker of 2 processes (Celery's defaults, one per core, as the
 prefork chain of bench/throughput.py), on fsm-celery's broker and settings, joined by Celery's
 Redis result backend (on FSM_BENCH_RESULT_URL, Redis database 14 unless told, flushed before and
-after). Its time
-includes the publication of the N header messages by the sending process, as a fan-out's
-includes writing its children. Each run has a deployment and workers of its own, and the runs
-of the contenders alternate, so that the machine's drift falls on each of them alike.
+after). Its time includes the publication of the N header messages by the sending process (send
+s), as a fan-out's includes writing its children. Each run has a deployment and workers of its
+own, and the runs of the contenders alternate, so that the machine's drift falls on each alike.
 """
 
 from __future__ import annotations
