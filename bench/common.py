@@ -211,6 +211,30 @@ RECORD_HELP = (
 )
 
 
+def plain_worker_argv(app: str, queue: str, concurrency: int, pool: str) -> list[str]:
+    """A `celery worker` of a plain-Celery baseline app (bench/chain_app.py, bench/chord_app.py),
+    started as fsm-celery's are but logging warnings only (a line per task would cost more than
+    the task); add `-n NAME` to run more than one."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app,
+        "worker",
+        "-Q",
+        queue,
+        "-c",
+        str(concurrency),
+        "-P",
+        pool,
+        "-l",
+        "warning",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+
+
 def spawn_fast_agent(
     env: FsmEnv, agent_id: str, rate: float = 0.0, log: Path | None = None
 ) -> subprocess.Popen[bytes]:

@@ -16,7 +16,6 @@ run from Python on one connection.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from bench.common import (
     deployment,
     dispatched,
     last_history_id,
+    plain_worker_argv,
     record_current,
     spawn_fast_agent,
     start_machines,
@@ -108,24 +108,7 @@ def run_chain_baseline(
     """Plain Celery: no-op tasks, each enqueuing the next, on the same broker and settings."""
     env = deployment("chain")
     try:
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "bench.chain_app",
-            "worker",
-            "-Q",
-            env.settings.queue,
-            "-c",
-            str(concurrency),
-            "-P",
-            pool,
-            "-l",
-            "warning",
-            "--without-mingle",
-            "--without-gossip",
-        ]
+        argv = plain_worker_argv("bench.chain_app", env.settings.queue, concurrency, pool)
         for n in range(workers):
             env._spawn("chain-worker", [*argv, "-n", f"chain{n}@%h"])
         from bench.chain_app import _done, step

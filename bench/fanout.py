@@ -1,0 +1,193 @@
+"""Fan-out: N children started at once and joined once, timed from the send to the join's next
+step having run, with each process's memory; every contender measured in the same run.
+
+    .venv/bin/python -m bench.fanout [--children 10000] [--runs 3]
+
+The anchor is a Celery chord, `chord([noop.s()] * N)(done.s())` of bench/chord_app.py: no-op
+header tasks on one prefork worker of 2 processes (Celery's defaults, one per core, as the
+prefork chain of bench/throughput.py), on fsm-celery's broker and settings, joined by Celery's
+Redis result backend (on FSM_BENCH_RESULT_URL, Redis database 14 unless told, flushed before and
+after). Its time includes the publication of the N header messages by the sending process (send
+s), as a fan-out's includes writing its children. Each run has a deployment and workers of its
+own, and the runs of the contenders alternate, so that the machine's drift falls on each alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, cast
+
+import redis
+
+from bench.common import (
+    RECORD_HELP,
+    CpuMeter,
+    deployment,
+    plain_worker_argv,
+    tear_down,
+    wait,
+    write_result,
+)
+from bench.memory import rss_mb
+from tests.support.processes import FsmEnv
+
+
+def run_chord(
+    children: int = 10_000, concurrency: int = 2, pool: str = "prefork"
+) -> dict[str, Any]:
+    """The anchor: a chord of `children` no-op tasks, from its send to its callback having run."""
+    from celery import chord
+
+    from bench.chord_app import RESULT_URL, _done, done, noop
+
+    results = redis.Redis.from_url(RESULT_URL)
+    results.flushdb()
+    env = deployment("chord")
+    try:
+        ready = start_chord_worker(env, concurrency, pool)
+        queue = env.settings.queue
+        header = [noop.s().set(queue=queue) for _ in range(children)]
+        key = f"bench:chord:{uuid.uuid4().hex}"
+        idle = memory(env, ["chord-worker"])
+        meter = CpuMeter.of(env, {"sender": [os.getpid()]})
+        meter.start()
+        t0 = time.time()
+        chord(header)(done.s(key).set(queue=queue))
+        send_s = time.time() - t0
+        peak = wait_sampling(env, ["chord-worker"], lambda: bool(_done.exists(key)), "the join")
+        cpu = meter.stop()
+        forget_results(noop.backend)
+        joined = json.loads(cast(bytes, _done.get(key)))  # set before the wait ended
+        _done.delete(key, ready)
+        if joined["parts"] != children:
+            raise RuntimeError(f"the chord joined {joined['parts']} results of {children}")
+        seconds = joined["at"] - t0
+        return {
+            "contender": "chord",
+            "children": children,
+            "workers": f"1 x {pool} -c {concurrency}",
+            "seconds": round(seconds, 2),
+            "send_s": round(send_s, 2),
+            "children_per_s": round(children / seconds, 1),
+            "idle_mib": idle,
+            "peak_mib": peak,
+            "after_mib": memory(env, ["chord-worker"]),
+            "cpu_ms_per_child": {k: round(v * 1000 / children, 3) for k, v in cpu.items()},
+        }
+    finally:
+        tear_down(env)
+        results.flushdb()
+
+
+def forget_results(backend: Any) -> None:
+    """Let the sender drop what Celery's Redis backend keeps of the chord it sent: a
+    subscription to each header task's result channel (made as it sent the task), held by an
+    AsyncResult per task that the backend keeps until its result is read, which a sender that
+    never waits on them does not do. Each unsubscribes as it is collected: here, not while the
+    interpreter exits, where it cannot."""
+    backend._pending_results.concrete.clear()
+    gc.collect()
+
+
+def start_chord_worker(env: FsmEnv, concurrency: int, pool: str) -> str:
+    """A `celery worker` of bench/chord_app.py, started and consuming; its readiness key."""
+    from bench.chord_app import _done, ready_key
+
+    argv = plain_worker_argv("bench.chord_app", env.settings.queue, concurrency, pool)
+    worker = env._spawn("chord-worker", [*argv, "-n", "chord@%h"])
+
+    ready = ready_key(worker.popen.pid)
+
+    def started() -> bool:
+        if worker.popen.poll() is not None:
+            raise RuntimeError(f"the chord worker exited: see {worker.log}")
+        return bool(_done.exists(ready))
+
+    wait(started, 60, "the chord worker")
+    return ready
+
+
+def memory(env: FsmEnv, names: list[str]) -> dict[str, float]:
+    """RSS in MiB of each named group of the deployment's processes, their children summed."""
+    return {name: rss_mb(env, name) for name in names}
+
+
+def wait_sampling(
+    env: FsmEnv, names: list[str], joined: Callable[[], bool], what: str, timeout: float = 1800
+) -> dict[str, float]:
+    """Wait until joined() while sampling the named processes' memory; their peak RSS in MiB,
+    a sample taken once joined() included."""
+    peak = memory(env, names)
+    deadline = time.monotonic() + timeout
+    while True:
+        over = joined()
+        peak = {name: max(mib, peak[name]) for name, mib in memory(env, names).items()}
+        if over:
+            return peak
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# What one run of the bench compares: a name and a run of N children, which returns the
+# figures of run_chord (seconds from the send to the join's next step having run, send_s,
+# children_per_s, and idle_mib, peak_mib, after_mib per process). The map state's runs join
+# the chord here, one per transition mode.
+CONTENDERS: dict[str, Callable[[int], dict[str, Any]]] = {"chord": run_chord}
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A contender's runs: the median time with its spread, and the highest peak memory."""
+    seconds = [r["seconds"] for r in runs]
+    median = statistics.median(seconds)
+    names = runs[0]["peak_mib"]
+    return {
+        "runs": len(runs),
+        "median_s": round(median, 2),
+        "min_s": min(seconds),
+        "max_s": max(seconds),
+        "children_per_s": round(runs[0]["children"] / median, 1),
+        "send_s": round(statistics.median(r["send_s"] for r in runs), 2),
+        "peak_mib": {name: max(r["peak_mib"][name] for r in runs) for name in names},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--children", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=1, help="runs of each contender")
+    parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
+    args = parser.parse_args()
+    if args.children < 1 or args.runs < 1:
+        parser.error("--children and --runs must be at least 1")
+    if args.record is not None:
+        parser.error("--record: the table's row is the map's runs against the chord's; none yet")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTENDERS}
+    for _ in range(args.runs):
+        for name, run in CONTENDERS.items():
+            runs[name].append(run(args.children))
+    summaries = {name: summary(of_name) for name, of_name in runs.items()}
+    print(f"\n{args.children:,} children, {args.runs} run(s) of each")
+    print(
+        f"{'':>8} {'median s':>9} {'min s':>7} {'max s':>7} {'children/s':>11} {'send s':>7}"
+        "  peak RSS MiB"
+    )
+    for name, s in summaries.items():
+        peaks = "  ".join(f"{process} {mib}" for process, mib in s["peak_mib"].items())
+        print(
+            f"{name:>8} {s['median_s']:>9} {s['min_s']:>7} {s['max_s']:>7} "
+            f"{s['children_per_s']:>11} {s['send_s']:>7}  {peaks}"
+        )
+    path = write_result("fanout", {"children": args.children, "runs": runs, "summary": summaries})
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()
