@@ -22,6 +22,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import redis
@@ -31,11 +32,13 @@ from bench.common import (
     CpuMeter,
     deployment,
     plain_worker_argv,
+    spawn_fast_agent,
     tear_down,
     wait,
     write_result,
 )
 from bench.memory import rss_mb
+from bench.throughput import start_workers
 from tests.support.processes import FsmEnv
 
 
@@ -84,6 +87,49 @@ def run_chord(
     finally:
         tear_down(env)
         results.flushdb()
+
+
+def run_fanout(mode: str, children: int = 10_000, bridges: int = 2) -> dict[str, Any]:
+    """Ours: a bench_map machine over `children` items (a thousand children at a time, each one
+    working state answered at once by the fast agent), from its start to the parent completed
+    by the join, in a transition mode; workers and bridges as README.md runs them."""
+    env = deployment(f"fan_{mode}", transition_mode=mode)
+    try:
+        start_workers(env)
+        env.start_bridge(processes=bridges)
+        agent = spawn_fast_agent(env, "bench")  # the agent type's own stream: any agent's
+        names = ["worker", "bridge"]
+        idle = memory(env, names)
+        meter = CpuMeter.of(env, {"agent": [agent.pid], "sender": [os.getpid()]})
+        meter.start()
+        t0 = time.time()
+        parent = env.client.start_machine("bench_map", {"items": list(range(children))})
+        send_s = time.time() - t0
+
+        def joined() -> bool:
+            return env.client.get_machine(parent).status != "running"
+
+        peak = wait_sampling(env, names, joined, "the join")
+        cpu = meter.stop()
+        info = env.client.get_machine(parent)
+        if info.status != "completed" or len(info.context.get("EACH", [])) != children:
+            raise RuntimeError(f"the map ended {info.status}: {info.error}")
+        seconds = info.updated_at.timestamp() - t0
+        agent.terminate()
+        return {
+            "contender": mode,
+            "children": children,
+            "workers": "2 x threads -c 4, 2 bridges",
+            "seconds": round(seconds, 2),
+            "send_s": round(send_s, 2),
+            "children_per_s": round(children / seconds, 1),
+            "idle_mib": idle,
+            "peak_mib": peak,
+            "after_mib": memory(env, names),
+            "cpu_ms_per_child": {k: round(v * 1000 / children, 3) for k, v in cpu.items()},
+        }
+    finally:
+        tear_down(env)
 
 
 def forget_results(backend: Any) -> None:
@@ -140,7 +186,11 @@ def wait_sampling(
 # figures of run_chord (seconds from the send to the join's next step having run, send_s,
 # children_per_s, and idle_mib, peak_mib, after_mib per process). The map state's runs join
 # the chord here, one per transition mode.
-CONTENDERS: dict[str, Callable[[int], dict[str, Any]]] = {"chord": run_chord}
+CONTENDERS: dict[str, Callable[[int], dict[str, Any]]] = {
+    "chord": run_chord,
+    "inline": partial(run_fanout, "inline"),
+    "celery": partial(run_fanout, "celery"),
+}
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

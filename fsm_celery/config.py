@@ -155,6 +155,11 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="The most children one map state may start (more is refused, not cut).",
     )
+    agent_type_limits: dict[str, int] = Field(
+        default_factory=dict,
+        description="Work in flight per agent type across all machines, as JSON "
+        '(`{"researcher": 20}`); over definitions\' agent_types.',
+    )
     max_child_depth: int = Field(
         default=5,
         ge=1,

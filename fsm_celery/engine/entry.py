@@ -12,6 +12,7 @@ from uuid import UUID
 
 from sqlalchemy import Connection
 
+from fsm_celery.config import TransitionMode
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
@@ -20,6 +21,7 @@ from fsm_celery.engine.fanout import FanOut, Rows
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.slots import Slots
 from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.store import queries as q
 
@@ -30,6 +32,7 @@ class Entry:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._fanout = FanOut(runtime)
+        self._slots = Slots(runtime)
 
     def enter(self, machine_id: UUID, attempt: int) -> Next:
         """Enter the attempt's state unless that was done already or it is not due yet (the
@@ -44,7 +47,10 @@ class Entry:
             if aware(row.dispatch_due_at) > writes.now + EARLY:  # type: ignore[operator]
                 return []  # a retry delay is still running
             self.enter_txn(conn, rows, row, writes)
-            self.settle_txn(conn, rows, writes)  # children it started are handed on
+            if self._rt.settings.transition_mode is TransitionMode.INLINE:
+                self.enter_due_txn(conn, rows, writes)  # the children it started, at once
+            else:
+                self.settle_txn(conn, rows, writes)  # each child an fsm.enter_state task
             self.send_and_write(conn, writes)
         return writes.next()
 
@@ -61,8 +67,22 @@ class Entry:
                 self.enter_txn(conn, rows, rows[mid], writes)
 
     def settle_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
-        """Settle what the transaction did to fan-outs, entering nothing (see FanOut)."""
+        """Settle what the transaction did to fan-outs (see FanOut), and enter the machines
+        queued longest in the slots its transitions freed (see Slots); entering nothing else."""
         self._fanout.settle_txn(conn, rows, writes)
+        self._enter_queued(conn, rows, self._slots.release_txn(conn, writes), writes)
+
+    def reconcile_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
+        """Count again each bounded agent type's work in flight, and fill its free slots."""
+        self._enter_queued(conn, rows, self._slots.reconcile_txn(conn, writes), writes)
+
+    def _enter_queued(
+        self, conn: Connection, rows: Rows, free: dict[str, int], writes: Writes
+    ) -> None:
+        for agent_type, most in free.items():
+            for row in self._slots.queued_txn(conn, agent_type, most):
+                rows[row.id] = row
+                self.enter_txn(conn, rows, row, writes)
 
     def enter_txn(self, conn: Connection, rows: Rows, row: q.AnyRow, writes: Writes) -> None:
         """Build the machine's state_task, route it, and record it as sent (in this txn); or,
@@ -79,16 +99,25 @@ class Entry:
         if state.fans_out:
             self._fanout.enter_txn(conn, rows, row, definition, state, writes)
             return
+        agent_type = definition.agent_type_of(state)
+        if not self._slots.take_txn(conn, row.id, agent_type, writes):
+            writes.queue(row)  # over its agent type's bound: waits for a slot
+            return
         try:
             task = self._task(row, state, machine, writes.now)
         except PromptError as exc:
+            if row.queued_at is not None:
+                # taken from the queue, its ancestors perhaps not held here: the scan fails it,
+                # taking the locks in their order (a failed child joins its parent)
+                writes.unqueued.append(row.id)
+                writes.entered.add(row.id)
+                return
             event = DispatchFailed(state.name, machine.attempt, f"prompt of {state.name}: {exc}")
             decision = decide(definition, machine, event, self._rt.limits)
             assert not isinstance(decision, Rejected)  # the machine is at that attempt
             writes.transition(row, decision, "dispatch_error")
             return
         earlier = writes.sent_before(row.id, task.attempt, task.state)
-        agent_type = definition.agent_type_of(state)
         where, agent_id = self._route(conn, row, agent_type, writes.now, earlier)
         writes.dispatch(task, where, agent_id)
 

@@ -29,13 +29,15 @@ class Inbound(NamedTuple):
 
 class Step(NamedTuple):
     """A machine, the attempt whose state must be entered next, and how long to wait first
-    (its type and the state name travel along for people: Flower shows them)."""
+    (its type, the state name and a new child's parent travel along for people: Flower shows
+    them, and the children a fan-out starts are sent as one group)."""
 
     machine_id: UUID
     attempt: int
     delay: float = 0.0
     state: str = ""
     machine_type: str = ""
+    parent_id: UUID | None = None
 
 
 Next = list[Step]

@@ -21,6 +21,7 @@ from fsm_celery.exceptions import DefinitionError, UnknownMachineType
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
 from fsm_celery.store import schedules as schedule_store
+from fsm_celery.store import slots as slot_store
 
 # Errors of the surroundings (the database or Redis away), not of a message or a row: what
 # failed with one is tried again once it passes.
@@ -59,6 +60,8 @@ class Catalog:
             for definition in definitions:
                 loaded.append((definition.type, *q.save_definition_txn(conn, definition)))
                 schedule_store.sync_schedules_txn(conn, definition, self._clock())
+                limits = {t: a.max_in_flight for t, a in definition.agent_types.items()}
+                slot_store.set_limits_txn(conn, limits)  # the newest load's bounds hold
         return loaded
 
     def _check_tree(self, conn: Connection, definitions: list[MachineDefinition]) -> None:

@@ -69,6 +69,8 @@ class Scan:
             rows = q.lock_machines_txn(conn, [*late, *ready])
             overdue = [rows[i] for i in late if i in rows and q.overdue(rows[i], writes.now)]
             due = [rows[i] for i in ready if i in rows and q.due(rows[i], writes.now - grace)]
+            if only is None:  # counted before this scan moves anything
+                self._entry.reconcile_txn(conn, rows, writes)
             for row in overdue:
                 _contained(row, self._time_out, conn, row, writes)
             for row in due:

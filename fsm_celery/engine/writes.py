@@ -23,7 +23,7 @@ from fsm_celery.core.usage import NOTHING, Budget, Usage
 from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.sent import Sending, Sent
 from fsm_celery.exceptions import Unstorable
-from fsm_celery.store import fanouts
+from fsm_celery.store import fanouts, slots
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
 
@@ -84,6 +84,14 @@ class Writes:
     settled: int = 0
     spawned: dict[UUID, Step] = field(default_factory=dict)  # children started here
     rolled_up: dict[UUID, Usage] = field(default_factory=dict)  # children's usage, per ancestor
+    # per agent type with a bound (engine.slots): the bound, and the count in flight (its row
+    # locked); the slots taken here, the machines whose slot was freed, the log read so far
+    bounds: dict[str, int | None] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    taken: dict[UUID, str] = field(default_factory=dict)
+    freed: set[UUID] = field(default_factory=set)
+    released: int = 0
+    unqueued: list[UUID] = field(default_factory=list)  # out of the queue, left to the scan
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
@@ -231,6 +239,20 @@ class Writes:
         if self.sent is None or self.sent.where(sending) is None:
             self.to_send.append((agent, task.to_wire()))
 
+    def queue(self, row: q.AnyRow) -> None:
+        """Record that the machine's state waits for a slot of its agent type, from now (no
+        deadline runs meanwhile)."""
+        moved = self.moves.get(row.id)
+        if moved is not None:
+            moved.dispatch_due_at = None
+            moved.deadline_at = None
+            moved.queued_at = row.queued_at or self.now
+        else:
+            self.dispatches[row.id] = Dispatch(
+                row.id, None, self.now, None, self.now, row.agent_id, row.queued_at or self.now
+            )
+        self.entered.add(row.id)
+
     def entering(self, machine_id: UUID, deadline: datetime, agent_id: UUID | None) -> None:
         """Record that the machine's state is entered now, with its deadline: its state_task
         sent, or its children started (it then waits for their join)."""
@@ -240,6 +262,7 @@ class Writes:
             moved.entered_at = self.now
             moved.deadline_at = deadline
             moved.agent_id = agent_id
+            moved.queued_at = None
         else:
             self.dispatches[machine_id] = Dispatch(
                 machine_id, None, self.now, deadline, self.now, agent_id
@@ -327,6 +350,8 @@ class Writes:
         q.move_machines_txn(conn, list(self.moves.values()), self.history)
         spent = {mid: u for mid, u in self.rolled_up.items() if mid not in self.moves}
         fanouts.add_usage_txn(conn, spent)  # a moved machine's Move holds its new totals
+        slots.write_counts_txn(conn, self.in_flight)
+        slots.make_due_txn(conn, self.unqueued, self.now)
         q.mark_dispatched_txn(conn, list(self.dispatches.values()))
         q.insert_rejections_txn(conn, self.rejections)
 

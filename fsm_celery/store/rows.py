@@ -75,18 +75,21 @@ class Move:
     updated_at: datetime
     agent_type: str  # who works the state it moved to
     agent_id: UUID | None  # its agent, kept while the agent type stays (or it is pinned)
+    queued_at: datetime | None = None  # waiting for a slot of its agent type (engine.slots)
 
 
 @dataclass(slots=True)
 class Dispatch:
-    """A state entered: its task sent now, with its deadline (an UPDATE by id)."""
+    """A state entered: its task sent now, with its deadline, or queued for a slot of its
+    agent type (an UPDATE by id)."""
 
     id: UUID
     dispatch_due_at: None
     entered_at: datetime
-    deadline_at: datetime
+    deadline_at: datetime | None  # None: queued for a slot of its agent type, no deadline yet
     updated_at: datetime
     agent_id: UUID | None  # the agent it was routed to (None: its type's stream)
+    queued_at: datetime | None = None  # waiting for a slot since then (engine.slots)
 
 
 @dataclass(slots=True)

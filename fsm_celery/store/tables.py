@@ -56,6 +56,7 @@ definitions = Table(
 
 TYPE_CHARS = 120  # a child's type names its place: research_fanout.research (0009: 50)
 OPEN = text("closed_at IS NULL")
+QUEUED = text("queued_at IS NOT NULL")
 
 machines = Table(
     "state_machines",
@@ -96,9 +97,19 @@ machines = Table(
     Column("root_id", Uuid),
     Column("depth", SmallInteger, nullable=False, server_default="0"),
     Column("on_parent_cancel", String(8)),
+    # waiting for a slot of its agent type since then (agent_type_slots): not dispatched, no
+    # deadline running; entered in arrival order as slots free
+    Column("queued_at", DateTime(timezone=True)),
     Index("idx_machines_agent", "agent_type", "status"),
     Index("idx_machines_parent", "parent_id", "parent_attempt"),
     Index("idx_machines_root", "root_id"),
+    Index(
+        "idx_machines_queued",
+        "agent_type",
+        "queued_at",
+        postgresql_where=QUEUED,
+        sqlite_where=QUEUED,
+    ),
     Index("idx_machines_issue", "github_issue"),
     Index("idx_machines_type_status", "type", "status"),
     Index("idx_machines_type_created", "type", "created_at"),
@@ -323,6 +334,17 @@ fan_out_items = Table(
     Column("status", String(10), nullable=False),  # waiting, running, succeeded, failed, ...
     Column("result", Json),
     Column("error", Text),
+)
+
+# Per agent type, across all machines: how much of its work may be in flight (from definitions'
+# agent_types: or FSM_AGENT_TYPE_LIMITS; None: no limit) and how much is. The row is locked by a
+# transaction that dispatches or ends work of a limited type, so the count never overshoots.
+agent_type_slots = Table(
+    "agent_type_slots",
+    metadata,
+    Column("agent_type", String(10), primary_key=True),
+    Column("max_in_flight", Integer),
+    Column("in_flight", Integer, nullable=False, server_default="0"),
 )
 
 # Attempts per machine type, state and duration bucket, folded from the history by beat's job

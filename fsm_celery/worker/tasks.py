@@ -12,7 +12,7 @@ import logging
 from typing import Protocol
 from uuid import UUID
 
-from celery import Celery
+from celery import Celery, Signature, group
 
 from fsm_celery.acks.apply import RETRY
 from fsm_celery.config import Settings
@@ -45,8 +45,12 @@ class Enqueue:
         steps = [step for step in next_states if step.delay <= self.longest]
         if not steps:
             return
+        fanned: dict[UUID, list[Step]] = {}
         with self.app.producer_or_acquire() as producer:  # one connection for the whole batch
             for step in steps:
+                if step.parent_id is not None:
+                    fanned.setdefault(step.parent_id, []).append(step)
+                    continue
                 self.app.send_task(
                     ENTER_STATE,
                     (str(step.machine_id), step.attempt),
@@ -55,11 +59,28 @@ class Enqueue:
                     argsrepr=step_repr(step),
                     producer=producer,
                 )
+            for children in fanned.values():  # a fan-out's new children: one group each
+                group(self._signature(step) for step in children).apply_async(
+                    producer=producer, add_to_parent=False
+                )
+
+    def _signature(self, step: Step) -> Signature:
+        return self.app.signature(
+            ENTER_STATE,
+            (str(step.machine_id), step.attempt),
+            queue=self.queue,
+            argsrepr=step_repr(step),
+            immutable=True,
+        )
 
 
 def step_repr(step: Step) -> str:
-    """How Flower shows an enter_state task: what it enters, searchable by machine id."""
-    return f"{step.machine_type} {step.machine_id} state={step.state} attempt={step.attempt}"
+    """How Flower shows an enter_state task: what it enters, searchable by machine id (and
+    by its parent's, for a fan-out's child)."""
+    parent = f" parent={step.parent_id}" if step.parent_id is not None else ""
+    return (
+        f"{step.machine_type} {step.machine_id} state={step.state} attempt={step.attempt}{parent}"
+    )
 
 
 class Parts(Protocol):

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.engine import Inbound
-from fsm_celery.store.tables import fan_out_items, fan_outs, machines
+from fsm_celery.store.tables import agent_type_slots, fan_out_items, fan_outs, machines
 from tests.inprocess.conftest import Fsm, ack
 
 
@@ -168,3 +168,32 @@ def test_cancelling_a_root_reaches_its_grandchildren(fsm: Fsm) -> None:
     assert [fsm.machine(m).status for m in (root, child.id, grandchild.id)] == ["cancelled"] * 3
     history = fsm.history(grandchild.id)
     assert history[-1].event == "cancel" and history[-1].actor == "parent"
+
+
+def test_an_agent_types_bound_queues_entries_in_postgresql_and_frees_them_in_order(
+    fsm: Fsm,
+) -> None:
+    agent = fsm.agent("limited")
+    mid = fsm.start("test_fan_limit", {"items": [0, 1, 2, 3, 4]})
+    first = agent.tasks()
+    assert [t["context"]["item"] for t in first] == [0, 1]  # the bound, not max_concurrency
+    kids = children(fsm, mid)
+    queued = [k for k in kids if k.queued_at is not None]
+    assert [k.slot for k in queued] == [2, 3, 4]
+    assert all(k.deadline_at is None for k in queued)  # no timeout runs while queued
+    fsm.clock.advance(25)
+    fsm.scan()  # counts what is in flight again: the same
+    assert agent.tasks() == []
+    fsm.receive(ack(first[1]))  # frees a slot, entered in the same transaction
+    [third] = agent.tasks()
+    assert third["context"]["item"] == 2
+    fsm.receive(ack(first[0]), ack(third))
+    rest = agent.tasks()
+    assert [t["context"]["item"] for t in rest] == [3, 4]
+    fsm.receive(*(ack(t) for t in rest))
+    assert fsm.machine(mid).status == "completed"
+    with fsm.engine.db.connect() as conn:
+        row = conn.execute(
+            select(agent_type_slots).where(agent_type_slots.c.agent_type == "limited")
+        ).one()
+    assert (row.max_in_flight, row.in_flight) == (2, 0)

@@ -1,5 +1,6 @@
 """fan-out: children placed under their parent, the fan-outs' counters and their slots; a
-child's type names its place (research_fanout.research), so types grow to 120 characters
+child's type names its place (research_fanout.research), so types grow to 120 characters; and
+per agent type, a bound on work in flight with the machines queued for it
 
 Widening a VARCHAR rewrites nothing in PostgreSQL; the new columns are NULL or have a constant
 default, which PostgreSQL adds without a rewrite too.
@@ -23,6 +24,7 @@ depends_on = None
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 NOW = sa.text("CURRENT_TIMESTAMP")
 OPEN = sa.text("closed_at IS NULL")
+QUEUED = sa.text("queued_at IS NOT NULL")
 
 
 def upgrade() -> None:
@@ -35,8 +37,22 @@ def upgrade() -> None:
         batch.add_column(sa.Column("root_id", sa.Uuid))
         batch.add_column(sa.Column("depth", sa.SmallInteger, nullable=False, server_default="0"))
         batch.add_column(sa.Column("on_parent_cancel", sa.String(8)))
+        batch.add_column(sa.Column("queued_at", sa.DateTime(timezone=True)))
     op.create_index("idx_machines_parent", "state_machines", ["parent_id", "parent_attempt"])
     op.create_index("idx_machines_root", "state_machines", ["root_id"])
+    op.create_index(
+        "idx_machines_queued",
+        "state_machines",
+        ["agent_type", "queued_at"],
+        postgresql_where=QUEUED,
+        sqlite_where=QUEUED,
+    )
+    op.create_table(
+        "agent_type_slots",
+        sa.Column("agent_type", sa.String(10), primary_key=True),
+        sa.Column("max_in_flight", sa.Integer),
+        sa.Column("in_flight", sa.Integer, nullable=False, server_default="0"),
+    )
     with op.batch_alter_table("state_stats") as batch:
         batch.alter_column("machine_type", existing_type=sa.String(50), type_=sa.String(120))
     op.create_table(
@@ -72,6 +88,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("agent_type_slots")
+    op.drop_index("idx_machines_queued", table_name="state_machines")
     op.drop_table("fan_out_items")
     op.drop_index("idx_fan_outs_open", table_name="fan_outs")
     op.drop_table("fan_outs")
@@ -81,6 +99,7 @@ def downgrade() -> None:
     op.drop_index("idx_machines_parent", table_name="state_machines")
     with op.batch_alter_table("state_machines") as batch:
         for column in (
+            "queued_at",
             "on_parent_cancel",
             "depth",
             "root_id",

@@ -1,0 +1,123 @@
+"""Per agent type, the bound on work in flight and the machines queued for it
+(agent_type_slots, state_machines.queued_at). Helpers take a connection and never commit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from uuid import UUID
+
+from sqlalchemy import Connection, and_, exists, func, select, update
+
+from fsm_celery.store import dialects
+from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.tables import agent_type_slots, fan_outs, machines
+
+
+def set_limits_txn(conn: Connection, limits: Mapping[str, int | None]) -> None:
+    """Make these the agent types' bounds (None: no bound), keeping their counts."""
+    if not limits:
+        return
+    statement = dialects.of(conn).insert(agent_type_slots)
+    statement = statement.on_conflict_do_update(
+        index_elements=[agent_type_slots.c.agent_type],
+        set_={"max_in_flight": statement.excluded.max_in_flight},
+    )
+    conn.execute(
+        statement,
+        [{"agent_type": t, "max_in_flight": m, "in_flight": 0} for t, m in limits.items()],
+    )
+
+
+def ensure_txn(conn: Connection, agent_type: str) -> None:
+    """Give a type bounded by the settings its row, to count in."""
+    statement = dialects.of(conn).insert(agent_type_slots).values(agent_type=agent_type)
+    conn.execute(statement.on_conflict_do_nothing(index_elements=[agent_type_slots.c.agent_type]))
+
+
+def bounded_txn(conn: Connection) -> list[str]:
+    """The agent types a definition bounds."""
+    c = agent_type_slots.c
+    return list(conn.execute(select(c.agent_type).where(c.max_in_flight.is_not(None))).scalars())
+
+
+def make_due_txn(conn: Connection, ids: Sequence[UUID], now: datetime) -> None:
+    """Take queued machines out of the queue, due to be entered by the scan."""
+    if ids:
+        conn.execute(
+            update(machines)
+            .where(machines.c.id.in_(list(ids)))
+            .values(queued_at=None, dispatch_due_at=now)
+        )
+
+
+def limited_txn(conn: Connection, agent_types: Sequence[str]) -> dict[str, int]:
+    """The bounds of those of the types that have one (read without a lock)."""
+    c = agent_type_slots.c
+    rows = conn.execute(
+        select(c.agent_type, c.max_in_flight).where(
+            c.agent_type.in_(list(agent_types)), c.max_in_flight.is_not(None)
+        )
+    ).all()
+    return {row.agent_type: row.max_in_flight for row in rows}
+
+
+def lock_txn(conn: Connection, agent_type: str) -> int:
+    """Lock the type's row (until the transaction ends) and read its count in flight."""
+    c = agent_type_slots.c
+    statement = select(c.in_flight).where(c.agent_type == agent_type).with_for_update()
+    found = conn.execute(statement).scalar()
+    return int(found or 0)
+
+
+def write_counts_txn(conn: Connection, counts: Mapping[str, int]) -> None:
+    for agent_type, count in counts.items():
+        conn.execute(
+            update(agent_type_slots)
+            .where(agent_type_slots.c.agent_type == agent_type)
+            .values(in_flight=max(count, 0))
+        )
+
+
+def queued_txn(conn: Connection, agent_type: str, most: int) -> list[AnyRow]:
+    """Lock the type's machines longest queued, first come first served (rows another
+    transaction holds are skipped: it is moving them)."""
+    if most <= 0:
+        return []
+    c = machines.c
+    return list(
+        conn.execute(
+            select(machines)
+            .where(c.agent_type == agent_type, c.queued_at.is_not(None), c.status == "running")
+            .order_by(c.queued_at, c.slot, c.id)
+            .limit(most)
+            .with_for_update(skip_locked=True)
+        ).all()
+    )
+
+
+def in_flight_txn(conn: Connection, agent_type: str) -> int:
+    """Count the type's attempts in flight: dispatched, awaiting an ack (a parent waiting for
+    its children's join holds no slot)."""
+    c = machines.c
+    waiting_for_children = exists().where(
+        and_(fan_outs.c.parent_id == c.id, fan_outs.c.closed_at.is_(None))
+    )
+    statement = select(func.count()).where(
+        c.agent_type == agent_type,
+        c.status == "running",
+        c.dispatch_due_at.is_(None),
+        c.queued_at.is_(None),
+        c.deadline_at.is_not(None),
+        ~waiting_for_children,
+    )
+    return int(conn.execute(statement).scalar_one())
+
+
+def queue_position_txn(conn: Connection, agent_type: str, queued_at: datetime) -> int:
+    """How many of the type's machines were queued before this one (its place: that + 1)."""
+    c = machines.c
+    statement = select(func.count()).where(
+        c.agent_type == agent_type, c.queued_at.is_not(None), c.queued_at < queued_at
+    )
+    return int(conn.execute(statement).scalar_one()) + 1
