@@ -432,8 +432,11 @@ def _fanout_problems(
         yield from _parallel_problems(d, state, state.parallel, source)
     if state.map is not None:
         yield from _map_problems(d, state, state.map, source)
-    for branch, body in d.children(state):
-        yield from _body_problems(d, state, branch, body, source)
+    children = d.children(state)
+    names = [branch for branch, _ in children]
+    for branch, body in children:
+        if names.count(branch) == 1:  # a duplicate branch, refused above, names no one body
+            yield from _body_problems(d, state, branch, body, source)
 
 
 def _kind_problems(state: StateDefinition, kind: str, source: str) -> Iterator[Problem]:
