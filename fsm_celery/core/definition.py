@@ -348,6 +348,13 @@ for _model in (Body, Branch, MapSpec):
     _model.model_rebuild()
 
 
+def _one_line(exc: jmespath.exceptions.JMESPathError) -> str:
+    """jmespath's error without the two lines it adds (the expression again, and a caret under
+    the column): a problem is one line, and it quotes the expression already."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return first.removesuffix(", for expression:").removesuffix(":")
+
+
 @lru_cache(maxsize=4096)
 def compile_guard(expression: str) -> Any:
     """A compiled JMESPath guard (raises jmespath's ParseError when it does not compile)."""
@@ -496,7 +503,9 @@ def _map_problems(
     try:
         compile_guard(spec.items)
     except jmespath.exceptions.JMESPathError as exc:
-        yield Problem(f"items {spec.items!r} does not compile: {exc}", source, name, "map.items")
+        yield Problem(
+            f"items {spec.items!r} does not compile: {_one_line(exc)}", source, name, "map.items"
+        )
         return
     result_key = spec.result_key or name
     clash = _clash(d, spec.items, result_key)
@@ -578,7 +587,9 @@ def _input_problems(body: Body, source: str, where: str) -> Iterator[Problem]:
         try:
             compile_guard(expression)
         except jmespath.exceptions.JMESPathError as exc:
-            yield Problem(f"{expression!r} does not compile: {exc}", source, where, field)
+            yield Problem(
+                f"{expression!r} does not compile: {_one_line(exc)}", source, where, field
+            )
 
 
 def tree_problems(
@@ -764,7 +775,10 @@ def _edge_problems(state: StateDefinition, names: set[str], source: str) -> Iter
                 compile_guard(edge.when)
             except jmespath.exceptions.JMESPathError as exc:
                 yield Problem(
-                    f"guard {edge.when!r} does not compile: {exc}", source, state.name, field
+                    f"guard {edge.when!r} does not compile: {_one_line(exc)}",
+                    source,
+                    state.name,
+                    field,
                 )
 
 
