@@ -451,7 +451,9 @@ def _kind_problems(state: StateDefinition, kind: str, source: str) -> Iterator[P
     if state.terminal is not None:
         yield Problem(f"a terminal state starts no children ({kind})", source, name, kind)
     if state.prompt:
-        yield Problem(f"a {kind} state has no prompt: its children do the work", source, name)
+        yield Problem(
+            f"a {kind} state has no prompt: its children do the work", source, name, "prompt"
+        )
     if kind != "machine":
         for field in ("input", "output"):
             if field in state.model_fields_set:
