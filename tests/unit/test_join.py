@@ -4,6 +4,7 @@ over any interleaving of children's ends, redeliveries and cancels."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -441,11 +442,22 @@ class Run:
             self.merged = merge(self.definition, self.state, self.slot_rows())
 
     def slot_rows(self) -> list[Slot]:
+        """The slots in the order their children ended (the rest after), as a store might
+        return them: whatever order merge is given, it must not show."""
+        ended = self.ends + [i for i in range(len(self.slots)) if i not in self.ends]
         return [
-            Slot(i, s, {"n": i} if s is SlotStatus.SUCCEEDED else None, self.errors.get(i))
-            for i, s in enumerate(self.slots)
+            Slot(
+                i,
+                self.slots[i],
+                {"n": i} if self.slots[i] is SlotStatus.SUCCEEDED else None,
+                self.errors.get(i),
+            )
+            for i in ended
         ]
 
+
+FanOut = tuple[MachineDefinition, StateDefinition, list[SlotStatus]]
+Steps = list[tuple[int, bool]]
 
 # One step: end a running child (picked among those running), or redeliver the end of one
 # already ended (picked among those); a child's own outcome says how it ends.
@@ -475,7 +487,7 @@ def drive(
 
 
 @st.composite
-def fan_outs(draw: st.DrawFn, joins: tuple[str, ...] = ("all", "any", "at_least", "map")) -> Any:
+def fan_outs(draw: st.DrawFn, joins: tuple[str, ...] = ("all", "any", "at_least", "map")) -> FanOut:
     """A fan-out state and how each of its children ends."""
     join = draw(st.sampled_from(joins))
     if join == "map":
@@ -493,14 +505,14 @@ def fan_outs(draw: st.DrawFn, joins: tuple[str, ...] = ("all", "any", "at_least"
 
 @given(fan_out=fan_outs(), steps=STEPS)
 @PROPERTY
-def test_any_interleaving_decides_the_join_exactly_once(fan_out: Any, steps: Any) -> None:
+def test_any_interleaving_decides_the_join_exactly_once(fan_out: FanOut, steps: Steps) -> None:
     run = drive(*fan_out, steps)
     assert len(run.decisions) == 1
 
 
 @given(fan_out=fan_outs(), steps=STEPS)
 @PROPERTY
-def test_no_more_children_run_at_once_than_max_concurrency(fan_out: Any, steps: Any) -> None:
+def test_no_more_children_run_at_once_than_max_concurrency(fan_out: FanOut, steps: Steps) -> None:
     d, state, outcomes = fan_out
     run = drive(d, state, outcomes, steps)
     assert run.most_running <= run.rule.max_concurrency
@@ -511,7 +523,7 @@ def test_no_more_children_run_at_once_than_max_concurrency(fan_out: Any, steps: 
 
 @given(fan_out=fan_outs(), steps=STEPS)
 @PROPERTY
-def test_every_item_starts_at_most_once(fan_out: Any, steps: Any) -> None:
+def test_every_item_starts_at_most_once(fan_out: FanOut, steps: Steps) -> None:
     run = drive(*fan_out, steps)
     assert set(run.starts.values()) <= {1}
     assert run.tally.started == len(run.starts)
@@ -519,7 +531,7 @@ def test_every_item_starts_at_most_once(fan_out: Any, steps: Any) -> None:
 
 @given(fan_out=fan_outs(), steps=STEPS)
 @PROPERTY
-def test_the_verdict_depends_on_the_outcomes_not_their_order(fan_out: Any, steps: Any) -> None:
+def test_the_verdict_depends_on_the_outcomes_not_their_order(fan_out: FanOut, steps: Steps) -> None:
     d, state, outcomes = fan_out
     run = drive(d, state, outcomes, steps)
     r = run.rule
@@ -531,31 +543,28 @@ def test_the_verdict_depends_on_the_outcomes_not_their_order(fan_out: Any, steps
 @given(fan_out=fan_outs(("all", "map")), steps=STEPS, others=STEPS)
 @PROPERTY
 def test_join_all_merges_the_same_output_in_any_order(
-    fan_out: Any, steps: Any, others: Any
+    fan_out: FanOut, steps: Steps, others: Steps
 ) -> None:
     d, state, outcomes = fan_out
     one, other = drive(d, state, outcomes, steps), drive(d, state, outcomes, others)
     in_order = drive(d, state, outcomes, [])
     assert one.decisions[0][0] is other.decisions[0][0] is in_order.decisions[0][0]
-    assert one.merged == other.merged == in_order.merged
+    assert json.dumps(one.merged) == json.dumps(other.merged) == json.dumps(in_order.merged)
     if one.merged is not None:
         assert SlotStatus.WAITING not in one.slots and SlotStatus.RUNNING not in one.slots
 
 
 @given(fan_out=fan_outs(("any", "at_least")), steps=STEPS)
 @PROPERTY
-def test_any_and_at_least_are_met_as_soon_as_k_successes_are_in(fan_out: Any, steps: Any) -> None:
+def test_any_and_at_least_are_met_as_soon_as_k_successes_are_in(
+    fan_out: FanOut, steps: Steps
+) -> None:
     run = drive(*fan_out, steps)
     verdict_, ok, ko = run.decisions[0]
     if verdict_ is Verdict.MET:
         assert ok == run.rule.need  # not one more: the join did not wait past the k-th
         assert run.merged is not None
-        assert (
-            sum(
-                v != {"status": "cancelled", "error": "cancelled by the join"}
-                for v in run.merged.values()
-            )
-            == ok + ko
-        )
+        cancelled = [v for v in run.merged.values() if v.get("error") == "cancelled by the join"]
+        assert len(cancelled) == len(run.slots) - ok - ko  # the children still out, each one
     else:
         assert ko == run.rule.tolerated + 1
