@@ -509,13 +509,14 @@ def _map_problems(
             f"items {spec.items!r} does not compile: {_one_line(exc)}", source, name, "map.items"
         )
         return
+    items = " ".join(spec.items.split())  # as one line, in a message (YAML may fold it)
     result_key = spec.result_key or name
-    clash = _clash(d, spec.items, result_key)
+    clash = _clash(d, items, result_key)
     if clash is not None:
         yield Problem(f"result_key {result_key!r} {clash}", source, name, "map.result_key")
-    if spec.max_concurrency is None and _bound(d, spec.items) is None:
+    if spec.max_concurrency is None and _bound(d, items) is None:
         yield Problem(
-            f"map over {spec.items} needs max_concurrency: nothing bounds the list (set "
+            f"map over {items} needs max_concurrency: nothing bounds the list (set "
             "max_concurrency, or give its context_schema property a maxItems)",
             source,
             name,
