@@ -279,6 +279,12 @@ def test_an_unbounded_map_needs_max_concurrency() -> None:
     )
 
 
+def test_a_map_over_items_written_on_lines_is_refused_in_one_line() -> None:
+    text = edit(MAP, "      max_concurrency: 2\n", "")
+    p = only_problem(edit(text, "items: context.items\n", "items: |\n        context.items\n"))
+    assert p.message.startswith("map over context.items needs max_concurrency")
+
+
 def test_a_schema_property_without_max_items_does_not_bound_a_map() -> None:
     text = edit(MAP, "      max_concurrency: 2\n", "")
     text = edit(
