@@ -8,6 +8,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cache
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -492,15 +493,26 @@ def fan_outs(draw: st.DrawFn, joins: tuple[str, ...] = ("all", "any", "at_least"
     join = draw(st.sampled_from(joins))
     if join == "map":
         tolerated = draw(st.integers(0, 3) | st.sampled_from(["0%", "10%", "25%", "50%", "100%"]))
-        spec = mapping(draw(st.integers(1, 5)), tolerated)
+        d, state = fan_out_state(join, 0, tolerated, draw(st.integers(1, 5)))
         total = draw(st.integers(0, 12))
     else:
         total = draw(st.integers(1, 6))
         tolerated = draw(st.integers(0, total - 1)) if join == "all" else 0
-        policy = {"at_least": draw(st.integers(1, total))} if join == "at_least" else join
-        spec = parallel(total, policy, tolerated)
-    d, state = state_of(spec)
+        k = draw(st.integers(1, total)) if join == "at_least" else 0
+        d, state = fan_out_state(join, total, tolerated, k)
     return d, state, draw(st.lists(OUTCOMES, min_size=total, max_size=total))
+
+
+@cache
+def fan_out_state(
+    join: str, branches: int, tolerated: int | str, k_or_concurrency: int
+) -> tuple[MachineDefinition, StateDefinition]:
+    """A map, or a parallel state of the join given, built once (examples repeat them)."""
+    if join == "map":
+        return state_of(mapping(k_or_concurrency, tolerated))
+    policy = {"at_least": k_or_concurrency} if join == "at_least" else join
+    assert isinstance(tolerated, int)  # a percentage is a map's
+    return state_of(parallel(branches, policy, tolerated))
 
 
 @given(fan_out=fan_outs(), steps=STEPS)
