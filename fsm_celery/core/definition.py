@@ -348,6 +348,13 @@ for _model in (Body, Branch, MapSpec):
     _model.model_rebuild()
 
 
+def _one_line(exc: jmespath.exceptions.JMESPathError) -> str:
+    """jmespath's error without the two lines it adds (the expression again, and a caret under
+    the column): a problem is one line, and it quotes the expression already."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return first.removesuffix(", for expression:").removesuffix(":")
+
+
 @lru_cache(maxsize=4096)
 def compile_guard(expression: str) -> Any:
     """A compiled JMESPath guard (raises jmespath's ParseError when it does not compile)."""
@@ -432,8 +439,11 @@ def _fanout_problems(
         yield from _parallel_problems(d, state, state.parallel, source)
     if state.map is not None:
         yield from _map_problems(d, state, state.map, source)
-    for branch, body in d.children(state):
-        yield from _body_problems(d, state, branch, body, source)
+    children = d.children(state)
+    names = [branch for branch, _ in children]
+    for branch, body in children:
+        if names.count(branch) == 1:  # a duplicate branch, refused above, names no one body
+            yield from _body_problems(d, state, branch, body, source)
 
 
 def _kind_problems(state: StateDefinition, kind: str, source: str) -> Iterator[Problem]:
@@ -441,7 +451,9 @@ def _kind_problems(state: StateDefinition, kind: str, source: str) -> Iterator[P
     if state.terminal is not None:
         yield Problem(f"a terminal state starts no children ({kind})", source, name, kind)
     if state.prompt:
-        yield Problem(f"a {kind} state has no prompt: its children do the work", source, name)
+        yield Problem(
+            f"a {kind} state has no prompt: its children do the work", source, name, "prompt"
+        )
     if kind != "machine":
         for field in ("input", "output"):
             if field in state.model_fields_set:
@@ -493,15 +505,18 @@ def _map_problems(
     try:
         compile_guard(spec.items)
     except jmespath.exceptions.JMESPathError as exc:
-        yield Problem(f"items {spec.items!r} does not compile: {exc}", source, name, "map.items")
+        yield Problem(
+            f"items {spec.items!r} does not compile: {_one_line(exc)}", source, name, "map.items"
+        )
         return
+    items = " ".join(spec.items.split())  # as one line, in a message (YAML may fold it)
     result_key = spec.result_key or name
-    clash = _clash(d, spec.items, result_key)
+    clash = _clash(d, items, result_key)
     if clash is not None:
         yield Problem(f"result_key {result_key!r} {clash}", source, name, "map.result_key")
-    if spec.max_concurrency is None and _bound(d, spec.items) is None:
+    if spec.max_concurrency is None and _bound(d, items) is None:
         yield Problem(
-            f"map over {spec.items} needs max_concurrency: nothing bounds the list (set "
+            f"map over {items} needs max_concurrency: nothing bounds the list (set "
             "max_concurrency, or give its context_schema property a maxItems)",
             source,
             name,
@@ -575,7 +590,9 @@ def _input_problems(body: Body, source: str, where: str) -> Iterator[Problem]:
         try:
             compile_guard(expression)
         except jmespath.exceptions.JMESPathError as exc:
-            yield Problem(f"{expression!r} does not compile: {exc}", source, where, field)
+            yield Problem(
+                f"{expression!r} does not compile: {_one_line(exc)}", source, where, field
+            )
 
 
 def tree_problems(
@@ -761,7 +778,10 @@ def _edge_problems(state: StateDefinition, names: set[str], source: str) -> Iter
                 compile_guard(edge.when)
             except jmespath.exceptions.JMESPathError as exc:
                 yield Problem(
-                    f"guard {edge.when!r} does not compile: {exc}", source, state.name, field
+                    f"guard {edge.when!r} does not compile: {_one_line(exc)}",
+                    source,
+                    state.name,
+                    field,
                 )
 
 

@@ -199,8 +199,12 @@ def _value(slot: Slot) -> Any:
 
 def failure_of(rule: Rule, tally: Tally, slots: Iterable[Slot]) -> str:
     """Why a join failed, in one line: how many failed against what it tolerates, and the first
-    failures' errors."""
-    errors = [f"#{s.index}: {s.error}" for s in slots if s.status is SlotStatus.FAILED and s.error]
+    failures' errors (an agent's error may span lines: its whitespace is folded)."""
+    errors = [
+        f"#{s.index}: {' '.join(s.error.split())}"
+        for s in slots
+        if s.status is SlotStatus.FAILED and s.error
+    ]
     shown = "; ".join(errors[:3]) + ("; ..." if len(errors) > 3 else "")
     text = f"{tally.failed} of {rule.total} children failed, {rule.tolerated} tolerated"
     return f"{text} ({shown})" if shown else text

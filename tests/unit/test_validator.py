@@ -232,6 +232,9 @@ def test_non_terminal_state_without_on_failure() -> None:
 
 def test_guard_that_does_not_compile() -> None:
     p = only_problem(edit("when: output.ok", "when: 'output.[ok'"))
+    assert p.message == (
+        "guard 'output.[ok' does not compile: Invalid jmespath expression: Incomplete expression"
+    )
     assert_problem(p, "B", "on_success[0]", "guard 'output.[ok' does not compile")
 
 
