@@ -268,6 +268,16 @@ class Settings(BaseSettings):
             raise ValueError(f"{mask(value)} is not an http:// or https:// URL")
         return value
 
+    @field_validator("agent_type_limits")
+    @classmethod
+    def _agent_type_limits(cls, value: dict[str, int]) -> dict[str, int]:
+        for agent_type, bound in value.items():
+            if not 1 <= len(agent_type) <= 10:
+                raise ValueError(f"agent type {agent_type!r} must be 1 to 10 characters")
+            if not 1 <= bound <= 1_000_000:
+                raise ValueError(f"{agent_type}: max in flight must be 1 to 1000000, got {bound}")
+        return value
+
     @field_validator("broker_url")
     @classmethod
     def _broker_url(cls, value: str | None) -> str | None:

@@ -615,9 +615,9 @@ def tree_problems(
                 )
     cycle = _cycle(starts)
     if cycle is not None:
-        yield Problem(
-            "definitions start each other in a cycle: " + " -> ".join(cycle), cycle[0], None
-        )
+        text = "definitions start each other in a cycle: " + " -> ".join(cycle)
+        for machine_type in dict.fromkeys(cycle):  # under each, whichever of them is loaded
+            yield Problem(text, machine_type, None)
         return
     depths: dict[str, int] = {}
     for machine_type in sorted(definitions):

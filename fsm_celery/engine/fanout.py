@@ -243,7 +243,9 @@ class FanOut:
             first = kind.state(kind.initial_state)
             children.append(
                 NewMachine(
-                    id=uuid.uuid4(),
+                    # the same in every try of one decision: a transaction retried after it sent
+                    # the children's state_tasks starts the same children, and Sent knows them
+                    id=uuid.uuid5(parent.id, f"{attempt}.{slot}"),
                     type=kind.type,
                     agent_type=kind.agent_type_of(first),
                     current_state=kind.initial_state,

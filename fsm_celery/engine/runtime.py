@@ -70,11 +70,7 @@ class Catalog:
         known = {t: d for t in reads.machine_types_txn(conn) if (d := self._latest(conn, t))}
         known |= {d.type: d for d in definitions}
         names = {d.type for d in definitions}
-        problems = [
-            p
-            for p in tree_problems(known, self._max_depth)
-            if p.source in names or any(f"{n} ->" in p.message for n in names)
-        ]
+        problems = [p for p in tree_problems(known, self._max_depth) if p.source in names]
         if problems:
             raise DefinitionError(problems)
 
