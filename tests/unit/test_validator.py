@@ -86,9 +86,11 @@ def test_each_shipped_definition_validates(path: Path) -> None:
 
 def test_the_shipped_definitions_load_together() -> None:
     assert {d.type for d in load_all(SHIPPED)} == {
+        "cto_build_parallel",
         "cto_build_project",
         "cto_fix_bug",
         "cto_infrastructure_check",
+        "research_fanout",
         "research_pipeline",
     }
 
