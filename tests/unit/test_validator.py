@@ -489,3 +489,10 @@ def test_failure_edge_with_a_guard_is_refused() -> None:
         )
     )
     assert Problem("a failure edge takes no guard (when:)", SOURCE, "A", "on_failure") in found
+
+
+def test_a_definition_names_the_agent_types_of_its_states_and_inline_children() -> None:
+    named = {d.type: d.agent_types_named() for d in load_all(SHIPPED)}
+    assert named["research_fanout"] == {"analyzer", "researcher", "reviewer"}
+    assert named["cto_build_parallel"] == {"cto", "tester", "docwriter"}
+    assert named["cto_fix_bug"] == {"cto"}
