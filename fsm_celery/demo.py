@@ -1,9 +1,9 @@
 """The embedded demo: SQLite, an in-process Celery worker, in-process mock agents, and the ack
 bridge's own loop reading their acks from memory (the inline mode).
 
-Most machines are pinned to one of two agents (`steady`, and `shaky`, which fails on cue); the
-rest, and the children of fan-outs, go to their states' agent types, each served by a mock agent
-of its own as agents of a type are in production."""
+The CTO machines are pinned to one of two agents (`steady`, and `shaky`, which fails on cue);
+the research machines, and the children of fan-outs, go to their states' agent types, each served
+by a mock agent of its own as agents of a type are in production."""
 
 from __future__ import annotations
 
@@ -128,10 +128,8 @@ def _start_machines(client: Client, steady: uuid.UUID, shaky: uuid.UUID) -> list
         ),
         client.start_machine("cto_fix_bug", {"projectName": "sla-api", "githubIssue": 740}, steady),
         client.start_machine("cto_infrastructure_check", {}, steady),
-        client.start_machine(
-            PIPELINE,
-            pipeline_context(TaskState(query="durable workflows for AI agents")),
-            steady,
+        client.start_machine(  # its researcher, analyzer and reviewer: three agent types
+            PIPELINE, pipeline_context(TaskState(query="durable workflows for AI agents"))
         ),
         client.start_machine(
             "cto_build_parallel", {"projectName": "docs-site", "githubIssue": 744}, steady

@@ -9,6 +9,8 @@ from typing import Any
 from uuid import UUID
 
 from fsm_celery.agent.mock import InjectedFailure, MockScript, research
+from fsm_celery.pipeline.orchestrator import as_node, default_agents, pipeline_context
+from fsm_celery.pipeline.state import TaskState
 from tests.inprocess.conftest import Agent, Fsm, ack
 from tests.support.messages import OUTPUTS
 
@@ -164,3 +166,14 @@ def test_research_fanout_tolerates_one_sub_question_that_fails(fsm: Fsm) -> None
     assert [set(f) for f in found] == [{"subQuestion", "finding", "sources"}] * 3
     assert lost["status"] == "failed" and "injected failure" in lost["error"]
     assert "(4) not researched: " in joined["prompt"]  # the error, in the analyzer's prompt
+
+
+def test_research_pipeline_sends_each_state_to_an_agent_of_its_own_type(fsm: Fsm) -> None:
+    agents = {t: fsm.agent(t) for t in ("researcher", "analyzer", "reviewer")}
+    nodes = {state: as_node(agent) for state, agent in default_agents().items()}
+    mid = fsm.start("research_pipeline", pipeline_context(TaskState("edge caching")))
+    for agent_type in ("researcher", "researcher", "analyzer", "reviewer"):
+        task = agents[agent_type].task()
+        fsm.receive(ack(task, output=nodes[task["state"]](task["context"])))
+    assert visited(fsm, mid) == ["PENDING", "RESEARCHING", "ANALYZING", "REVIEWING", "COMPLETE"]
+    assert fsm.machine(mid).status == "completed"
