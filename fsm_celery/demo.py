@@ -1,5 +1,9 @@
 """The embedded demo: SQLite, an in-process Celery worker, in-process mock agents, and the ack
-bridge's own loop reading their acks from memory (the inline mode)."""
+bridge's own loop reading their acks from memory (the inline mode).
+
+The CTO machines are pinned to one of two agents (`steady`, and `shaky`, which fails on cue);
+the research machines, and the children of fan-outs, go to their states' agent types, each served
+by a mock agent of its own as agents of a type are in production."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -23,6 +28,7 @@ from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
 from fsm_celery.client import Client
 from fsm_celery.config import Settings
+from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.messages import task_channel
 from fsm_celery.engine import MachineEngine
 from fsm_celery.pipeline.orchestrator import PIPELINE, as_node, default_agents, pipeline_context
@@ -77,6 +83,7 @@ def run_demo(
         bridging = threading.Thread(target=bridge.run, args=(serving,), daemon=True)
         bridging.start()
         steady = _agent(bus, settings, MockScript(seed=7, think=THINK), acks)
+        _serve_agent_types(bus, settings, acks, client)
         shaky = _agent(
             bus,
             settings,
@@ -91,23 +98,7 @@ def run_demo(
         with start_worker(
             app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"
         ):
-            ids = [
-                client.start_machine(
-                    "cto_build_project", {"projectName": "sla-api", "githubIssue": 726}, steady
-                ),
-                client.start_machine(
-                    "cto_build_project", {"projectName": "status-page", "githubIssue": 731}, shaky
-                ),
-                client.start_machine(
-                    "cto_fix_bug", {"projectName": "sla-api", "githubIssue": 740}, steady
-                ),
-                client.start_machine("cto_infrastructure_check", {}, steady),
-                client.start_machine(
-                    PIPELINE,
-                    pipeline_context(TaskState(query="durable workflows for AI agents")),
-                    steady,
-                ),
-            ]
+            ids = _start_machines(client, steady, shaky)
             scanning = threading.Event()
             scanner = threading.Thread(target=_scan, args=(engine, scanning), daemon=True)
             scanner.start()  # timeouts and retry delays, as beat's scan does in production
@@ -126,7 +117,47 @@ def _scan(engine: MachineEngine, stop: threading.Event) -> None:
         engine.scan.run()
 
 
-def _agent(bus: MemoryBus, settings: Settings, mock: MockScript, acks: MemoryConsumer) -> uuid.UUID:
+def _start_machines(client: Client, steady: uuid.UUID, shaky: uuid.UUID) -> list[uuid.UUID]:
+    """A machine of every shipped definition, and a second build that meets a failure."""
+    return [
+        client.start_machine(
+            "cto_build_project", {"projectName": "sla-api", "githubIssue": 726}, steady
+        ),
+        client.start_machine(
+            "cto_build_project", {"projectName": "status-page", "githubIssue": 731}, shaky
+        ),
+        client.start_machine("cto_fix_bug", {"projectName": "sla-api", "githubIssue": 740}, steady),
+        client.start_machine("cto_infrastructure_check", {}, steady),
+        client.start_machine(  # its researcher, analyzer and reviewer: three agent types
+            PIPELINE, pipeline_context(TaskState(query="durable workflows for AI agents"))
+        ),
+        client.start_machine(
+            "cto_build_parallel", {"projectName": "docs-site", "githubIssue": 744}, steady
+        ),
+        client.start_machine("research_fanout", {"query": "durable workflows for AI agents"}),
+    ]
+
+
+def _serve_agent_types(
+    bus: MemoryBus, settings: Settings, acks: MemoryConsumer, client: Client
+) -> None:
+    """A mock agent for every agent type the definitions name, listening where the tasks of
+    unassigned machines of the type go: machines started for no agent, and fan-outs' children."""
+    definitions = load_all(definition_files(settings.definitions))
+    for agent_type in sorted({t for d in definitions for t in d.agent_types_named()}):
+        agent_id = _agent(bus, settings, MockScript(seed=7, think=THINK), acks, agent_type)
+        client.register_agent(agent_id, agent_type)  # an unassigned task's ack is checked by type
+
+
+def _agent(
+    bus: MemoryBus,
+    settings: Settings,
+    mock: MockScript,
+    acks: MemoryConsumer,
+    agent_type: str | None = None,
+) -> uuid.UUID:
+    """A mock agent listening on its own channel, and on its type's (where unassigned tasks of
+    the type go) when it serves one."""
     agent_id = uuid.uuid4()
     research = {state: as_node(agent) for state, agent in default_agents().items()}
 
@@ -139,6 +170,8 @@ def _agent(bus: MemoryBus, settings: Settings, mock: MockScript, acks: MemoryCon
         acks.put(json.dumps(ack), agent_id)
 
     bus.subscribe(task_channel(str(agent_id), settings.channel_prefix), handle)
+    if agent_type is not None:
+        bus.subscribe(task_channel(agent_type, settings.channel_prefix), handle)
     return agent_id
 
 
@@ -157,6 +190,8 @@ def _follow(client: Client, ids: list[uuid.UUID], console: Console, timeout: flo
                 for row in rows[shown[mid] :]:
                     mark = "[green]ok  [/]" if row.success else "[red]FAIL[/]"
                     note = f"  ({row.error_message})" if row.error_message else ""
+                    if row.event == "join" and row.success:
+                        note = f"  (joined: {_joined(row.output or {})})"
                     live.console.print(
                         f"{time.monotonic() - started:6.2f}s  {names[mid]:28} {mark} "
                         f"{row.from_state or '(start)':>15} -> {row.to_state}{note}",
@@ -177,6 +212,25 @@ def _follow(client: Client, ids: list[uuid.UUID], console: Console, timeout: flo
     if not done:
         console.print(f"[red]the demo timed out after {timeout:.0f}s[/]")
     return done
+
+
+def _joined(output: dict[str, Any]) -> str:
+    """What a join handed its machine, in a few words: a map's count of results (and of the
+    children that failed, whose slots hold their errors), or the branches' names."""
+    return ", ".join(
+        _counted(key, value) if isinstance(value, list) else key for key, value in output.items()
+    )
+
+
+def _counted(key: str, results: list[Any]) -> str:
+    failed = sum(
+        1
+        for r in results
+        if isinstance(r, dict)
+        and r.get("status") in ("failed", "cancelled")
+        and set(r) <= {"status", "error"}
+    )
+    return f"{len(results)} {key}" + (f", {failed} failed" if failed else "")
 
 
 def _table(

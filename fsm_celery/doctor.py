@@ -210,13 +210,15 @@ class Doctor:
         return Result("bridges", True, f"{len(alive)} alive; {backlog}")
 
     def agents(self) -> Result:
-        """An agent alive for every agent type the definitions name: without one, machines of
-        those types wait in their first state until they time out."""
+        """An agent alive for every agent type the definitions name (their states' and their
+        children's too): without one, machines wait in a state of that type until it times
+        out."""
         from fsm_celery.store import queries as q
 
         needed: dict[str, list[str]] = {}
         for definition in load_all(definition_files(self.settings.definitions)):
-            needed.setdefault(definition.agent_type, []).append(definition.type)
+            for agent_type in definition.agent_types_named():
+                needed.setdefault(agent_type, []).append(definition.type)
         since = datetime.now(UTC) - timedelta(seconds=self.settings.agent_liveness_seconds)
         with self._database().connect() as conn:
             alive = q.alive_agents_by_type_txn(conn, since)

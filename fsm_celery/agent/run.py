@@ -25,12 +25,13 @@ def mock_agents(
     agent_id: uuid.UUID | None = None,
     concurrency: int = 4,
 ) -> list[Agent]:
-    """One mock agent per agent type of the definitions (or of those named)."""
+    """One mock agent per agent type the definitions name, their states' and children's
+    included (or per type asked for)."""
     definitions = load_all(definition_files(settings.definitions))
-    types = sorted(set(agent_types) or {d.agent_type for d in definitions})
+    types = sorted(set(agent_types) or {t for d in definitions for t in d.agent_types_named()})
     if agent_id is not None and len(types) != 1:
         raise ValueError("--agent-id needs exactly one --agent-type")
-    serves_pipeline = {d.agent_type for d in definitions if d.type == PIPELINE}
+    serves_pipeline = {t for d in definitions if d.type == PIPELINE for t in d.agent_types_named()}
     made = []
     for agent_type in types:
         agent = Agent(

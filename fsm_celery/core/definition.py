@@ -278,6 +278,18 @@ class MachineDefinition(BaseModel):
         """The agent type that works the state."""
         return state.agent_type or self.agent_type
 
+    def agent_types_named(self) -> frozenset[str]:
+        """Every agent type that works a state of the machine or of its inline children: each
+        needs an agent serving it (another definition's children name their own)."""
+        named = {self.agent_type}
+        for state in self.states:
+            if not state.fans_out:
+                named.add(self.agent_type_of(state))
+            for branch, body in self.children(state):
+                if body.machine is None:
+                    named |= self.inline(state.name, branch).agent_types_named()
+        return frozenset(named)
+
     def children(self, state: StateDefinition) -> tuple[tuple[str | None, Body], ...]:
         """What a fan-out state starts: (branch name, body) for each branch of a parallel
         state, or one body for a map (per item) and for a `machine:` state."""

@@ -81,7 +81,7 @@ class Admin:
         machine = NewMachine(
             id=machine_id,
             type=machine_type,
-            agent_type=definition.agent_type,
+            agent_type=definition.agent_type_of(definition.state(definition.initial_state)),
             current_state=definition.initial_state,
             context=initial_context(definition, context),
             status=MachineStatus.RUNNING.value,

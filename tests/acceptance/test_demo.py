@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fsm_celery.agent.mock import ASPECTS
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,14 @@ def test_demo_runs_every_machine_to_completion_without_servers() -> None:
     lines = done.stdout.splitlines()
     summary = lines[next(i for i, line in enumerate(lines) if "Summary" in line) :]
     finished = [line for line in summary if "│ completed │" in line]
-    assert len(finished) == 5, done.stdout  # one machine of each shipped definition, and two
+    assert len(finished) == 7, done.stdout  # one machine of each shipped definition, and two
     assert any("research_pipeline#5" in line for line in finished)
+    assert any("research_fanout#7" in line for line in finished)
+    # the map researched every sub-question, its join handing one finding each to the analyzer
+    joined = f"RESEARCHING -> ANALYZING  (joined: {len(ASPECTS)} findings)"
+    assert any(line.endswith(joined) for line in lines), done.stdout
+    assert any(
+        line.endswith("TESTS_AND_DOCS -> RUN_TESTS  (joined: tests, docs)") for line in lines
+    )
     assert any("RUN_TESTS -> WRITE_CODE  (injected failure in RUN_TESTS" in line for line in lines)
     assert any("ANALYZE_ISSUE -> CREATE_PROJECT" in line for line in lines)

@@ -67,7 +67,7 @@ def _load(fsm: Fsm, prompt: str, **more: object) -> None:
 def test_a_context_that_does_not_match_its_schema_starts_nothing(
     fsm: Fsm, machine_type: str, context: dict[str, object], says: str
 ) -> None:
-    agent = fsm.agent("research" if machine_type == "research_pipeline" else "cto")
+    agent = fsm.agent("researcher" if machine_type == "research_pipeline" else "cto")
     before = _counts(fsm)
     with pytest.raises(ContextMismatch) as refused:
         fsm.start(machine_type, context)

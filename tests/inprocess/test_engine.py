@@ -9,9 +9,11 @@ import uuid
 import pytest
 
 from fsm_celery.core.admin import Action, Command
+from fsm_celery.core.loader import parse_definition
 from fsm_celery.core.messages import task_token
 from fsm_celery.engine import Inbound
 from fsm_celery.exceptions import CommandRefused
+from fsm_celery.store import queries as q
 from tests.inprocess.conftest import Fsm, ack
 from tests.support.credentials import TEST_SECRET
 from tests.support.messages import FIX_BUG_STATES, heartbeat_for
@@ -190,6 +192,30 @@ def test_an_ack_from_another_agents_stream_is_refused(fsm: Fsm) -> None:
     assert fsm.rejections(mid) == ["wrong_agent"] and fsm.machine(mid).attempt == 1
     fsm.receive(ack(task), agent=owner)
     assert fsm.machine(mid).current_state == "TWO"
+
+
+def test_a_machine_whose_first_state_names_its_agent_type_starts_as_one_of_that_type(
+    fsm: Fsm,
+) -> None:
+    work = {"on_success": "DONE", "on_failure": "FAILED"}
+    typed = {
+        "type": "typed_start",
+        "agent_type": "tester",
+        "initial_state": "PLAN",
+        "states": [
+            {"name": "PLAN", "agent_type": "planner", **work},
+            {"name": "DONE", "terminal": "completed"},
+            {"name": "FAILED", "terminal": "failed"},
+        ],
+    }
+    fsm.engine.catalog.load([parse_definition(typed)])
+    planner = uuid.uuid4()
+    with fsm.engine.db.begin() as conn:
+        q.register_agent_txn(conn, planner, "planner", fsm.clock())
+    mid = fsm.start("typed_start")
+    assert fsm.machine(mid).agent_type == "planner"
+    fsm.receive(ack(fsm.agent("planner").task()), agent=planner)  # not wrong_agent
+    assert fsm.machine(mid).status == "completed"
 
 
 def test_commands_pause_resume_force_and_cancel_a_machine(fsm: Fsm) -> None:

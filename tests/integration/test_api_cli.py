@@ -209,7 +209,7 @@ def test_cli_validate_names_file_state_and_field(tmp_path: Path) -> None:
 def test_cli_validate_accepts_the_shipped_definitions() -> None:
     result = CliRunner().invoke(cli.main, ["definitions", "validate", str(SHIPPED_DEFINITIONS)])
     assert result.exit_code == 0, result.output
-    assert result.output.count("ok  ") == 4
+    assert result.output.count("ok  ") == len(list(SHIPPED_DEFINITIONS.glob("*.yaml")))
 
 
 @ONE_MODE

@@ -73,12 +73,15 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         assert lines["bridges"].startswith("✘ bridges: none alive; ack stream lag 0, pending 0")
         assert lines["token secret"].startswith("✘ token secret: FSM_TASK_TOKEN_SECRET is the")
         assert lines["agents"].startswith(
-            "✘ agents: none alive for agent type cto (cto_build_project, cto_fix_bug, "
-            "cto_infrastructure_check); research (research_pipeline)"
+            "✘ agents: none alive for agent type analyzer (research_fanout, research_pipeline); "
+            "cto (cto_build_parallel, cto_build_project, cto_fix_bug, cto_infrastructure_check); "
+            "docwriter (cto_build_parallel); researcher (research_fanout, research_pipeline); "
+            "reviewer (research_fanout, research_pipeline); tester (cto_build_parallel)"
         )
         assert (
-            "start one: fsm-celery agent --mock --agent-type cto --agent-type research"
-            in (lines["agents"])
+            "start one: fsm-celery agent --mock --agent-type analyzer --agent-type cto "
+            "--agent-type docwriter --agent-type researcher --agent-type reviewer "
+            "--agent-type tester" in (lines["agents"])
         )
 
         server_client = env.redis.__class__.from_url(server.url)
@@ -90,15 +93,19 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         env.wait_for_agents(1)
         _wait_for_scan(env)
         status, lines = _doctor(env)
-        assert status == 1  # nothing serves the research pipeline yet
-        assert lines["agents"].startswith("✘ agents: none alive for agent type research ")
-        env.start_agent("--mock", "--agent-type", "research")
-        env.wait_for_agents(2)
+        assert status == 1  # nothing serves the research pipelines, nor the build's branches
+        assert lines["agents"].startswith("✘ agents: none alive for agent type analyzer ")
+        others = ("analyzer", "docwriter", "researcher", "reviewer", "tester")
+        env.start_agent("--mock", *(flag for t in others for flag in ("--agent-type", t)))
+        env.wait_for_agents(1 + len(others))
         status, lines = _doctor(env)
         assert status == 0, lines
         assert all(line.startswith("✔") for line in lines.values()), lines
         assert "1 answering" in lines["workers"] and "1 alive" in lines["bridges"]
-        assert lines["agents"] == "✔ agents: alive for every agent type (cto 1, research 1)"
+        assert lines["agents"] == (
+            "✔ agents: alive for every agent type (analyzer 1, cto 1, docwriter 1, researcher 1, "
+            "reviewer 1, tester 1)"
+        )
 
         env.stop_all()
         status, lines = _doctor(

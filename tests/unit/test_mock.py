@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from fsm_celery.agent.mock import OUTPUTS, InjectedFailure, MockScript
+from fsm_celery.agent.mock import (
+    ASPECTS,
+    OUTPUTS,
+    InjectedFailure,
+    MockScript,
+    research,
+    review,
+    split_query,
+)
 from fsm_celery.agent.sdk import NoAck
 
 
@@ -37,3 +45,26 @@ def test_same_seed_same_think_times() -> None:
     a, b = MockScript(seed=3, think=(0, 1)), MockScript(seed=3, think=(0, 1))
     assert a.think_seconds("m", 2) == b.think_seconds("m", 2)
     assert a.think_seconds("m", 2) != MockScript(seed=4, think=(0, 1)).think_seconds("m", 2)
+
+
+def test_a_state_whose_answer_follows_its_input_is_answered_from_the_context() -> None:
+    plan = MockScript().respond("m", "PLANNING", "research_fanout", {"query": "edge caching"})
+    assert plan == split_query({"query": "edge caching"})
+    assert len(plan["subQuestions"]) == len(ASPECTS)
+    assert all("edge caching" in q for q in plan["subQuestions"])
+
+
+def test_a_child_is_answered_by_the_type_that_names_its_place() -> None:
+    script = MockScript()
+    child = "research_fanout.RESEARCHING"
+    first, second = ({"query": "q", "subQuestion": s} for s in ("Who uses q?", "What is q?"))
+    assert script.respond("a", "RESEARCH", child, first) == research(first)
+    assert script.respond("b", "RESEARCH", child, first) == research(first)  # deterministic
+    assert research(first)["finding"] != research(second)["finding"]
+    assert script.respond("c", "RESEARCH", "other_type", first) == {}  # not this place
+
+
+def test_the_reviewer_sends_back_an_analysis_without_findings() -> None:
+    found = {"findings": [{"finding": "f"}, {"status": "failed", "error": "boom"}]}
+    assert review(found)["approved"] is True
+    assert review({"findings": [{"status": "failed", "error": "boom"}]})["approved"] is False

@@ -33,9 +33,11 @@ def _wheel_definitions(
 def test_a_checkout_reads_the_top_level_folder() -> None:
     assert SHIPPED_DEFINITIONS == ROOT / "definitions"
     assert sorted(DEFINITIONS) == [
+        "cto_build_parallel.yaml",
         "cto_build_project.yaml",
         "cto_fix_bug.yaml",
         "cto_infrastructure_check.yaml",
+        "research_fanout.yaml",
         "research_pipeline.yaml",
     ]
 

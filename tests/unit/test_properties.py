@@ -225,8 +225,10 @@ def test_only_failures_end_in_a_terminal_within_the_bound(
 
 def test_the_guard_keys_of_the_shipped_definitions() -> None:
     assert {d.type: guard_keys(d) for d in SHIPPED} == {
+        "cto_build_parallel": {"needsSpec", "passed", "verified"},
         "cto_build_project": {"needsSpec", "passed", "verified"},
         "cto_fix_bug": {"passed"},
         "cto_infrastructure_check": set(),
+        "research_fanout": {"approved"},
         "research_pipeline": {"approved"},
     }

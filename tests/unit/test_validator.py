@@ -86,9 +86,11 @@ def test_each_shipped_definition_validates(path: Path) -> None:
 
 def test_the_shipped_definitions_load_together() -> None:
     assert {d.type for d in load_all(SHIPPED)} == {
+        "cto_build_parallel",
         "cto_build_project",
         "cto_fix_bug",
         "cto_infrastructure_check",
+        "research_fanout",
         "research_pipeline",
     }
 
@@ -490,3 +492,10 @@ def test_failure_edge_with_a_guard_is_refused() -> None:
         )
     )
     assert Problem("a failure edge takes no guard (when:)", SOURCE, "A", "on_failure") in found
+
+
+def test_a_definition_names_the_agent_types_of_its_states_and_inline_children() -> None:
+    named = {d.type: d.agent_types_named() for d in load_all(SHIPPED)}
+    assert named["research_fanout"] == {"analyzer", "researcher", "reviewer"}
+    assert named["cto_build_parallel"] == {"cto", "tester", "docwriter"}
+    assert named["cto_fix_bug"] == {"cto"}
