@@ -80,6 +80,7 @@ class FilterBody(_Body):
     agent_type: Annotated[str, Field(max_length=10)] | None = None
     agent_id: UUID | None = None
     github_issue: Issue | None = None
+    parent: UUID | None = Field(default=None, description="the children of this machine")
     created_after: datetime | None = None
     created_before: datetime | None = None
 
@@ -90,6 +91,7 @@ class FilterBody(_Body):
             agent_type=self.agent_type,
             agent_id=self.agent_id,
             github_issue=self.github_issue,
+            parent_id=self.parent,
             created_after=self.created_after,
             created_before=self.created_before,
         )
@@ -109,6 +111,7 @@ def machine_filter(
     agent_type: Annotated[str | None, Query(max_length=10)] = None,
     agent_id: UUID | None = None,
     github_issue: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    parent: Annotated[UUID | None, Query(description="the children of this machine")] = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
 ) -> MachineFilter:
@@ -121,6 +124,7 @@ def machine_filter(
             agent_type=agent_type or None,
             agent_id=agent_id,
             github_issue=github_issue,
+            parent=parent,
             created_after=created_after,
             created_before=created_before,
         )
