@@ -1,5 +1,7 @@
 """A definition as a graph: its states as nodes and its edges, as data (the dashboard lays it
-out with dagre) and as Graphviz DOT text (for anyone who renders with Graphviz). Pure."""
+out with dagre) and as Graphviz DOT text (for anyone who renders with Graphviz). A parallel
+state carries its branches (each a graph of its own inline states, or a child machine of
+another definition), drawn as a cluster; a map state is one node, whatever its items. Pure."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.definition import AtLeast, MachineDefinition, StateDefinition
 
 SUCCESS, GUARDED, FAILURE, LOOP_EXHAUSTED = "success", "guarded", "failure", "loop_exhausted"
+TASK, PARALLEL, MAP, MACHINE = "task", "parallel", "map", "machine"
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,8 @@ class Node:
     timeout_seconds: float
     max_retries: int
     required_output: tuple[str, ...]
+    kind: str = TASK  # task, parallel, map, machine
+    detail: str = ""  # a parallel state's join, a map's items, a child machine's type
 
 
 @dataclass(frozen=True)
@@ -32,19 +37,37 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Branch:
+    """One branch of a parallel state: its own states' graph, or a machine of another type."""
+
+    name: str
+    graph: Graph | None
+    machine: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        inner = self.graph.to_dict() if self.graph is not None else None
+        return {"name": self.name, "machine": self.machine, "graph": inner}
+
+
+@dataclass(frozen=True)
 class Graph:
     nodes: tuple[Node, ...]
     links: tuple[Link, ...]
+    branches: dict[str, tuple[Branch, ...]]  # each parallel state's, by its name
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "nodes": [asdict(n) for n in self.nodes],
             "links": [asdict(link) for link in self.links],
+            "branches": {
+                state: [b.to_dict() for b in branches] for state, branches in self.branches.items()
+            },
         }
 
 
 def graph(definition: MachineDefinition) -> Graph:
-    """The states and every edge between them, in definition order."""
+    """The states and every edge between them, in definition order; each parallel state's
+    branches, each drawn the same way."""
     nodes = tuple(
         Node(
             id=s.name,
@@ -54,9 +77,21 @@ def graph(definition: MachineDefinition) -> Graph:
             timeout_seconds=s.timeout_seconds,
             max_retries=s.max_retries,
             required_output=s.required_output,
+            kind=_kind(s),
+            detail=_detail(s),
         )
         for s in definition.states
     )
+    branches = {
+        s.name: tuple(
+            Branch(b.name, None, b.machine)
+            if b.machine is not None
+            else Branch(b.name, graph(definition.inline(s.name, b.name)), None)
+            for b in s.parallel.branches
+        )
+        for s in definition.states
+        if s.parallel is not None
+    }
     links: list[Link] = []
     for state in definition.states:
         for edge in state.on_success:
@@ -71,7 +106,26 @@ def graph(definition: MachineDefinition) -> Graph:
             links.append(
                 Link(state.name, definition.on_loop_exhausted, LOOP_EXHAUSTED, "loops spent")
             )
-    return Graph(nodes, tuple(links))
+    return Graph(nodes, tuple(links), branches)
+
+
+def _kind(state: StateDefinition) -> str:
+    if state.parallel is not None:
+        return PARALLEL
+    if state.map is not None:
+        return MAP
+    return MACHINE if state.machine is not None else TASK
+
+
+def _detail(state: StateDefinition) -> str:
+    """What a fan-out state starts, in a few words."""
+    if state.parallel is not None:
+        join = state.parallel.join
+        return f"join: at least {join.at_least}" if isinstance(join, AtLeast) else f"join: {join}"
+    if state.map is not None:
+        body = f" → {state.map.machine}" if state.map.machine is not None else ""
+        return f"map over {state.map.items}{body}"
+    return f"→ {state.machine}" if state.machine is not None else ""
 
 
 def to_dot(definition: MachineDefinition) -> str:
