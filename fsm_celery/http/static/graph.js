@@ -146,7 +146,9 @@ class MachineGraph {
         const label = svgEl("text", { x: edge.x, y: edge.y + 4, class: "edge-label" }, group);
         label.textContent = edge.label;
       }
-      this.edges.push({ source: e.v, target: e.w, group, path });
+      // a parallel state's edges leave from its join: the history names the state
+      const source = e.w.includes(SEP) ? e.v : edge.data.source ?? e.v;
+      this.edges.push({ source, target: e.w, group, path });
     }
     const nodeLayer = svgEl("g", { class: "nodes" }, svg);
     for (const id of g.nodes()) {
