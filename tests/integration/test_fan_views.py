@@ -54,8 +54,7 @@ def mapped(env: FsmEnv) -> UUID:
     """A map of 12 items: its first child cancelled by an operator, so the third started; two
     running, nine waiting their turn."""
     mid = start(env, "test_fan_map", {"items": list(range(12)), "prefix": "p"})
-    first = env.client.children(mid)[-1]  # newest first: the first started is last
-    assert first.branch == "0"
+    first = next(c for c in env.client.children(mid) if c.branch == "0")
     env.client.cancel(first.id, "carol", "not needed")
     return mid
 
@@ -156,6 +155,8 @@ def test_status_names_a_childs_parent_and_list_takes_a_parent(env: FsmEnv, paral
     assert f"branch         {child.branch}" in shown
     listed = cli(env, "list", "--parent", str(parallel)[:8]).stdout.splitlines()
     assert len(listed) == 3 and "test_fan_parallel.BUILD." in listed[1]
+    history = cli(env, "history", str(child.id)).stdout
+    assert f"started by {parallel} in BUILD, slot {child.branch}" in history
 
 
 def test_tree_of_an_unknown_machine_is_one_line(env: FsmEnv) -> None:
@@ -205,3 +206,12 @@ def test_a_childs_page_links_its_parent(http: Any, env: FsmEnv, parallel: UUID) 
     assert response.status_code == 200, response.text
     assert f'<a class="mono" href="/machines/{parallel}">{str(parallel)[:8]}</a>' in response.text
     assert drawing(response.text)["graph"]["nodes"][0]["id"] == "WRITE"
+
+
+def test_the_machines_list_filtered_by_parent_shows_its_children_only(
+    http: Any, env: FsmEnv, parallel: UUID
+) -> None:
+    page = http.get("/", params={"parent": str(parallel)}, headers=ADMIN).text
+    shown = set(re.findall(r'<tr data-machine="([0-9a-f-]+)"', page))
+    assert shown == {str(c.id) for c in env.client.children(parallel)}
+    assert f'<input type="hidden" name="parent" value="{parallel}">' in page
