@@ -129,15 +129,25 @@ def _detail(state: StateDefinition) -> str:
 
 
 def to_dot(definition: MachineDefinition) -> str:
-    """The definition as a Graphviz digraph (`dot -Tsvg` draws it)."""
-    g = graph(definition)
-    lines = [f"digraph {_quote(definition.type)} {{", "  rankdir=TB;", "  node [shape=box];"]
+    """The definition as a Graphviz digraph (`dot -Tsvg` draws it); a parallel state is a
+    cluster holding the state, a cluster per branch, and its join, whence its edges leave."""
+    head = [f"digraph {_quote(definition.type)} {{", "  rankdir=TB;", "  node [shape=box];"]
+    return "\n".join([*head, *_dot_lines(graph(definition), "", "  "), "}"]) + "\n"
+
+
+def _dot_lines(g: Graph, prefix: str, indent: str) -> list[str]:
+    """A graph's nodes and links, its names under `prefix` (a branch's: STATE/branch/)."""
+    lines: list[str] = []
     for node in g.nodes:
         style = ["rounded"]
         if node.terminal is not None:
             style.append("bold")
         shape = f'style="{",".join(style)}"' + (", penwidth=2" if node.initial else "")
-        lines.append(f"  {_quote(node.id)} [{shape}];")
+        text = f"{node.id}\n{node.detail}" if node.kind in (MAP, MACHINE) else node.id
+        label = f", label={_quote(text)}" if prefix or text != node.id else ""
+        declared = f"{indent}{_quote(prefix + node.id)} [{shape}{label}];"
+        branches = g.branches.get(node.id)
+        lines += [declared] if branches is None else _dot_cluster(node, branches, prefix, indent)
     for link in g.links:
         attrs = []
         if link.label:
@@ -145,9 +155,36 @@ def to_dot(definition: MachineDefinition) -> str:
         if link.kind in (FAILURE, LOOP_EXHAUSTED):
             attrs.append("style=dashed")
         suffix = f" [{', '.join(attrs)}]" if attrs else ""
-        lines.append(f"  {_quote(link.source)} -> {_quote(link.target)}{suffix};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+        source = prefix + link.source + ("/join" if link.source in g.branches else "")
+        lines.append(f"{indent}{_quote(source)} -> {_quote(prefix + link.target)}{suffix};")
+    return lines
+
+
+def _dot_cluster(node: Node, branches: tuple[Branch, ...], prefix: str, indent: str) -> list[str]:
+    name, inner = prefix + node.id, indent + "  "
+    join = _quote(f"{name}/join")
+    lines = [f"{indent}subgraph {_quote(f'cluster_{name}')} {{", f"{inner}label={_quote(node.id)};"]
+    lines += [f'{inner}{_quote(name)} [style="rounded"{", penwidth=2" if node.initial else ""}];']
+    lines += [f'{inner}{join} [label={_quote(node.detail)}, style="rounded,dashed"];']
+    for branch in branches:
+        box = f"{name}/{branch.name}/"
+        lines += [
+            f"{inner}subgraph {_quote(f'cluster_{box}')} {{",
+            f"{inner}  label={_quote(branch.name)};",
+        ]
+        if branch.graph is None:
+            only = _quote(box)
+            lines += [f"{inner}  {only} [label={_quote(f'→ {branch.machine}')}];"]
+            ends = [only]
+            starts = [only]
+        else:
+            lines += _dot_lines(branch.graph, box, inner + "  ")
+            starts = [_quote(box + n.id) for n in branch.graph.nodes if n.initial]
+            ends = [_quote(box + n.id) for n in branch.graph.nodes if n.terminal is not None]
+        lines.append(f"{inner}}}")
+        lines += [f"{inner}{_quote(name)} -> {s} [style=dotted];" for s in starts]
+        lines += [f"{inner}{e} -> {join} [style=dotted];" for e in ends]
+    return [*lines, f"{indent}}}"]
 
 
 def _quote(text: str) -> str:

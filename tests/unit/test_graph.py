@@ -80,3 +80,14 @@ def test_a_map_is_one_node_and_a_child_machine_names_its_type() -> None:
     child = graph(FIXTURES["test_fan_child"]).nodes[0]
     assert (child.kind, child.detail) == (MACHINE, "→ test_pair")
     assert graph(FIXTURES["test_linear"]).nodes[0].kind == TASK
+
+
+def test_dot_draws_a_parallel_state_as_a_cluster_left_by_its_join() -> None:
+    dot = to_dot(FIXTURES["test_fan_parallel"])
+    assert 'subgraph "cluster_BUILD" {' in dot
+    assert 'subgraph "cluster_BUILD/tests/" {' in dot
+    assert '"BUILD" -> "BUILD/tests/WRITE" [style=dotted];' in dot
+    assert '"BUILD/tests/DONE" -> "BUILD/join" [style=dotted];' in dot
+    assert '"BUILD/join" -> "SHIP";' in dot
+    assert dot.count("{") == dot.count("}")
+    assert 'label="EACH\\nmap over context.items"' in to_dot(FIXTURES["test_fan_map"])
