@@ -197,8 +197,9 @@ def tree(machine_id: str, shown: int, most: int, as_json: bool) -> None:
 def _known_machine_type(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> str | None:
-    """A --type filter, refused (as the HTTP API does) unless a definition has the type."""
-    if value is not None and value not in (known := _client().machine_types()):
+    """A --type filter, refused (as the HTTP API does) unless a definition has the type (a
+    child's type, `TYPE.STATE[.branch]`, is named by its place in its root's)."""
+    if value is not None and value.split(".")[0] not in (known := _client().machine_types()):
         raise click.BadParameter(f"unknown machine type {value!r}: one of {', '.join(known)}")
     return value
 

@@ -33,6 +33,7 @@ from fsm_celery.http.models import (
 )
 from fsm_celery.records import definition_view, jsonable
 from fsm_celery.store.reads import MachineFilter
+from fsm_celery.store.tables import TYPE_CHARS
 
 router = APIRouter(prefix="/api")
 Viewer = Annotated[Principal, Depends(viewer)]
@@ -347,7 +348,7 @@ async def events(
     machine_id: Annotated[list[UUID] | None, Query(max_length=MAX_FOLLOWED)] = None,
     parent_id: Annotated[list[UUID] | None, Query(max_length=MAX_FOLLOWED)] = None,
     starts: bool = False,
-    type: Annotated[str | None, Query(max_length=50)] = None,
+    type: Annotated[str | None, Query(max_length=TYPE_CHARS)] = None,
     agent_type: Annotated[str | None, Query(max_length=10)] = None,
 ) -> EventSourceResponse:
     """Each `transitions` event carries a JSON array of state_events (what arrived within a

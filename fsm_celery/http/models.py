@@ -18,8 +18,11 @@ from fsm_celery.core.messages import INT32_MAX, INT64_MAX, unstorable
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.http.examples import REQUESTS
 from fsm_celery.store.reads import Cursor, MachineFilter
+from fsm_celery.store.tables import TYPE_CHARS
 
 Name = Annotated[str, Field(min_length=1, max_length=50)]
+# a machine's type: a definition's, or a child's named by its place (`research_fanout.EACH`)
+MachineType = Annotated[str, Field(min_length=1, max_length=TYPE_CHARS)]
 Actor = Annotated[str, Field(min_length=1, max_length=100)]
 Reason = Annotated[str, Field(max_length=2000)]
 Issue = Annotated[int, Field(ge=0, le=INT32_MAX)]
@@ -76,7 +79,7 @@ class BudgetRequest(_Body):
 
 class FilterBody(_Body):
     status: MachineStatus | None = None
-    type: Name | None = None
+    type: MachineType | None = None
     agent_type: Annotated[str, Field(max_length=10)] | None = None
     agent_id: UUID | None = None
     github_issue: Issue | None = None
@@ -107,7 +110,7 @@ class BulkRequest(_Body):
 
 def machine_filter(
     status: MachineStatus | None = None,
-    type: Annotated[str | None, Query(max_length=50)] = None,
+    type: Annotated[str | None, Query(max_length=TYPE_CHARS)] = None,
     agent_type: Annotated[str | None, Query(max_length=10)] = None,
     agent_id: UUID | None = None,
     github_issue: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,

@@ -92,6 +92,8 @@ def test_a_machines_children_come_a_page_at_a_time(http: Any, mapped: UUID) -> N
     assert children[0].keys() == examples.CHILD.keys()
     listed = http.get("/api/machines", params={"parent": str(mapped)}, headers=VIEWER).json()
     assert [c["id"] for c in listed["items"]] == [c["id"] for c in children]
+    by_type = http.get("/api/machines", params={"type": "test_fan_map.EACH"}, headers=VIEWER)
+    assert {c["id"] for c in by_type.json()["items"]} == {c["id"] for c in children}
 
 
 def test_the_tree_lists_the_first_children_and_counts_the_rest(http: Any, mapped: UUID) -> None:
@@ -155,6 +157,8 @@ def test_status_names_a_childs_parent_and_list_takes_a_parent(env: FsmEnv, paral
     assert f"branch         {child.branch}" in shown
     listed = cli(env, "list", "--parent", str(parallel)[:8]).stdout.splitlines()
     assert len(listed) == 3 and "test_fan_parallel.BUILD." in listed[1]
+    by_type = cli(env, "list", "--type", child.type).stdout.splitlines()
+    assert [line.split()[0] for line in by_type[1:]] == [str(child.id)]
     history = cli(env, "history", str(child.id)).stdout
     assert f"started by {parallel} in BUILD, slot {child.branch}" in history
 
