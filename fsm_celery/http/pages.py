@@ -127,8 +127,9 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
     info = fsm.get_machine(_machine_id(machine_id))
     history = fsm.history(info.id)
     definition = fsm.definition(info.type, info.definition_version)
-    family = fsm.tree(info.id, CHILDREN, CHILDREN + 1)
-    fan_outs = fsm.fan_outs(info.id)
+    fans_out = any(s.fans_out for s in definition.definition.states)  # else it has no children
+    family = fsm.tree(info.id, CHILDREN, CHILDREN + 1) if fans_out else None
+    fan_outs = fsm.fan_outs(info.id) if fans_out else []
     drawing = {
         "graph": graph(definition.definition).to_dict(),
         "current": info.current_state,
@@ -136,9 +137,8 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
         "visited": [[h.from_state, h.to_state] for h in history if h.from_state],
         "type": info.type,
         "fanOuts": _latest_per_state(fan_outs),
-        "children": [c.to_dict() for c in family.children],
+        "children": [c.to_dict() for c in family.children] if family else [],
     }
-    fans_out = any(s.fans_out for s in definition.definition.states)
     return _render(
         request,
         "machine.html",
@@ -146,7 +146,7 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
         machine=info,
         family=family,
         fan_outs=fan_outs,
-        fans_out=fans_out or bool(family.children) or bool(family.more),
+        fans_out=fans_out,
         shown_children=CHILDREN,
         history=history,
         notifications=fsm.notifications(info.id, admin=who.is_admin),
