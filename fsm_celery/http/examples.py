@@ -245,7 +245,7 @@ ANSWERS: dict[str, Any] = {
         "valid": True,
         "problems": [],
         "definition": {"type": "cto_build_project", "agent_type": "cto", "states": ["…"]},
-        "graph": {"nodes": ["…"], "edges": ["…"]},
+        "graph": {"nodes": ["…"], "links": ["…"], "branches": {"BUILD": ["…"]}},
         "dot": "digraph cto_build_project { … }",
     },
     "stats": {
