@@ -137,6 +137,9 @@ def test_tree_prints_each_machine_with_its_type_state_and_status(env: FsmEnv, ma
     assert re.fullmatch(r"├── \[1\] \w{8}  test_fan_map\.EACH  WORK  running", lines[2])
     assert lines[3] == "└── … 10 more: 1 running, 9 waiting"
     assert len(lines) == 4
+    as_json = json.loads(cli(env, "tree", str(mapped), "--shown", "2", "--json").stdout)
+    assert as_json.keys() == examples.TREE.keys()
+    assert as_json["more"] == {"running": 1, "waiting": 9}
 
 
 def test_tree_goes_down_every_level(env: FsmEnv) -> None:
