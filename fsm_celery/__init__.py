@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fsm_celery.api import (
+        children,
         default_client,
         get_machine,
         history,
         list_machines,
         start_machine,
         stats,
+        tree,
     )
     from fsm_celery.client import Client
     from fsm_celery.config import Settings
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
         MachineNotFound,
         UnknownMachineType,
     )
-    from fsm_celery.records import MachineInfo, TransitionRecord
+    from fsm_celery.records import MachineInfo, TransitionRecord, TreeNode
 
 _HOME = {
     "Client": "fsm_celery.client",
@@ -42,13 +44,16 @@ _HOME = {
     "MachineStatus": "fsm_celery.core.transition",
     "Settings": "fsm_celery.config",
     "TransitionRecord": "fsm_celery.records",
+    "TreeNode": "fsm_celery.records",
     "UnknownMachineType": "fsm_celery.exceptions",
+    "children": "fsm_celery.api",
     "default_client": "fsm_celery.api",
     "get_machine": "fsm_celery.api",
     "history": "fsm_celery.api",
     "list_machines": "fsm_celery.api",
     "start_machine": "fsm_celery.api",
     "stats": "fsm_celery.api",
+    "tree": "fsm_celery.api",
 }
 __all__ = [
     "Client",
@@ -61,13 +66,16 @@ __all__ = [
     "MachineStatus",
     "Settings",
     "TransitionRecord",
+    "TreeNode",
     "UnknownMachineType",
+    "children",
     "default_client",
     "get_machine",
     "history",
     "list_machines",
     "start_machine",
     "stats",
+    "tree",
 ]
 
 

@@ -11,7 +11,7 @@ from uuid import UUID
 
 from fsm_celery.client import Client
 from fsm_celery.config import get_settings
-from fsm_celery.records import MachineInfo, TransitionRecord
+from fsm_celery.records import MachineInfo, TransitionRecord, TreeNode
 from fsm_celery.wiring import client
 
 
@@ -41,12 +41,27 @@ def list_machines(
     agent_type: str | None = None,
     status: str | None = None,
     machine_type: str | None = None,
+    parent: UUID | str | None = None,
     limit: int = 100,
 ) -> list[MachineInfo]:
-    """Machines, newest first, filtered by agent type, status and machine type."""
+    """Machines, newest first, filtered by agent type, status, machine type and parent."""
     return default_client().list_machines(
-        agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
+        agent_type=agent_type,
+        status=status,
+        machine_type=machine_type,
+        parent=parent,
+        limit=limit,
     )
+
+
+def children(machine_id: UUID | str, limit: int = 100) -> list[MachineInfo]:
+    """The machine's children (those its fan-out states started), newest first."""
+    return default_client().children(machine_id, limit)
+
+
+def tree(machine_id: UUID | str) -> TreeNode:
+    """The machine and its descendants, a map's many children counted by status."""
+    return default_client().tree(machine_id)
 
 
 def history(machine_id: UUID | str) -> list[TransitionRecord]:

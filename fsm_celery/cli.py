@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from fsm_celery import views
-from fsm_celery.client import Client
+from fsm_celery.client import TREE_MOST, TREE_SHOWN, Client
 from fsm_celery.config import get_settings
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import CannotListen
@@ -167,11 +167,39 @@ def history(machine_id: str, as_json: bool) -> None:
     _echo_lines(views.history(records))
 
 
+@main.command()
+@click.argument("machine_id")
+@click.option(
+    "--shown",
+    type=click.IntRange(min=0, max=100),
+    default=TREE_SHOWN,
+    show_default=True,
+    help="Children listed under each machine; the others are counted by status.",
+)
+@click.option(
+    "--most",
+    type=click.IntRange(min=1, max=1000),
+    default=TREE_MOST,
+    show_default=True,
+    help="Machines listed in all.",
+)
+@click.option("--json", "as_json", is_flag=True)
+def tree(machine_id: str, shown: int, most: int, as_json: bool) -> None:
+    """Show a machine and the children its fan-outs started, down the tree: each with its
+    type, state and status."""
+    found = _client().tree(machine_id, shown, most)
+    if as_json:
+        _echo_json(found.to_dict())
+        return
+    _echo_lines(views.tree(found))
+
+
 def _known_machine_type(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> str | None:
-    """A --type filter, refused (as the HTTP API does) unless a definition has the type."""
-    if value is not None and value not in (known := _client().machine_types()):
+    """A --type filter, refused (as the HTTP API does) unless a definition has the type (a
+    child's type, `TYPE.STATE[.branch]`, is named by its place in its root's)."""
+    if value is not None and value.split(".")[0] not in (known := _client().machine_types()):
         raise click.BadParameter(f"unknown machine type {value!r}: one of {', '.join(known)}")
     return value
 
@@ -189,14 +217,24 @@ def _known_agent_type(
 @click.option("--agent-type", callback=_known_agent_type)
 @click.option("--status", type=click.Choice(views.STATUSES))
 @click.option("--type", "machine_type", callback=_known_machine_type)
+@click.option("--parent", metavar="MACHINE_ID", help="The children of this machine.")
 @click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def list_(
-    agent_type: str | None, status: str | None, machine_type: str | None, limit: int, as_json: bool
+    agent_type: str | None,
+    status: str | None,
+    machine_type: str | None,
+    parent: str | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
     """List machines, newest first."""
     found = _client().list_machines(
-        agent_type=agent_type, status=status, machine_type=machine_type, limit=limit
+        agent_type=agent_type,
+        status=status,
+        machine_type=machine_type,
+        parent=parent,
+        limit=limit,
     )
     if as_json:
         _echo_json([m.to_dict() for m in found])

@@ -36,8 +36,10 @@ from fsm_celery.records import (
     AgentInfo,
     BulkResult,
     DefinitionVersion,
+    FanOutProgress,
     MachineInfo,
     TransitionRecord,
+    TreeNode,
     jsonable,
     notification_view,
 )
@@ -50,6 +52,9 @@ log = logging.getLogger(__name__)
 ACTOR_CHARS = 100  # state_transitions.actor
 MIN_PREFIX = 4  # hex digits of an id that may name a machine (git's shortest commit prefix)
 CANDIDATES = 10  # ids an ambiguous prefix's error lists at most
+TREE_SHOWN = 10  # children a tree lists of each machine; the others it counts by status
+TREE_MOST = 200  # machines a tree lists at most
+FAN_OUTS = 20  # a machine's latest fan-outs shown (a loop may enter a fan-out state often)
 
 
 class Client:
@@ -227,11 +232,51 @@ class Client:
         agent_type: str | None = None,
         status: str | None = None,
         machine_type: str | None = None,
+        parent: UUID | str | None = None,
         limit: int = 100,
     ) -> list[MachineInfo]:
-        """Machines, newest first, filtered by agent type, status and machine type."""
-        where = MachineFilter(status=status, machine_type=machine_type, agent_type=agent_type)
+        """Machines, newest first, filtered by agent type, status, machine type and parent."""
+        where = MachineFilter(
+            status=status,
+            machine_type=machine_type,
+            agent_type=agent_type,
+            parent_id=self.full_id(parent) if parent is not None else None,
+        )
         return self.find_machines(where, limit)
+
+    def children(
+        self, machine_id: UUID | str, limit: int = 100, after: Cursor | None = None
+    ) -> list[MachineInfo]:
+        """A page of the machine's children (of every attempt), newest first, after the
+        cursor (MachineNotFound if no such machine)."""
+        with self.engine.db.connect() as conn:
+            mid = _full_id_txn(conn, machine_id)
+            rows = reads.find_machines_txn(conn, MachineFilter(parent_id=mid), limit, after)
+            if not rows and q.get_machine_txn(conn, mid) is None:
+                raise MachineNotFound(str(machine_id))
+        return [MachineInfo.from_row(r) for r in rows]
+
+    def tree(
+        self, machine_id: UUID | str, shown: int = TREE_SHOWN, most: int = TREE_MOST
+    ) -> TreeNode:
+        """The machine and its descendants, each with its first `shown` children listed and
+        the others counted by status; `most` machines in all."""
+        with self.engine.db.connect() as conn:
+            found = reads.tree_txn(conn, _full_id_txn(conn, machine_id), shown, most)
+        if found is None:
+            raise MachineNotFound(str(machine_id))
+        return TreeNode.of(found)
+
+    def fan_outs(self, machine_id: UUID | str, limit: int = FAN_OUTS) -> list[FanOutProgress]:
+        """The machine's latest fan-outs, newest first: how many children, and how they stand
+        (done, failed, running, waiting, cancelled)."""
+        with self.engine.db.connect() as conn:
+            mid = _full_id_txn(conn, machine_id)
+            rows = reads.fan_outs_txn(conn, mid, limit)
+            if not rows and q.get_machine_txn(conn, mid) is None:
+                raise MachineNotFound(str(machine_id))
+            slots = reads.slot_counts_txn(conn, mid, [r.attempt for r in rows]) if rows else {}
+        return [FanOutProgress.from_row(r, slots.get(r.attempt, {})) for r in rows]
 
     def find_machines(
         self, where: MachineFilter, limit: int = 50, after: Cursor | None = None
@@ -303,19 +348,26 @@ class Client:
         return [jsonable(dict(r._mapping)) for r in rows]
 
     def definition(self, machine_type: str, version: int | None = None) -> DefinitionVersion:
-        """One version of a machine type (the latest by default), and its checker's problems."""
+        """One version of a machine type (the latest by default), and its checker's problems.
+        A child's inline type (`type.STATE[.branch]`) is part of its root type's version."""
+        root_type = machine_type.split(".", 1)[0]
         with self.engine.db.connect() as conn:
-            row = reads.definition_body_txn(conn, machine_type, version)
-            versions = reads.versions_of_txn(conn, machine_type)
+            row = reads.definition_body_txn(conn, root_type, version)
+            versions = reads.versions_of_txn(conn, root_type)
         if row is None:
             raise UnknownMachineType(machine_type, self.machine_types())
-        source = f"{machine_type} v{row.version}"
+        source = f"{root_type} v{row.version}"
         definition = parse_definition(row.body, source, check=False)
         try:  # checked when it was loaded; a newer checker may find more
             validate(definition, source)
             problems: list[str] = []
         except DefinitionError as exc:
             problems = [str(p) for p in exc.problems]
+        if machine_type != root_type:
+            try:
+                definition = definition.at(machine_type)
+            except (KeyError, IndexError, AssertionError):  # a place the definition has not
+                raise UnknownMachineType(machine_type, self.machine_types()) from None
         return DefinitionVersion(
             machine_type, row.version, row.created_at, definition, problems, versions
         )

@@ -1,6 +1,6 @@
 """What the Python client (and so the CLI and the HTTP API) hands back: a machine, one attempt of
-its history, an agent at work, a definition's version, one machine of a bulk command; and what
-a reader may see of a notification's receiver.
+its history, a fan-out's progress, a machine's tree, an agent at work, a definition's version,
+one machine of a bulk command; and what a reader may see of a notification's receiver.
 
 A receiver's URL may hold a password, a secret path or a token in its query, and its answer
 anything it likes: viewers (and public reads) see the receiver's host and the kind of failure,
@@ -18,9 +18,12 @@ from fsm_celery.core.admin import commands
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.store.queries import AnyRow
-from fsm_celery.store.reads import Cursor
+from fsm_celery.store.reads import Cursor, Tree
 
 HIDDEN = "***"
+# how a tree counts the children it does not list: the ended first, then those at work, then
+# a map's items not started yet
+MORE_ORDER = ("completed", "failed", "cancelled", "running", "paused", "waiting")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,13 @@ class MachineInfo:
     error: str | None
     created_at: datetime
     updated_at: datetime
+    # a fan-out's child: its parent, the parent's attempt that started it, its branch (a
+    # parallel branch's name, a map item's index), its tree's root and its depth in it
+    parent_id: UUID | None = None
+    parent_attempt: int | None = None
+    branch: str | None = None
+    root_id: UUID | None = None
+    depth: int = 0
 
     @classmethod
     def from_row(cls, row: AnyRow) -> MachineInfo:
@@ -93,6 +103,93 @@ class TransitionRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(asdict(self))
+
+
+@dataclass(frozen=True)
+class FanOutProgress:
+    """One fan-out of a machine (an attempt of a parallel, map or machine state): how its
+    children stand, counted from their slots (a map's items not started yet are `waiting`)."""
+
+    state: str
+    attempt: int
+    kind: str  # parallel, map, machine
+    total: int
+    verdict: str  # pending, met, failed, closed
+    done: int  # succeeded
+    failed: int
+    running: int
+    waiting: int
+    cancelled: int
+    created_at: datetime
+    decided_at: datetime | None
+    closed_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: AnyRow, slots: dict[str, int]) -> FanOutProgress:
+        return cls(
+            state=row.state,
+            attempt=row.attempt,
+            kind=row.kind,
+            total=row.total,
+            verdict=row.verdict,
+            done=slots.get("succeeded", 0),
+            failed=slots.get("failed", 0),
+            running=slots.get("running", 0),
+            waiting=slots.get("waiting", 0),
+            cancelled=slots.get("cancelled", 0),
+            created_at=row.created_at,
+            decided_at=row.decided_at,
+            closed_at=row.closed_at,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(asdict(self))
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """A machine in its tree: what it is and where it stands, its first children, and the
+    others counted by status (`more`; `waiting`: a map's items not started yet)."""
+
+    id: UUID
+    type: str
+    branch: str | None
+    current_state: str
+    status: str
+    attempt: int
+    error: str | None
+    children: list[TreeNode]
+    more: dict[str, int]
+
+    @classmethod
+    def of(cls, tree: Tree, row: AnyRow | None = None) -> TreeNode:
+        """The node of `row` (the tree's root by default), its listed children's nodes within."""
+        row = tree.root if row is None else row
+        listed = tree.children.get(row.id, [])
+        left = dict(tree.counts.get(row.id, {}))
+        for child in listed:
+            left[child.status] = left.get(child.status, 0) - 1
+        more = {status: left[status] for status in MORE_ORDER if left.get(status, 0) > 0}
+        return cls(
+            id=row.id,
+            type=row.type,
+            branch=row.branch,
+            current_state=row.current_state,
+            status=row.status,
+            attempt=row.attempt,
+            error=row.error,
+            children=[cls.of(tree, child) for child in listed],
+            more=more,
+        )
+
+    @property
+    def hidden(self) -> int:
+        """How many children are counted in `more` rather than listed."""
+        return sum(self.more.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        node = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return jsonable(node) | {"children": [c.to_dict() for c in self.children]}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fsm_celery.core.transition import MachineStatus
-from fsm_celery.records import MachineInfo, TransitionRecord
+from fsm_celery.records import MachineInfo, TransitionRecord, TreeNode
 from fsm_celery.terminal import duration, safe, table
 
 CELL_CHARS = 200  # an agent's error or message shown in a table at most; --json has all of it
@@ -36,7 +36,12 @@ SHOWN = (
     "error",
     "created_at",
     "updated_at",
+    "parent_id",
+    "branch",
+    "root_id",
+    "depth",
 )
+SHORT_ID = 8  # hex digits of an id a tree shows (as the dashboard; the CLI takes the prefix)
 
 
 def machine(info: MachineInfo) -> list[str]:
@@ -44,6 +49,36 @@ def machine(info: MachineInfo) -> list[str]:
     data = info.to_dict()
     lines = [f"{key:14} {'-' if data[key] is None else safe(data[key])}" for key in SHOWN]
     return [*lines, f"{'context':14} {json.dumps(data['context'], ensure_ascii=True)}"]
+
+
+def tree(node: TreeNode) -> list[str]:
+    """`tree`: one machine a line under its parent, its type, state and status; the children
+    past those listed are one line of counts by status."""
+    return [_node_line(node), *_below(node, "")]
+
+
+def _below(node: TreeNode, indent: str) -> list[str]:
+    lines: list[str] = []
+    last = len(node.children) - (0 if node.hidden else 1)
+    for i, child in enumerate(node.children):
+        end = i == last
+        lines.append(f"{indent}{'└── ' if end else '├── '}{_node_line(child)}")
+        lines += _below(child, indent + ("    " if end else "│   "))
+    if node.hidden:
+        lines.append(f"{indent}└── {more_text(node)}")
+    return lines
+
+
+def _node_line(node: TreeNode) -> str:
+    branch = f"[{node.branch}] " if node.branch is not None else ""
+    fields = [str(node.id)[:SHORT_ID], node.type, node.current_state, node.status]
+    return safe(branch + "  ".join(fields))
+
+
+def more_text(node: TreeNode) -> str:
+    """The children a tree does not list: "… 9,990 more: 9,000 completed, 12 failed, ..."."""
+    counts = ", ".join(f"{n:,} {status}" for status, n in node.more.items())
+    return f"… {node.hidden:,} more: {counts}"
 
 
 def machines(infos: Iterable[MachineInfo]) -> list[str]:

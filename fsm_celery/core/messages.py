@@ -139,6 +139,12 @@ class StateEvent(_Message):
     agent_type: str
     agent_id: UUID | None = None
     github_issue: int | None = None
+    parent_id: UUID | None = Field(
+        default=None, description="the machine whose fan-out started it (none: a top-level one)"
+    )
+    root_id: UUID | None = Field(
+        default=None, description="the top-level machine of its tree (none: it is one)"
+    )
     event: str = Field(
         description="what moved it: start, ack, timeout, handback, dispatch_error, or an "
         "operator's pause, resume, cancel, retry, force"

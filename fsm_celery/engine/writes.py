@@ -214,6 +214,8 @@ class Writes:
                 agent_type=machine.agent_type,
                 agent_id=history.agent_id,
                 github_issue=machine.github_issue,
+                parent_id=machine.parent_id,
+                root_id=machine.root_id,
                 event=history.event,
                 from_state=history.from_state,
                 to_state=history.to_state,

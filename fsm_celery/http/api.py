@@ -1,6 +1,7 @@
-"""The HTTP API under /api: machines, agents, definitions, statistics, schedules, rejected
-messages, and the live feed. Reads need a viewer (or public reads); everything that acts needs
-an admin, and records who and why. Each route is one call of the Python client."""
+"""The HTTP API under /api: machines (and the children, trees and fan-outs of those that fan
+out), agents, definitions, statistics, schedules, rejected messages, and the live feed. Reads
+need a viewer (or public reads); everything that acts needs an admin, and records who and why.
+Each route is one call of the Python client."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from sse_starlette.sse import EventSourceResponse
 
-from fsm_celery.client import Client
+from fsm_celery.client import TREE_MOST, TREE_SHOWN, Client
 from fsm_celery.core.admin import Action
 from fsm_celery.core.graph import graph, to_dot
 from fsm_celery.http.auth import Principal, admin, viewer
@@ -32,6 +33,7 @@ from fsm_celery.http.models import (
 )
 from fsm_celery.records import definition_view, jsonable
 from fsm_celery.store.reads import MachineFilter
+from fsm_celery.store.tables import TYPE_CHARS
 
 router = APIRouter(prefix="/api")
 Viewer = Annotated[Principal, Depends(viewer)]
@@ -131,6 +133,50 @@ def get_machine(fsm: Fsm, who: Viewer, machine_id: UUID) -> dict[str, Any]:
         "notifications": fsm.notifications(machine_id, admin=who.is_admin),
         "budget_changes": fsm.budget_changes(machine_id),
     }
+
+
+@router.get(
+    "/machines/{machine_id}/children",
+    summary="The machines a machine's fan-out states started, newest first; a page at a time",
+    responses=answer("children"),
+)
+def children(
+    fsm: Fsm,
+    _: Viewer,
+    machine_id: UUID,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> dict[str, Any]:
+    found = fsm.children(machine_id, limit + 1, decode_cursor(cursor))
+    page, more = found[:limit], len(found) > limit
+    return {
+        "items": [m.to_dict() for m in page],
+        "next": encode_cursor(page[-1].cursor) if more else None,
+    }
+
+
+@router.get(
+    "/machines/{machine_id}/tree",
+    summary="A machine and its descendants; past `shown` children, the others counted by status",
+    responses=answer("tree"),
+)
+def tree(
+    fsm: Fsm,
+    _: Viewer,
+    machine_id: UUID,
+    shown: Annotated[int, Query(ge=0, le=100)] = TREE_SHOWN,
+    most: Annotated[int, Query(ge=1, le=1000)] = TREE_MOST,
+) -> dict[str, Any]:
+    return {"tree": fsm.tree(machine_id, shown, most).to_dict()}
+
+
+@router.get(
+    "/machines/{machine_id}/fan-outs",
+    summary="A machine's latest fan-outs: children done, failed, running, waiting, cancelled",
+    responses=answer("fan_outs"),
+)
+def fan_outs(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
+    return {"items": [f.to_dict() for f in fsm.fan_outs(machine_id)]}
 
 
 def _command(action: Action) -> Callable[..., dict[str, Any]]:
@@ -300,17 +346,20 @@ async def events(
     request: Request,
     _: Viewer,
     machine_id: Annotated[list[UUID] | None, Query(max_length=MAX_FOLLOWED)] = None,
+    parent_id: Annotated[list[UUID] | None, Query(max_length=MAX_FOLLOWED)] = None,
     starts: bool = False,
-    type: Annotated[str | None, Query(max_length=50)] = None,
+    type: Annotated[str | None, Query(max_length=TYPE_CHARS)] = None,
     agent_type: Annotated[str | None, Query(max_length=10)] = None,
 ) -> EventSourceResponse:
     """Each `transitions` event carries a JSON array of state_events (what arrived within a
-    tenth of a second). Ask for machines by id (repeat `machine_id`) and, with `starts`, for the
-    machines that start from now on (of `type`, `agent_type`), which are followed from then;
-    with neither, everything. `resync`: events were missed, reload what you show."""
+    tenth of a second). Ask for machines by id (repeat `machine_id`), for the children of
+    machines (repeat `parent_id`: a fan-out's, started or to start) and, with `starts`, for
+    the machines that start from now on (of `type`, `agent_type`), which are followed from
+    then; with none of these, everything. `resync`: events were missed, reload what you show."""
     hub: EventHub = request.app.state.hub
     interest = Interest(
         machines=frozenset(str(m) for m in machine_id or ()),
+        parents=frozenset(str(p) for p in parent_id or ()),
         starts=starts,
         machine_type=type,
         agent_type=agent_type,

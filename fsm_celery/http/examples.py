@@ -31,7 +31,64 @@ MACHINE: dict[str, Any] = {
     "error": None,
     "created_at": "2026-11-25T13:52:11.004211+00:00",
     "updated_at": WHEN,
+    "parent_id": None,
+    "parent_attempt": None,
+    "branch": None,
+    "root_id": None,
+    "depth": 0,
     "commands": ["pause", "retry", "force", "budget", "cancel"],
+}
+CHILD_ID = "9a4e7d21-0c3b-4f5a-8e6d-1b2c3d4e5f60"
+CHILD: dict[str, Any] = MACHINE | {
+    "id": CHILD_ID,
+    "type": "cto_build_project.BUILD.tests",
+    "agent_type": "writer",
+    "current_state": "WRITE",
+    "context": {"projectName": "sla-api"},
+    "attempt": 1,
+    "state_retries": 0,
+    "github_issue": 726,
+    "parent_id": MACHINE_ID,
+    "parent_attempt": 4,
+    "branch": "tests",
+    "root_id": MACHINE_ID,
+    "depth": 1,
+}
+FAN_OUT: dict[str, Any] = {
+    "state": "RESEARCH",
+    "attempt": 4,
+    "kind": "map",
+    "total": 10000,
+    "verdict": "pending",
+    "done": 9000,
+    "failed": 12,
+    "running": 978,
+    "waiting": 10,
+    "cancelled": 0,
+    "created_at": WHEN,
+    "decided_at": None,
+    "closed_at": None,
+}
+
+
+def _node(machine_id: str, machine_type: str, branch: str | None, state: str) -> dict[str, Any]:
+    return {
+        "id": machine_id,
+        "type": machine_type,
+        "branch": branch,
+        "current_state": state,
+        "status": "running",
+        "attempt": 1,
+        "error": None,
+        "children": [],
+        "more": {},
+    }
+
+
+TREE: dict[str, Any] = _node(MACHINE_ID, "research_fanout", None, "RESEARCH") | {
+    "attempt": 4,
+    "children": [_node(CHILD_ID, "research_fanout.RESEARCH", "0", "RESEARCH")],
+    "more": {"completed": 9000, "failed": 12, "running": 977, "waiting": 10},
 }
 HISTORY_ROW: dict[str, Any] = {
     "attempt": 2,
@@ -114,6 +171,9 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
 
 ANSWERS: dict[str, Any] = {
     "list_machines": {"items": [MACHINE], "next": "WyIyMDI2LTExLTI1VDEzOjUyOjExIiwgIjNmMmIiXQ"},
+    "children": {"items": [CHILD], "next": None},
+    "tree": {"tree": TREE},
+    "fan_outs": {"items": [FAN_OUT]},
     "count_machines": {"total": 42, "by_status": {"running": 12, "completed": 30}},
     "start_machine": {"machine": MACHINE | {"current_state": "DESIGN", "attempt": 1}},
     "bulk": {
@@ -185,7 +245,7 @@ ANSWERS: dict[str, Any] = {
         "valid": True,
         "problems": [],
         "definition": {"type": "cto_build_project", "agent_type": "cto", "states": ["…"]},
-        "graph": {"nodes": ["…"], "edges": ["…"]},
+        "graph": {"nodes": ["…"], "links": ["…"], "branches": {"BUILD": ["…"]}},
         "dot": "digraph cto_build_project { … }",
     },
     "stats": {

@@ -2,9 +2,10 @@
 connected pages (server-sent events), so that a hundred pages cost one Redis subscription and
 no query of their own.
 
-A page says what it wants (`Interest`): the machines it shows, and the starts of new machines
-that its filters would show (which it then follows too); a tool may take everything. Events
-are routed by machine id, so a page costs nothing for the transitions of machines it does not
+A page says what it wants (`Interest`): the machines it shows, the children of the machines it
+shows (a fan-out's, by the event's parentId), and the starts of new machines that its filters
+would show (which it then follows too); a tool may take everything. Events are routed by
+machine id and parent id, so a page costs nothing for the transitions of machines it does not
 show: at thousands of transitions a second, a list of fifty machines receives theirs alone.
 
 Each page has a bounded queue. A page that cannot keep up (its queue fills) is not waited for:
@@ -38,17 +39,18 @@ STOP_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class Interest:
-    """What a page wants: these machines' events, and (starts) those of new machines of the
-    type and agent type given; everything when it names neither."""
+    """What a page wants: these machines' events, their children's (parents), and (starts)
+    those of new machines of the type and agent type given; everything when it names none."""
 
     machines: frozenset[str] = frozenset()
     starts: bool = False
     machine_type: str | None = None
     agent_type: str | None = None
+    parents: frozenset[str] = frozenset()
 
     @property
     def everything(self) -> bool:
-        return not self.machines and not self.starts
+        return not self.machines and not self.starts and not self.parents
 
     def wants_start(self, event: dict[str, Any]) -> bool:
         return (self.machine_type is None or event.get("machineType") == self.machine_type) and (
@@ -72,6 +74,7 @@ class EventHub:
         self._everything: set[Listener] = set()
         self._starts: set[Listener] = set()
         self._by_machine: dict[str, set[Listener]] = defaultdict(set)
+        self._by_parent: dict[str, set[Listener]] = defaultdict(set)
         self._count = 0
         self._task: asyncio.Task[None] | None = None
         self.received = 0
@@ -112,6 +115,9 @@ class EventHub:
         machine = event["machineId"]
         targets = set(self._everything)
         targets.update(self._by_machine.get(machine, ()))
+        parent = event.get("parentId")
+        if isinstance(parent, str):
+            targets.update(self._by_parent.get(parent, ()))
         if event.get("event") == "start":
             for listener in self._starts:
                 if listener.interest.wants_start(event) and self._follow(listener, machine):
@@ -129,6 +135,8 @@ class EventHub:
             self._starts.add(listener)
         for machine in list(interest.machines)[:MAX_FOLLOWED]:
             self._follow(listener, machine)
+        for parent in list(interest.parents)[:MAX_FOLLOWED]:
+            self._by_parent[parent].add(listener)
 
     def _follow(self, listener: Listener, machine: str) -> bool:
         if len(listener.followed) >= MAX_FOLLOWED:
@@ -147,6 +155,12 @@ class EventHub:
                 followers.discard(listener)
                 if not followers:
                     del self._by_machine[machine]
+        for parent in listener.interest.parents:
+            followers = self._by_parent.get(parent)
+            if followers is not None:
+                followers.discard(listener)
+                if not followers:
+                    del self._by_parent[parent]
 
     async def _run(self) -> None:
         delay = 0.5
@@ -176,7 +190,7 @@ class EventHub:
 
     def _all(self) -> set[Listener]:
         found = self._everything | self._starts
-        for followers in self._by_machine.values():
+        for followers in (*self._by_machine.values(), *self._by_parent.values()):
             found |= followers
         return found
 

@@ -18,8 +18,11 @@ from fsm_celery.core.messages import INT32_MAX, INT64_MAX, unstorable
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.http.examples import REQUESTS
 from fsm_celery.store.reads import Cursor, MachineFilter
+from fsm_celery.store.tables import TYPE_CHARS
 
 Name = Annotated[str, Field(min_length=1, max_length=50)]
+# a machine's type: a definition's, or a child's named by its place (`research_fanout.EACH`)
+MachineType = Annotated[str, Field(min_length=1, max_length=TYPE_CHARS)]
 Actor = Annotated[str, Field(min_length=1, max_length=100)]
 Reason = Annotated[str, Field(max_length=2000)]
 Issue = Annotated[int, Field(ge=0, le=INT32_MAX)]
@@ -76,10 +79,11 @@ class BudgetRequest(_Body):
 
 class FilterBody(_Body):
     status: MachineStatus | None = None
-    type: Name | None = None
+    type: MachineType | None = None
     agent_type: Annotated[str, Field(max_length=10)] | None = None
     agent_id: UUID | None = None
     github_issue: Issue | None = None
+    parent: UUID | None = Field(default=None, description="the children of this machine")
     created_after: datetime | None = None
     created_before: datetime | None = None
 
@@ -90,6 +94,7 @@ class FilterBody(_Body):
             agent_type=self.agent_type,
             agent_id=self.agent_id,
             github_issue=self.github_issue,
+            parent_id=self.parent,
             created_after=self.created_after,
             created_before=self.created_before,
         )
@@ -105,10 +110,11 @@ class BulkRequest(_Body):
 
 def machine_filter(
     status: MachineStatus | None = None,
-    type: Annotated[str | None, Query(max_length=50)] = None,
+    type: Annotated[str | None, Query(max_length=TYPE_CHARS)] = None,
     agent_type: Annotated[str | None, Query(max_length=10)] = None,
     agent_id: UUID | None = None,
     github_issue: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    parent: Annotated[UUID | None, Query(description="the children of this machine")] = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
 ) -> MachineFilter:
@@ -121,6 +127,7 @@ def machine_filter(
             agent_type=agent_type or None,
             agent_id=agent_id,
             github_issue=github_issue,
+            parent=parent,
             created_after=created_after,
             created_before=created_before,
         )

@@ -1,5 +1,6 @@
 """The dashboard's pages, rendered on the server: machines (with the agents at work), one
-machine (its definition drawn, its history), definitions, sign in and out. The browser script
+machine (its definition drawn, its history, its parent and children, its fan-outs' progress),
+definitions, sign in and out. The browser script
 (static/dashboard.js) makes them live from /api/events and sends admins' actions to /api."""
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from fsm_celery.http.auth import (
     principal,
 )
 from fsm_celery.http.models import decode_cursor, encode_cursor, machine_filter
-from fsm_celery.records import definition_view
+from fsm_celery.records import FanOutProgress, definition_view
 from fsm_celery.store.reads import MachineFilter
+from fsm_celery.views import more_text
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 PAGE = 50
+CHILDREN = 20  # children a machine's page lists; the others it counts by status
 STATUSES = [s.value for s in MachineStatus]
 COMMANDS = {s.value: commands(s) for s in MachineStatus}  # what the pages offer, live too
 
@@ -60,6 +63,7 @@ def retries_text(used: int, allowed: int | None) -> str:
 
 templates.env.filters["duration"] = duration
 templates.env.globals["retries_text"] = retries_text
+templates.env.globals["more_text"] = more_text  # static/dashboard.js writes it the same way
 
 
 def reader(request: Request, who: Annotated[Principal, Depends(principal)]) -> Principal:
@@ -123,17 +127,27 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
     info = fsm.get_machine(_machine_id(machine_id))
     history = fsm.history(info.id)
     definition = fsm.definition(info.type, info.definition_version)
+    fans_out = any(s.fans_out for s in definition.definition.states)  # else it has no children
+    family = fsm.tree(info.id, CHILDREN, CHILDREN + 1) if fans_out else None
+    fan_outs = fsm.fan_outs(info.id) if fans_out else []
     drawing = {
         "graph": graph(definition.definition).to_dict(),
         "current": info.current_state,
         "status": info.status,
         "visited": [[h.from_state, h.to_state] for h in history if h.from_state],
+        "type": info.type,
+        "fanOuts": _latest_per_state(fan_outs),
+        "children": [c.to_dict() for c in family.children] if family else [],
     }
     return _render(
         request,
         "machine.html",
         who,
         machine=info,
+        family=family,
+        fan_outs=fan_outs,
+        fans_out=fans_out,
+        shown_children=CHILDREN,
         history=history,
         notifications=fsm.notifications(info.id, admin=who.is_admin),
         budget_changes=fsm.budget_changes(info.id),
@@ -142,6 +156,14 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
         drawing=json.dumps(drawing),
         context=json.dumps(info.context, indent=2, sort_keys=True),
     )
+
+
+def _latest_per_state(fan_outs: list[FanOutProgress]) -> dict[str, dict[str, Any]]:
+    """Each fan-out state's latest fan-out (the graph shows its counts on the state's node)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for f in fan_outs:  # newest first
+        latest.setdefault(f.state, f.to_dict())
+    return latest
 
 
 def _machine_id(text: str) -> UUID:

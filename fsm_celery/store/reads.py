@@ -1,5 +1,7 @@
 """What the HTTP API and the dashboard read: machines filtered and paged, agents with what
-they work on now, definitions' versions. Each helper takes a connection and never commits."""
+they work on now, definitions' versions, fan-outs' children and progress. Each helper takes a
+connection and never commits, and each is bounded: a map of 10,000 items never makes a page
+of 10,000 rows."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from uuid import UUID
 
 from sqlalchemy import Connection, Select, func, select, tuple_
 
+from fsm_celery.core.join import SlotStatus
 from fsm_celery.store.queries import AnyRow
-from fsm_celery.store.tables import agents, definitions, machines
+from fsm_celery.store.tables import agents, definitions, fan_out_items, fan_outs, machines
 
 UNFINISHED = ("running", "paused")
 
@@ -25,6 +28,7 @@ class MachineFilter:
     agent_type: str | None = None
     agent_id: UUID | None = None
     github_issue: int | None = None
+    parent_id: UUID | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
 
@@ -36,6 +40,7 @@ class MachineFilter:
             (c.agent_type, self.agent_type),
             (c.agent_id, self.agent_id),
             (c.github_issue, self.github_issue),
+            (c.parent_id, self.parent_id),
         ):
             if value is not None:
                 query = query.where(column == value)
@@ -167,3 +172,111 @@ def definition_body_txn(conn: Connection, machine_type: str, version: int | None
     if version is not None:
         query = query.where(definitions.c.version == version)
     return conn.execute(query.order_by(definitions.c.version.desc()).limit(1)).first()
+
+
+# What a tree shows of a machine: enough to draw a node, never its context.
+NODE_COLUMNS = (
+    machines.c.id,
+    machines.c.type,
+    machines.c.parent_id,
+    machines.c.branch,
+    machines.c.depth,
+    machines.c.current_state,
+    machines.c.status,
+    machines.c.attempt,
+    machines.c.error,
+)
+
+
+def tree_node_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
+    """One machine's tree node columns, or None."""
+    return conn.execute(select(*NODE_COLUMNS).where(machines.c.id == machine_id)).first()
+
+
+def first_children_txn(conn: Connection, parents: Sequence[UUID], shown: int) -> list[AnyRow]:
+    """At most `shown` children of each parent (its newest fan-out's first, in slot order), as
+    tree nodes: one window over the parents' children, whatever their number."""
+    c = machines.c
+    rank = func.row_number().over(
+        partition_by=c.parent_id, order_by=(c.parent_attempt.desc(), c.slot, c.id)
+    )
+    ranked = select(*NODE_COLUMNS, rank.label("rank")).where(c.parent_id.in_(parents)).subquery()
+    query = select(*(ranked.c[col.name] for col in NODE_COLUMNS)).where(ranked.c.rank <= shown)
+    return list(conn.execute(query.order_by(ranked.c.parent_id, ranked.c.rank)).all())
+
+
+def children_by_status_txn(conn: Connection, parents: Sequence[UUID]) -> dict[UUID, dict[str, int]]:
+    """How many children each parent has, by status; a map's items not started yet count as
+    `waiting` (they are slots, not machines, until their turn)."""
+    c = machines.c
+    counts: dict[UUID, dict[str, int]] = {}
+    rows = conn.execute(
+        select(c.parent_id, c.status, func.count().label("n"))
+        .where(c.parent_id.in_(parents))
+        .group_by(c.parent_id, c.status)
+    )
+    for row in rows:
+        counts.setdefault(row.parent_id, {})[row.status] = row.n
+    i = fan_out_items.c
+    waiting = conn.execute(
+        select(i.parent_id, func.count().label("n"))
+        .where(i.parent_id.in_(parents), i.status == SlotStatus.WAITING.value)
+        .group_by(i.parent_id)
+    )
+    for row in waiting:
+        counts.setdefault(row.parent_id, {})[SlotStatus.WAITING.value] = row.n
+    return counts
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A machine and its descendants as read: each parent's first children, and every
+    parent's children counted by status (the ones not read are told from these)."""
+
+    root: AnyRow
+    children: dict[UUID, list[AnyRow]]
+    counts: dict[UUID, dict[str, int]]
+
+
+def tree_txn(conn: Connection, machine_id: UUID, shown: int, most: int) -> Tree | None:
+    """The machine's tree, level by level through parent_id: at most `shown` children of each
+    machine and `most` machines in all (None when there is no such machine)."""
+    root = tree_node_txn(conn, machine_id)
+    if root is None:
+        return None
+    children: dict[UUID, list[AnyRow]] = {}
+    counts: dict[UUID, dict[str, int]] = {}
+    level, read = [machine_id], 1
+    while level:
+        found = children_by_status_txn(conn, level)
+        counts |= found
+        parents = [p for p in level if set(found.get(p, ())) - {SlotStatus.WAITING.value}]
+        room = most - read
+        listed = first_children_txn(conn, parents, shown)[:room] if parents and room > 0 else []
+        for row in listed:
+            children.setdefault(row.parent_id, []).append(row)
+        read += len(listed)
+        level = [row.id for row in listed]
+    return Tree(root, children, counts)
+
+
+def fan_outs_txn(conn: Connection, parent_id: UUID, limit: int) -> list[AnyRow]:
+    """The machine's latest fan-outs (one per attempt of a fan-out state), newest first."""
+    query = select(fan_outs).where(fan_outs.c.parent_id == parent_id)
+    return list(conn.execute(query.order_by(fan_outs.c.attempt.desc()).limit(limit)).all())
+
+
+def slot_counts_txn(
+    conn: Connection, parent_id: UUID, attempts: Sequence[int]
+) -> dict[int, dict[str, int]]:
+    """Each of those fan-outs' slots counted by status (waiting, running, succeeded, ...)."""
+    i = fan_out_items.c
+    rows = conn.execute(
+        select(i.attempt, i.status, func.count().label("n"))
+        .where(i.parent_id == parent_id, i.attempt.in_(list(attempts)))
+        .group_by(i.attempt, i.status)
+    )
+    counts: dict[int, dict[str, int]] = {}
+    for row in rows:
+        counts.setdefault(row.attempt, {})[row.status] = row.n
+    return counts

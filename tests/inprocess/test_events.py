@@ -101,3 +101,17 @@ def test_a_redis_that_cannot_take_the_events_fails_no_transition(
         dispatcher._client = client  # type: ignore[attr-defined]
     assert fsm.machine(first.machine_id).status == "running"
     assert "1 transition events not announced" in caplog.text
+
+
+def test_a_childs_events_name_its_parent_and_its_root(fsm: Fsm, listener: Listener) -> None:
+    root = fsm.start("test_fan_tree", {"left": "L"})
+    events = listener.events()
+    by_machine = {e["machineId"]: e for e in events}
+    assert by_machine[str(root)]["parentId"] is None and by_machine[str(root)]["rootId"] is None
+    children = [e for e in events if e["parentId"] is not None]
+    assert len(children) == 2  # the child's start and the grandchild's
+    [child] = [e for e in children if e["parentId"] == str(root)]
+    [grandchild] = [e for e in children if e["parentId"] == child["machineId"]]
+    assert child["rootId"] == grandchild["rootId"] == str(root)
+    for event in events:
+        StateEvent.model_validate_json(json.dumps(event))

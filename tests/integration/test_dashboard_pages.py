@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -400,3 +401,55 @@ def test_the_bulk_dialog_says_how_many_machines_the_filter_matches(
     expect(page.locator("[data-bulk]")).to_have_count(0)  # a completed machine takes none
     page.goto(dashboard.at("/?status=paused"))
     assert page.locator("[data-bulk]").all_inner_texts() == ["Resume all", "Cancel all"]
+
+
+def _children(env: FsmEnv, parent: uuid.UUID, count: int) -> list[Any]:
+    """The parent's children, once the worker has started `count` of them."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while len(found := env.client.children(parent)) < count:
+        assert time.monotonic() < deadline, f"{len(found)} of {count} children started"
+        time.sleep(0.1)
+    return found
+
+
+def test_a_parallel_state_is_a_cluster_of_its_branches_that_follows_its_children_live(
+    dashboard: Dashboard, page: Page
+) -> None:
+    env = dashboard.env
+    mid = env.client.start_machine("test_fan_parallel", {})
+    tests = next(c for c in _children(env, mid, 2) if c.branch == "tests")
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada", then=f"/machines/{mid}")
+    wait_live(page)
+    mark_loaded(page)
+    expect(page.locator("#graph g.cluster.branch")).to_have_count(2)
+    writing = page.locator('#graph g.node[data-path="BUILD/tests/WRITE"]')
+    expect(writing).to_have_class(re.compile(r"\bcurrent\b.*\bstatus-running\b"))
+    expect(page.locator("#children tr[data-machine]")).to_have_count(2)
+
+    env.client.cancel(tests.id, "ada", "not needed (browser test)")  # the join fails: all
+    row = page.locator(f'#children tr[data-machine="{tests.id}"] .status')
+    expect(row).to_have_text("cancelled", timeout=WAIT_MS)
+    expect(writing).to_have_class(re.compile(r"\bstatus-cancelled\b"))
+    expect(page.locator("#fan-outs td.cancelled")).to_have_text("2")  # the other by the join
+    expect(page.locator("#m-status")).to_have_text("failed")
+    page.screenshot(path=str(ARTIFACTS / "parallel-machine.png"), full_page=True)
+    assert_not_reloaded(page)
+
+
+def test_a_map_state_is_one_node_with_its_counts_kept_live(
+    dashboard: Dashboard, page: Page
+) -> None:
+    env = dashboard.env
+    mid = env.client.start_machine("test_fan_map", {"items": list(range(5)), "prefix": "p"})
+    first = next(c for c in _children(env, mid, 2) if c.branch == "0")
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada", then=f"/machines/{mid}")
+    wait_live(page)
+    mark_loaded(page)
+    counts = page.locator('#graph g.node[data-state="EACH"] text.sub')
+    expect(counts).to_have_text("0 done · 0 failed · 2 running · 3 waiting")
+    env.client.cancel(first.id, "ada", "not needed (browser test)")  # the next item starts
+    expect(counts).to_have_text("0 done · 0 failed · 2 running · 2 waiting", timeout=WAIT_MS)
+    expect(page.locator("#children tr[data-machine]")).to_have_count(3)
+    expect(page.locator("#children-more")).to_have_text("… 2 more: 2 waiting")
+    page.screenshot(path=str(ARTIFACTS / "map-machine.png"), full_page=True)
+    assert_not_reloaded(page)

@@ -126,3 +126,19 @@ def test_stopping_a_hub_whose_feed_ended_on_another_loop_is_a_no_op() -> None:
 
     asyncio.run(feed_ends())  # its loop is closed now
     asyncio.run(hub.stop())
+
+
+def _child(machine: str, parent: str) -> str:
+    return json.dumps({"type": "state_event", "machineId": machine, "parentId": parent})
+
+
+def test_a_machines_page_gets_its_childrens_events_and_no_one_elses() -> None:
+    async def scenario() -> list[str]:
+        hub = EventHub("redis://127.0.0.1:1/0", "events")
+        page = Interest(machines=frozenset({"p"}), parents=frozenset({"p"}))
+        async with hub.listen(page) as listener:
+            for raw in [_event("p"), _child("c1", "p"), _child("c2", "other"), _event("c3")]:
+                hub.publish(raw)
+            return _drain(listener.queue)
+
+    assert asyncio.run(scenario()) == [_event("p"), _child("c1", "p")]

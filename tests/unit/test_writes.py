@@ -100,6 +100,7 @@ def _row(**overrides: Any) -> Any:
         "agent_id": None,
         "agent_pinned": False,
         "parent_id": None,
+        "root_id": None,
     }
     return SimpleNamespace(**{**values, **overrides})
 

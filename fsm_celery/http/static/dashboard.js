@@ -97,9 +97,13 @@ function machinePage(section) {
   const retries = JSON.parse(section.dataset.retries || "{}");
 
   if (isAdmin()) wireActions(id);
+  const family = document.getElementById("family");
+  const refresh = family ? familyRefresher(id, family, graph) : () => {};
 
   return (event) => {
+    if (event.parentId === id) refresh();  // a child started or moved
     if (event.machineId !== id) return;
+    refresh();  // a fan-out opened, or joined
     document.getElementById("m-state").textContent = event.toState;
     document.getElementById("m-step").textContent = event.attempt + 1;  // the event's ended
     document.getElementById("m-retries").textContent = retriesText(event.stateRetries, retries[event.toState]);
@@ -110,6 +114,64 @@ function machinePage(section) {
     graph.update(event.toState, event.status, visited);
     document.getElementById("timeline").prepend(historyItem(event));
   };
+}
+
+// The children panel and the graph's fan-out marks, read again at most once a second while
+// children move: a map of 10,000 items sends many events, the page asks for one small read.
+function familyRefresher(id, family, graph) {
+  const shown = Number(family.dataset.shown);
+  let timer = null;
+  const read = async () => {
+    timer = null;
+    const get = async (url) => {
+      const response = await fetch(url, { credentials: "same-origin" });
+      if (!response.ok) throw new Error(response.statusText);
+      return response.json();
+    };
+    const [tree, fanOuts] = await Promise.all([
+      get(`/api/machines/${id}/tree?shown=${shown}&most=${shown + 1}`),
+      get(`/api/machines/${id}/fan-outs`),
+    ]);
+    showChildren(tree.tree);
+    showFanOuts(fanOuts.items);
+    const latest = {};
+    for (const f of fanOuts.items) latest[f.state] ??= f;  // newest first
+    graph.setCounts(latest);
+    graph.setChildren(tree.tree.children);
+  };
+  return () => {
+    if (timer === null) timer = setTimeout(() => read().catch(() => {}), 1000);
+  };
+}
+
+const number = (n) => n.toLocaleString("en");
+
+// As views.py's `more_text`: "… 9,990 more: 9,000 completed, 12 failed, 978 running".
+function moreText(more) {
+  const total = Object.values(more).reduce((sum, n) => sum + n, 0);
+  if (!total) return "";
+  return `… ${number(total)} more: ${Object.entries(more).map(([s, n]) => `${number(n)} ${s}`).join(", ")}`;
+}
+
+function showChildren(tree) {
+  const rows = tree.children.map((c) => el("tr", { "data-machine": c.id },
+    el("td", {}, c.branch ?? ""),
+    el("td", { class: "mono" }, el("a", { href: `/machines/${c.id}` }, c.id.slice(0, 8))),
+    el("td", {}, c.type), el("td", { class: "state" }, c.current_state),
+    el("td", { class: "status" }, badge(c.status))));
+  if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: 5, class: "muted" }, "No child yet.")));
+  document.querySelector("#children tbody").replaceChildren(...rows);
+  document.getElementById("children-more").textContent = moreText(tree.more);
+}
+
+function showFanOuts(items) {
+  const rows = items.map((f) => el("tr", { "data-state": f.state, "data-attempt": f.attempt },
+    el("td", {}, f.state), el("td", {}, f.attempt), el("td", {}, f.kind), el("td", {}, f.total),
+    el("td", { class: "done" }, f.done), el("td", { class: "failed" }, f.failed),
+    el("td", { class: "running" }, f.running), el("td", { class: "waiting" }, f.waiting),
+    el("td", { class: "cancelled" }, f.cancelled), el("td", {}, f.verdict)));
+  if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: 10, class: "muted" }, "No fan-out yet.")));
+  document.querySelector("#fan-outs tbody").replaceChildren(...rows);
 }
 
 // One timeline item, as the page renders a history row.
@@ -178,6 +240,7 @@ function machinesPage(table) {
     (!filters.status || filters.status === event.status) &&
     (!filters.type || filters.type === event.machineType) &&
     (!filters.agent_type || filters.agent_type === event.agentType) &&
+    (!filters.parent || filters.parent === event.parentId) &&
     !filters.github_issue && !filters.agent_id && !filters.created_before && !filters.cursor;
 
   if (isAdmin()) wireBulk(filters);
@@ -216,7 +279,9 @@ function machinesInterest(table) {
   for (const id of new Set([...shown, ...worked])) query.append("machine_id", id);
   const showsNew = (!filters.status || filters.status === "running") && !filters.cursor &&
     !filters.github_issue && !filters.agent_id && !filters.created_before;
-  if (showsNew) {
+  if (showsNew && filters.parent) {
+    query.append("parent_id", filters.parent);  // its children, those to start among them
+  } else if (showsNew) {
     query.set("starts", "true");
     if (filters.type) query.set("type", filters.type);
     if (filters.agent_type) query.set("agent_type", filters.agent_type);
@@ -272,7 +337,7 @@ const BULK_LIMIT = 1000;  // the API's most machines in one bulk command
 
 function bulkFilter(filters) {
   const filter = {};
-  for (const key of ["status", "type", "agent_type", "agent_id", "github_issue"]) {
+  for (const key of ["status", "type", "agent_type", "agent_id", "github_issue", "parent"]) {
     if (filters[key]) filter[key] = filters[key];
   }
   return filter;
@@ -309,7 +374,8 @@ function listen(handle, query) {
 document.addEventListener("DOMContentLoaded", () => {
   const machine = document.getElementById("machine");
   if (machine) {
-    listen(machinePage(machine), new URLSearchParams({ machine_id: machine.dataset.machine }));
+    const id = machine.dataset.machine;
+    listen(machinePage(machine), new URLSearchParams({ machine_id: id, parent_id: id }));
     return;
   }
   const table = document.getElementById("machines");
