@@ -236,9 +236,18 @@ def plain_worker_argv(app: str, queue: str, concurrency: int, pool: str) -> list
 
 
 def spawn_fast_agent(
-    env: FsmEnv, agent_id: str, rate: float = 0.0, log: Path | None = None
+    env: FsmEnv,
+    agent_id: str,
+    rate: float = 0.0,
+    log: Path | None = None,
+    agent_type: str | None = None,
 ) -> subprocess.Popen[bytes]:
+    """The fast agent, answering its own stream's tasks, or those of its type's stream (it is
+    then registered as of the type, whose unassigned machines accept its acks)."""
     environ = {**env.env, **({"FAST_AGENT_LOG": str(log)} if log else {})}
+    if agent_type is not None:
+        env.client.register_agent(agent_id, agent_type)
+        environ["FAST_AGENT_TASKS"] = agent_type
     argv = [sys.executable, str(ROOT / "bench" / "fast_agent.py"), agent_id]
     if rate:
         argv.append(str(rate))

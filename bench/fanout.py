@@ -97,7 +97,7 @@ def run_fanout(mode: str, children: int = 10_000, bridges: int = 2) -> dict[str,
     try:
         start_workers(env)
         env.start_bridge(processes=bridges)
-        agent = spawn_fast_agent(env, "bench")  # the agent type's own stream: any agent's
+        agent = spawn_fast_agent(env, str(uuid.uuid4()), agent_type="bench")  # the type's stream
         names = ["worker", "bridge"]
         idle = memory(env, names)
         meter = CpuMeter.of(env, {"agent": [agent.pid], "sender": [os.getpid()]})

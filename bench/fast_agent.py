@@ -3,7 +3,9 @@ them with one pipeline. Run by the benchmarks so that the agent is not what they
 
     python bench/fast_agent.py AGENT_ID [RATE]
 
-RATE (acks per second) paces it, for latency at a chosen load: every millisecond it sends, in one
+With FAST_AGENT_TASKS set to an agent type, it reads that type's stream instead of its own (the
+tasks of machines no agent is assigned to), and answers on its own ack stream. RATE (acks per
+second) paces it, for latency at a chosen load: every millisecond it sends, in one
 pipeline, the acks due by then. With FAST_AGENT_LOG set, it writes a line per task received (T)
 and per ack sent (A), `T|A machine attempt milliseconds`, both times taken from Redis's clock
 (the stream entry ids of the task and of the ack), so the latency benchmark pairs an ack with the
@@ -54,7 +56,9 @@ class Agent:
     def __init__(self, client: redis.Redis, agent_id: str, rate: float, log: TextIO) -> None:
         prefix = os.environ.get("FSM_CHANNEL_PREFIX", "")
         self.client, self.agent_id, self.rate, self.log = client, agent_id, rate, log
-        self.tasks, self.acks = task_stream(agent_id, prefix), agent_ack_stream(agent_id, prefix)
+        # FAST_AGENT_TASKS: read another stream, an agent type's (any agent of it may answer)
+        reads = os.environ.get("FAST_AGENT_TASKS", agent_id)
+        self.tasks, self.acks = task_stream(reads, prefix), agent_ack_stream(agent_id, prefix)
         self.waiting: deque[tuple[bytes, dict[str, Any]]] = deque()
         self.answered_ids: list[bytes] = []  # XACKed and XDELed with the next read
         self.started, self.answered = time.monotonic(), 0

@@ -7,6 +7,7 @@ its own when it was handed on.
 
 from __future__ import annotations
 
+from collections import deque
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -38,15 +39,27 @@ class Entry:
         """Enter the attempt's state unless that was done already or it is not due yet (the
         scan enters it when due). A state that cannot be sent fails its attempt; what that
         leads to after a retry delay is returned."""
+        try:
+            return self._enter(machine_id, attempt, ancestors=False)
+        except _ChildMoved:
+            return self._enter(machine_id, attempt, ancestors=True)
+
+    def _enter(self, machine_id: UUID, attempt: int, *, ancestors: bool) -> Next:
+        """enter, locking the machine alone first: a child's entry concerns its parent only if
+        it moves the child (its state cannot be sent), which is then done again with the
+        parent locked first, in the one lock order (docs/fan-out.md). So the entries of a
+        fan-out's children do not wait for each other on their parent's row."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            rows = q.lock_machines_txn(conn, [machine_id])
+            rows = q.lock_machines_txn(conn, [machine_id], ancestors=ancestors)
             row = rows.get(machine_id)
             if row is None or not _awaits_dispatch(row, attempt):
                 return []
             if aware(row.dispatch_due_at) > writes.now + EARLY:  # type: ignore[operator]
                 return []  # a retry delay is still running
             self.enter_txn(conn, rows, row, writes)
+            if writes.log and row.parent_id is not None and not ancestors:
+                raise _ChildMoved  # rolled back, nothing sent: again, the parent first
             if self._rt.settings.transition_mode is TransitionMode.INLINE:
                 self.enter_due_txn(conn, rows, writes)  # the children it started, at once
             else:
@@ -118,7 +131,7 @@ class Entry:
             writes.transition(row, decision, "dispatch_error")
             return
         earlier = writes.sent_before(row.id, task.attempt, task.state)
-        where, agent_id = self._route(conn, row, agent_type, writes.now, earlier)
+        where, agent_id = self._route(conn, row, agent_type, writes, earlier)
         writes.dispatch(task, where, agent_id)
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
@@ -164,7 +177,7 @@ class Entry:
         conn: Connection,
         row: q.AnyRow,
         agent_type: str,
-        now: datetime,
+        writes: Writes,
         earlier: str | None = None,
     ) -> tuple[str, UUID | None]:
         """Where the task goes, and the agent the machine is then assigned to: its agent (while
@@ -174,13 +187,22 @@ class Entry:
         own = row.agent_id if row.agent_pinned or agent_type == row.agent_type else None
         if earlier is not None:
             return earlier, own if earlier == agent_type else UUID(earlier)
-        since = now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
+        since = writes.now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
         if own is not None and (row.agent_pinned or q.agent_alive_txn(conn, own, since)):
             return str(own), own
-        chosen = q.pick_agent_txn(conn, agent_type, since, now)
-        if chosen is None:
+        live = writes.live.get(agent_type)
+        if live is None:  # once a transaction, however many states it enters
+            live = writes.live[agent_type] = deque(q.live_agents_txn(conn, agent_type, since))
+        if not live:
             return agent_type, own
+        chosen = live[0]
+        live.rotate(-1)  # round robin, starting with the agent assigned least recently
+        writes.assigned.add(chosen)
         return str(chosen), chosen
+
+
+class _ChildMoved(Exception):
+    """Entering a child moved it: its parent must be locked first (Entry._enter)."""
 
 
 def _awaits_dispatch(row: q.AnyRow, attempt: int) -> bool:

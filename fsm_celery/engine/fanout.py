@@ -419,9 +419,8 @@ class FanOut:
             conn, parent_id, attempt, tally, writes.now if decided_by else None, decided_by
         )
         if start:
-            waiting = [
-                (r.slot, r.input) for r in fanouts.waiting_txn(conn, parent_id, attempt, start)
-            ]
+            found = fanouts.waiting_txn(conn, parent_id, attempt, fan_out.started, start)
+            waiting = [(r.slot, r.input) for r in found]
             plan = self._branches(conn, parent, definition, state)
             self._start(conn, rows, parent, attempt, state, plan, waiting, writes)
         if decided_by is not None:

@@ -4,6 +4,7 @@ and rejections, written in one go by the store (and the state_tasks to send befo
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -92,6 +93,9 @@ class Writes:
     freed: set[UUID] = field(default_factory=set)
     released: int = 0
     unqueued: list[UUID] = field(default_factory=list)  # out of the queue, left to the scan
+    # per agent type, its live agents in the order they get work (read once a transaction)
+    live: dict[str, deque[UUID]] = field(default_factory=dict)
+    assigned: set[UUID] = field(default_factory=set)
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
@@ -353,6 +357,7 @@ class Writes:
         spent = {mid: u for mid, u in self.rolled_up.items() if mid not in self.moves}
         fanouts.add_usage_txn(conn, spent)  # a moved machine's Move holds its new totals
         slots.write_counts_txn(conn, self.in_flight)
+        q.mark_assigned_txn(conn, sorted(self.assigned), self.now)
         slots.make_due_txn(conn, self.unqueued, self.now)
         q.mark_dispatched_txn(conn, list(self.dispatches.values()))
         q.insert_rejections_txn(conn, self.rejections)

@@ -164,8 +164,12 @@ def end_slots_txn(conn: Connection, parent_id: UUID, attempt: int, ended: Sequen
         )
 
 
-def waiting_txn(conn: Connection, parent_id: UUID, attempt: int, most: int) -> list[AnyRow]:
-    """The first `most` slots still waiting their turn, in item order."""
+def waiting_txn(
+    conn: Connection, parent_id: UUID, attempt: int, first: int, most: int
+) -> list[AnyRow]:
+    """The slots from `first` on (`most` of them), waiting their turn: a map starts its items in
+    order, so the next to start are those after the ones started (an index range, however far
+    a 10,000-item map has got)."""
     c = fan_out_items.c
     return list(
         conn.execute(
@@ -173,10 +177,11 @@ def waiting_txn(conn: Connection, parent_id: UUID, attempt: int, most: int) -> l
             .where(
                 c.parent_id == parent_id,
                 c.attempt == attempt,
+                c.slot >= first,
+                c.slot < first + most,
                 c.status == SlotStatus.WAITING.value,
             )
             .order_by(c.slot)
-            .limit(most)
         ).all()
     )
 

@@ -33,11 +33,18 @@ _LOCK = (
     f"SELECT {', '.join(c.name for c in machines.c)} FROM {machines.name} "
     "WHERE id IN (SELECT id FROM family) ORDER BY depth, id FOR UPDATE"
 )
+_LOCK_ALONE = (
+    f"SELECT {', '.join(c.name for c in machines.c)} FROM {machines.name} "
+    "WHERE id = ANY(CAST(:ids AS UUID[])) ORDER BY depth, id FOR UPDATE"
+)
 
 
 class PostgreSQL:
-    def lock_machines(self, conn: Connection, ids: Sequence[UUID]) -> Iterable[Row[Any]]:
-        return _execute_prepared(conn, _LOCK, {"ids": _uuid_array(ids)})
+    def lock_machines(
+        self, conn: Connection, ids: Sequence[UUID], ancestors: bool = True
+    ) -> Iterable[Row[Any]]:
+        sql = _LOCK if ancestors else _LOCK_ALONE
+        return _execute_prepared(conn, sql, {"ids": _uuid_array(ids)})
 
     def update(self, conn: Connection, table: Table, rows: Sequence[ById]) -> None:
         if not rows:

@@ -105,16 +105,20 @@ def insert_machine_txn(conn: Connection, machine: NewMachine) -> None:
     conn.execute(insert(machines).values(**values(machine)))
 
 
-def lock_machines_txn(conn: Connection, ids: Iterable[UUID]) -> dict[UUID, AnyRow]:
+def lock_machines_txn(
+    conn: Connection, ids: Iterable[UUID], *, ancestors: bool = True
+) -> dict[UUID, AnyRow]:
     """Lock the machines' rows, with their ancestors' (a fan-out's parent, its parent...):
     ancestors first, then by id, so that concurrent transactions never deadlock. A child's end
     joins its parent in the same transaction, which therefore holds the parent already; and a
     transaction that holds a machine holds its whole subtree, as every other waits for the
-    machine before it can lock any of its descendants (docs/fan-out.md)."""
+    machine before it can lock any of its descendants (docs/fan-out.md). Without `ancestors`,
+    the machines alone: for a transaction that moves no child (Entry.enter tries that first)."""
     ordered = sorted(set(ids))
     if not ordered:
         return {}
-    return {row.id: row for row in dialects.of(conn).lock_machines(conn, ordered)}
+    lock = dialects.of(conn).lock_machines
+    return {row.id: row for row in lock(conn, ordered, ancestors)}
 
 
 def get_machine_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
@@ -331,24 +335,26 @@ def agent_alive_txn(conn: Connection, agent_id: UUID, since: datetime) -> bool:
     return found is not None
 
 
-def pick_agent_txn(
-    conn: Connection, agent_type: str, since: datetime, now: datetime
-) -> UUID | None:
-    """The live agent of the type assigned least recently (round robin), marked as assigned."""
-    chosen = conn.execute(
-        select(agents.c.id)
-        .where(
-            agents.c.agent_type == agent_type,
-            agents.c.status == "active",
-            agents.c.last_seen_at >= since,
-        )
-        .order_by(agents.c.assigned_at.asc().nulls_first(), agents.c.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    ).scalar()
-    if chosen is not None:
-        conn.execute(update(agents).where(agents.c.id == chosen).values(assigned_at=now))
-    return chosen
+def live_agents_txn(conn: Connection, agent_type: str, since: datetime) -> list[UUID]:
+    """The type's live agents, the one assigned least recently first (read without a lock: two
+    transactions may hand work to the same agent, which only makes the rotation approximate)."""
+    return list(
+        conn.execute(
+            select(agents.c.id)
+            .where(
+                agents.c.agent_type == agent_type,
+                agents.c.status == "active",
+                agents.c.last_seen_at >= since,
+            )
+            .order_by(agents.c.assigned_at.asc().nulls_first(), agents.c.id)
+        ).scalars()
+    )
+
+
+def mark_assigned_txn(conn: Connection, ids: Sequence[UUID], now: datetime) -> None:
+    """Record that the agents were handed work now (the next pick starts with the others)."""
+    if ids:
+        conn.execute(update(agents).where(agents.c.id.in_(list(ids))).values(assigned_at=now))
 
 
 def set_budget_txn(

@@ -29,6 +29,11 @@ _FAMILY = _FAMILY.union(
         _FAMILY, _ANCESTOR.c.id == _FAMILY.c.parent_id
     )
 )
+_LOCK_ALONE = (
+    select(machines)
+    .where(machines.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(machines.c.depth, machines.c.id)
+)
 # The machines and their ancestors, ancestors first (as PostgreSQL locks them).
 _LOCK = (
     select(machines)
@@ -38,8 +43,10 @@ _LOCK = (
 
 
 class SQLite:
-    def lock_machines(self, conn: Connection, ids: Sequence[UUID]) -> Iterable[Row[Any]]:
-        return conn.execute(_LOCK, {"ids": list(ids)})
+    def lock_machines(
+        self, conn: Connection, ids: Sequence[UUID], ancestors: bool = True
+    ) -> Iterable[Row[Any]]:
+        return conn.execute(_LOCK if ancestors else _LOCK_ALONE, {"ids": list(ids)})
 
     def update(self, conn: Connection, table: Table, rows: Sequence[ById]) -> None:
         if not rows:
