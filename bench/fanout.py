@@ -30,6 +30,7 @@ import redis
 from bench.common import (
     RECORD_HELP,
     CpuMeter,
+    record_current,
     deployment,
     plain_worker_argv,
     spawn_fast_agent,
@@ -217,8 +218,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.children < 1 or args.runs < 1:
         parser.error("--children and --runs must be at least 1")
-    if args.record is not None:
-        parser.error("--record: the table's row is the map's runs against the chord's; none yet")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTENDERS}
     for _ in range(args.runs):
         for name, run in CONTENDERS.items():
@@ -237,6 +236,22 @@ def main() -> None:
         )
     path = write_result("fanout", {"children": args.children, "runs": runs, "summary": summaries})
     print(f"written {path}")
+    if args.record is not None:
+        chord = summaries["chord"]["median_s"]
+        figures = {
+            "children": args.children,
+            "runs": args.runs,
+            "seconds": {name: s["median_s"] for name, s in summaries.items()},
+            "spread_s": {name: [s["min_s"], s["max_s"]] for name, s in summaries.items()},
+            "x_chord": {
+                name: round(chord / s["median_s"], 2) for name, s in summaries.items() if name != "chord"
+            },
+            "peak_mib": {name: s["peak_mib"] for name, s in summaries.items()},
+            "after_mib": {
+                name: max(r["after_mib"] for r in of_name) for name, of_name in runs.items()
+            },
+        }
+        print(f"recorded {record_current('fanout', figures, args.record)}")
 
 
 if __name__ == "__main__":

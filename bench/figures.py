@@ -34,6 +34,7 @@ FIGURE_KEYS: dict[str, tuple[str, ...]] = {
     "latency": ("mode", "machines", "load", "p50_ms", "p99_ms"),
     "scale": ("finished", "history", "machines", "modes"),
     "memory": ("machines", "worker_waiting_mib", "worker_after_soak_mib", "soak_s"),
+    "fanout": ("children", "runs", "seconds", "x_chord", "peak_mib", "after_mib"),
     "dashboard": (
         "finished",
         "history",
@@ -49,6 +50,7 @@ FIGURE_KEYS: dict[str, tuple[str, ...]] = {
 ROWS = (
     "throughput-inline",
     "throughput-celery",
+    "fanout",
     "latency-inline",
     "latency-celery",
     "scale",
@@ -135,6 +137,21 @@ def _scale(f: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+def _fanout(f: dict[str, Any]) -> tuple[str, str]:
+    """The map's runs beside the chord's: how many times faster (or, below 1, slower)."""
+    median = f" (medians of {f['runs']} runs)" if f["runs"] > 1 else ""
+    times = "; ".join(
+        f"{name} {number(f['seconds'][name])} s"
+        + (f" ({number(f['x_chord'][name])}{TIMES} the chord's speed)" if name != "chord" else "")
+        for name in ("inline", "celery", "chord")
+    )
+    return (
+        f"fan-out, {number(f['children'])} one-state children of one map (1,000 at a time) to "
+        "the join, against a Celery chord of as many no-op tasks (Redis result backend)",
+        f"{times}{median}",
+    )
+
+
 def _memory(f: dict[str, Any]) -> tuple[str, str]:
     return (
         f"memory, {number(f['machines'])} machines waiting",
@@ -159,6 +176,7 @@ FORMATS: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
     "latency": _latency,
     "scale": _scale,
     "memory": _memory,
+    "fanout": _fanout,
     "dashboard": _dashboard,
 }
 

@@ -11,6 +11,7 @@ overshoots; the scan counts again what is in flight, should a count ever drift.
 
 from __future__ import annotations
 
+import time
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -22,9 +23,15 @@ from fsm_celery.store import queries as q
 from fsm_celery.store import slots as store
 
 
+BOUND_SECONDS = 2.0  # how long a process keeps an agent type's bound before reading it again
+
+
 class Slots:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        # per agent type, its bound and until when it is kept: read once in a while, not in
+        # every transaction (a load that changes it takes hold within BOUND_SECONDS)
+        self._known: dict[str, tuple[int | None, float]] = {}
 
     def take_txn(self, conn: Connection, machine_id: UUID, agent_type: str, writes: Writes) -> bool:
         """Take a slot of the type for the machine's attempt; False when the type is at its
@@ -94,13 +101,22 @@ class Slots:
 
     def _bound(self, conn: Connection, agent_type: str, writes: Writes) -> int | None:
         if agent_type not in writes.bounds:
-            settings = self._rt.settings.agent_type_limits
-            if agent_type in settings:
-                store.ensure_txn(conn, agent_type)
-                writes.bounds[agent_type] = settings[agent_type]
-            else:
-                writes.bounds[agent_type] = store.limited_txn(conn, [agent_type]).get(agent_type)
+            writes.bounds[agent_type] = self._known_bound(conn, agent_type)
         return writes.bounds[agent_type]
+
+    def _known_bound(self, conn: Connection, agent_type: str) -> int | None:
+        now = time.monotonic()
+        known = self._known.get(agent_type)
+        if known is not None and known[1] > now:
+            return known[0]
+        settings = self._rt.settings.agent_type_limits
+        if agent_type in settings:
+            store.ensure_txn(conn, agent_type)  # a row to count in
+            bound: int | None = settings[agent_type]
+        else:
+            bound = store.limited_txn(conn, [agent_type]).get(agent_type)
+        self._known[agent_type] = (bound, now + BOUND_SECONDS)
+        return bound
 
     def _count(self, conn: Connection, agent_type: str, writes: Writes) -> int:
         if agent_type not in writes.in_flight:
