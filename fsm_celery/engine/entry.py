@@ -20,6 +20,7 @@ from fsm_celery.engine.fanout import FanOut, Rows
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.store import queries as q
 
@@ -30,12 +31,14 @@ class Entry:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._fanout = FanOut(runtime)
+        self._sent = Sent()  # what an entry that failed sent: its task, run again, sends it not
 
     def enter(self, machine_id: UUID, attempt: int) -> Next:
         """Enter the attempt's state unless that was done already or it is not due yet (the
         scan enters it when due). A state that cannot be sent fails its attempt; what that
-        leads to after a retry delay is returned."""
-        writes = Writes(self._rt.clock())
+        leads to after a retry delay is returned. An entry whose write failed after its send
+        (the database restarting) records, when tried again, the dispatch it sent."""
+        writes = Writes(self._rt.clock(), sent=self._sent)
         with self._rt.transaction(writes) as conn:
             rows = q.lock_machines_txn(conn, [machine_id])
             row = rows.get(machine_id)
