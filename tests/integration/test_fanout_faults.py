@@ -317,6 +317,9 @@ def _assert_each_ended_once(env: FsmEnv, ids: list[UUID]) -> None:
 def test_parents_join_once_with_the_same_output_through_every_fault(
     servers: Servers, mode: str
 ) -> None:
+    """A hundred parents of ten children each, through one fault after another while children
+    run: every parent joins once, with the output a run without faults merges; every child
+    ends once; and no attempt is sent twice but by a transaction killed after its send."""
     env, began = servers.env, time.monotonic()
     total = PARENTS * CHILDREN
     servers.start()
