@@ -150,9 +150,11 @@ class Servers:
     _failed: list[BaseException] = field(default_factory=list)
 
     def start(self) -> None:
+        """The processes, the agents reported before any child is routed."""
         self.env.start_bridge(processes=2)
         self.worker = self.env.start_worker(beat=True)
         self.start_agents()
+        self.env.wait_for_agents(len(self.agent_ids))
 
     def start_agents(self) -> None:
         self.agents = [
@@ -352,6 +354,8 @@ def test_parents_join_once_with_the_same_output_through_every_fault(
     assert len(children) == total
     assert {c.status for c in children} == {"completed"}
     _assert_each_ended_once(env, [c.id for c in children])
+    server_log = (servers.postgres.directory / "postgres.log").read_text(errors="replace")
+    assert "deadlock detected" not in server_log  # two bridge processes, children, joins
     assert len(dispatches.seen) >= total * 9 // 10  # the counter heard the run
     explained, unexplained = dispatches.twice(servers.crashes)
     assert unexplained == {}, f"state_tasks sent more than once: {unexplained}"
