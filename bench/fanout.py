@@ -30,9 +30,9 @@ import redis
 from bench.common import (
     RECORD_HELP,
     CpuMeter,
-    record_current,
     deployment,
     plain_worker_argv,
+    record_current,
     spawn_fast_agent,
     tear_down,
     wait,
@@ -244,7 +244,9 @@ def main() -> None:
             "seconds": {name: s["median_s"] for name, s in summaries.items()},
             "spread_s": {name: [s["min_s"], s["max_s"]] for name, s in summaries.items()},
             "x_chord": {
-                name: round(chord / s["median_s"], 2) for name, s in summaries.items() if name != "chord"
+                name: round(chord / s["median_s"], 2)
+                for name, s in summaries.items()
+                if name != "chord"
             },
             "peak_mib": {name: s["peak_mib"] for name, s in summaries.items()},
             "after_mib": {

@@ -22,6 +22,7 @@ from fsm_celery.engine.fanout import FanOut, Rows
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.slots import Slots
 from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.store import queries as q
@@ -34,11 +35,13 @@ class Entry:
         self._rt = runtime
         self._fanout = FanOut(runtime)
         self._slots = Slots(runtime)
+        self._sent = Sent()  # what an entry that failed sent: its task, run again, sends it not
 
     def enter(self, machine_id: UUID, attempt: int) -> Next:
         """Enter the attempt's state unless that was done already or it is not due yet (the
         scan enters it when due). A state that cannot be sent fails its attempt; what that
-        leads to after a retry delay is returned."""
+        leads to after a retry delay is returned. An entry whose write failed after its send
+        (the database restarting) records, when tried again, the dispatch it sent."""
         try:
             return self._enter(machine_id, attempt, ancestors=False)
         except _ChildMoved:
@@ -49,7 +52,7 @@ class Entry:
         it moves the child (its state cannot be sent), which is then done again with the
         parent locked first, in the one lock order (docs/fan-out.md). So the entries of a
         fan-out's children do not wait for each other on their parent's row."""
-        writes = Writes(self._rt.clock())
+        writes = Writes(self._rt.clock(), sent=self._sent)
         with self._rt.transaction(writes) as conn:
             rows = q.lock_machines_txn(conn, [machine_id], ancestors=ancestors)
             row = rows.get(machine_id)

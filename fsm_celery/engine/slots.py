@@ -22,7 +22,6 @@ from fsm_celery.engine.writes import Writes
 from fsm_celery.store import queries as q
 from fsm_celery.store import slots as store
 
-
 BOUND_SECONDS = 2.0  # how long a process keeps an agent type's bound before reading it again
 
 

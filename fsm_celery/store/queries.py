@@ -239,9 +239,11 @@ def _due(now: datetime) -> ColumnElement[bool]:
 
 
 def upsert_agents_txn(conn: Connection, reports: Sequence[AgentReport]) -> None:
-    """Record each agent's latest status (insert the first time it is seen)."""
+    """Record each agent's latest status (insert the first time it is seen), the rows in id
+    order: batches of several bridges that report the same agents lock them in one order."""
     if not reports:
         return
+    reports = sorted(reports, key=lambda report: report.id)
     statement = dialects.of(conn).insert(agents)
     changed = ("agent_type", "status", "concurrency", "running", "hostname", "last_seen_at")
     statement = statement.on_conflict_do_update(

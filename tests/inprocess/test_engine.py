@@ -269,3 +269,33 @@ def test_without_entering_every_decided_state_is_handed_on_and_nothing_is_sent(f
     assert agent.tasks() == []
     fsm.enter_all(next_states)
     assert sorted(t["machineId"] for t in agent.tasks()) == sorted(map(str, mids))
+
+
+def test_batches_reporting_the_same_agents_in_opposite_orders_never_deadlock(fsm: Fsm) -> None:
+    """Two bridge processes each read the same agents' statuses, in whatever order they came
+    (round robin over the agents' streams): the agents' rows are written in one order, by id,
+    as the machines' are locked."""
+    agents = [str(uuid.uuid4()) for _ in range(20)]
+
+    def status(agent: str) -> Inbound:
+        report = {"type": "agent_status", "agentId": agent, "agentType": "tester"}
+        return Inbound(json.dumps({**report, "status": "active", "concurrency": 4}))
+
+    failures: list[Exception] = []
+    go = threading.Barrier(2)
+
+    def batches(order: list[str]) -> None:
+        for _ in range(200):
+            batch = [status(agent) for agent in order]
+            go.wait()
+            try:
+                fsm.engine.inbox.apply_and_enter(batch)
+            except Exception as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=batches, args=(o,)) for o in (agents, agents[::-1])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, f"{len(failures)} batches failed: {str(failures[0]).splitlines()[0]}"

@@ -12,6 +12,7 @@ import pytest
 
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.exceptions import CommandRefused
+from fsm_celery.store import queries as q
 from tests.inprocess.conftest import Fsm, ack
 
 
@@ -73,3 +74,32 @@ def test_an_ack_past_its_machines_totals_is_refused_alone_in_its_batch(fsm: Fsm)
     assert fsm.rejections(greedy) == ["invalid_value"]
     assert fsm.machine(greedy).attempt == 1 and fsm.machine(honest).current_state == "SECOND"
     assert [t["machineId"] for t in agent.tasks()] == [str(honest)]
+
+
+def test_an_entry_tried_again_after_its_write_failed_sends_its_state_task_once(fsm: Fsm) -> None:
+    """fsm.enter_state sends, then writes and commits; a commit that fails (PostgreSQL
+    restarting) has the task run again, which records the dispatch its failed try sent."""
+    agent = fsm.agent("tester")
+    [first] = fsm.engine.admin.start("test_pair", {})
+    with fsm.engine.db.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION refuse_entry() RETURNS trigger AS $$ BEGIN "
+            "RAISE EXCEPTION 'refused'; END $$ LANGUAGE plpgsql"
+        )
+        conn.exec_driver_sql(
+            "CREATE TRIGGER refuse_entry BEFORE UPDATE ON state_machines FOR EACH ROW "
+            f"WHEN (NEW.id = '{first.machine_id}' AND NEW.entered_at IS NOT NULL) "
+            "EXECUTE FUNCTION refuse_entry()"
+        )
+    with pytest.raises(Exception, match="refused"):
+        fsm.engine.entry.enter(first.machine_id, first.attempt)
+    with fsm.engine.db.begin() as conn:
+        conn.exec_driver_sql("DROP TRIGGER refuse_entry ON state_machines")
+        conn.exec_driver_sql("DROP FUNCTION refuse_entry()")
+    fsm.engine.entry.enter(first.machine_id, first.attempt)  # the task, run again
+    assert [(t["machineId"], t["attempt"]) for t in agent.tasks()] == [
+        (str(first.machine_id), first.attempt)
+    ]
+    with fsm.engine.db.connect() as conn:
+        row = q.get_machine_txn(conn, first.machine_id)
+    assert row is not None and row.dispatch_due_at is None  # recorded as sent

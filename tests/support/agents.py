@@ -42,8 +42,9 @@ class ScriptedAgent:
         gate: threading.Event | None = None,
         via_stream: bool = False,
         own_stream: bool = False,
+        agent_id: str | None = None,
     ) -> None:
-        self.id = str(uuid.uuid4())
+        self.id = agent_id or str(uuid.uuid4())  # a fixed one: the same agent in every test
         self.env = env
         self.script = {state: list(replies) for state, replies in (script or {}).items()}
         self.copies = copies
