@@ -46,6 +46,7 @@ from fsm_celery.records import (
 from fsm_celery.store import notify as notify_store
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
+from fsm_celery.store import slots as slot_store
 from fsm_celery.store.reads import Cursor, MachineFilter
 
 log = logging.getLogger(__name__)
@@ -222,9 +223,12 @@ class Client:
         """The machine with that id or id prefix (MachineNotFound if none)."""
         with self.engine.db.connect() as conn:
             row = q.get_machine_txn(conn, _full_id_txn(conn, machine_id))
-        if row is None:
-            raise MachineNotFound(str(machine_id))
-        return MachineInfo.from_row(row)
+            if row is None:
+                raise MachineNotFound(str(machine_id))
+            position = None
+            if row.queued_at is not None and row.status == "running":
+                position = slot_store.queue_position_txn(conn, row)
+        return MachineInfo.from_row(row, position)
 
     def list_machines(
         self,

@@ -19,11 +19,15 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.reads import Cursor, Tree
+from fsm_celery.store.tables import machines
 
 HIDDEN = "***"
 # how a tree counts the children it does not list: the ended first, then those at work, then
 # a map's items not started yet
 MORE_ORDER = ("completed", "failed", "cancelled", "running", "paused", "waiting")
+
+
+_ROW = frozenset(c.name for c in machines.c)
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,15 @@ class MachineInfo:
     branch: str | None = None
     root_id: UUID | None = None
     depth: int = 0
+    # waiting for a slot of its agent type since then (FSM_AGENT_TYPE_LIMITS, a definition's
+    # agent_types), and its place in that queue (1: next; read for one machine, not in lists)
+    queued_at: datetime | None = None
+    queue_position: int | None = None
 
     @classmethod
-    def from_row(cls, row: AnyRow) -> MachineInfo:
-        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
+    def from_row(cls, row: AnyRow, queue_position: int | None = None) -> MachineInfo:
+        columns = {name: getattr(row, name) for name in cls.__dataclass_fields__ if name in _ROW}
+        return cls(**columns, queue_position=queue_position)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(asdict(self)) | {"commands": self.commands}

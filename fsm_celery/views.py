@@ -40,6 +40,8 @@ SHOWN = (
     "branch",
     "root_id",
     "depth",
+    "queued_at",
+    "queue_position",
 )
 SHORT_ID = 8  # hex digits of an id a tree shows (as the dashboard; the CLI takes the prefix)
 

@@ -208,3 +208,20 @@ def failure_of(rule: Rule, tally: Tally, slots: Iterable[Slot]) -> str:
     shown = "; ".join(errors[:3]) + ("; ..." if len(errors) > 3 else "")
     text = f"{tally.failed} of {rule.total} children failed, {rule.tolerated} tolerated"
     return f"{text} ({shown})" if shown else text
+
+
+def describe(state: StateDefinition, rule: Rule, tally: Tally, cancelled: int) -> str:
+    """What a join was, in one line for the parent's history: its children, its policy, how
+    they ended and how many it cancelled."""
+    kind = kind_of(state)
+    if state.parallel is not None:
+        join = state.parallel.join
+        policy = f"at_least {join.at_least}" if isinstance(join, AtLeast) else join
+    else:
+        policy = "all" if kind is Kind.MAP else "the child"
+    concurrency = f", {rule.max_concurrency} at a time" if rule.max_concurrency < rule.total else ""
+    return (
+        f"{kind.value} of {rule.total} ({policy}, {rule.tolerated} failures tolerated"
+        f"{concurrency}): {tally.succeeded} succeeded, {tally.failed} failed"
+        + (f", {cancelled} cancelled by the join" if cancelled else "")
+    )

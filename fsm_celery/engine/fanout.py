@@ -45,6 +45,7 @@ from fsm_celery.core.join import (
     Tally,
     Verdict,
     child_ended,
+    describe,
     failure_of,
     kind_of,
     merge,
@@ -476,7 +477,10 @@ class FanOut:
         met = tally.verdict is Verdict.MET
         output = merge(definition, state, slots) if met else {}
         error = None if met else (why or failure_of(rule, tally, slots))
-        self._move_parent(parent, definition, machine.attempt, state, met, output, error, writes)
+        reason = f"join {tally.verdict.value}: {describe(state, rule, tally, len(cancelled))}"
+        if fan_out.decided_by is not None:
+            reason += f"; decided by {fan_out.decided_by}"
+        self._move_parent(parent, definition, machine.attempt, state, output, error, reason, writes)
         fanouts.close_txn(conn, parent.id, attempt, writes.now)
 
     def _move_parent(
@@ -485,26 +489,27 @@ class FanOut:
         definition: MachineDefinition,
         attempt: int,
         state: StateDefinition,
-        met: bool,
         output: dict[str, Any],
         error: str | None,
+        reason: str,
         writes: Writes,
     ) -> None:
+        """Move the parent on by its join: with the merged output, or by its failure edge (an
+        error); `reason` says what the join was, in its history."""
         machine = writes.machine(parent)
-        joined = Joined(state.name, attempt, met, output, error)
+        joined = Joined(state.name, attempt, error is None, output, error)
         decision = decide(definition, machine, joined, self._rt.limits)
         if isinstance(decision, Rejected):  # what the database cannot hold in the totals
             joined = Joined(state.name, attempt, False, {}, f"the join: {decision.detail}")
             decision = decide(definition, machine, joined, self._rt.limits)
         assert not isinstance(decision, Rejected)
-        reason = "join met" if met else f"join failed: {error}"
         try:
             writes.transition(parent, decision, "join", reason=reason)
         except Unstorable as exc:  # a merged value its column cannot hold: refused, as an ack's
             joined = Joined(state.name, attempt, False, {}, f"the join's output: {exc.detail}")
             decision = decide(definition, machine, joined, self._rt.limits)
             assert not isinstance(decision, Rejected)
-            writes.transition(parent, decision, "join", reason="join failed")
+            writes.transition(parent, decision, "join", reason=f"{reason}; its output refused")
 
     def _out_of_budget(
         self, conn: Connection, rows: Rows, ancestor_id: UUID, why: str, writes: Writes

@@ -36,6 +36,8 @@ MACHINE: dict[str, Any] = {
     "branch": None,
     "root_id": None,
     "depth": 0,
+    "queued_at": None,
+    "queue_position": None,
     "commands": ["pause", "retry", "force", "budget", "cancel"],
 }
 CHILD_ID = "9a4e7d21-0c3b-4f5a-8e6d-1b2c3d4e5f60"

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from uuid import UUID
 
-from sqlalchemy import Connection, and_, exists, func, select, update
+from sqlalchemy import Connection, and_, exists, func, literal, select, tuple_, update
 
 from fsm_celery.store import dialects
 from fsm_celery.store.queries import AnyRow
@@ -89,7 +89,7 @@ def queued_txn(conn: Connection, agent_type: str, most: int) -> list[AnyRow]:
         conn.execute(
             select(machines)
             .where(c.agent_type == agent_type, c.queued_at.is_not(None), c.status == "running")
-            .order_by(c.queued_at, c.slot, c.id)
+            .order_by(c.queued_at, func.coalesce(c.slot, -1), c.id)
             .limit(most)
             .with_for_update(skip_locked=True)
         ).all()
@@ -114,10 +114,18 @@ def in_flight_txn(conn: Connection, agent_type: str) -> int:
     return int(conn.execute(statement).scalar_one())
 
 
-def queue_position_txn(conn: Connection, agent_type: str, queued_at: datetime) -> int:
-    """How many of the type's machines were queued before this one (its place: that + 1)."""
+def queue_position_txn(conn: Connection, row: AnyRow) -> int:
+    """A queued machine's place in its agent type's queue (1: the next to be entered), in the
+    order queued_txn takes them."""
     c = machines.c
+    key = tuple_(c.queued_at, func.coalesce(c.slot, -1), c.id)
+    mine = tuple_(
+        literal(row.queued_at), literal(-1 if row.slot is None else row.slot), literal(row.id)
+    )
     statement = select(func.count()).where(
-        c.agent_type == agent_type, c.queued_at.is_not(None), c.queued_at < queued_at
+        c.agent_type == row.agent_type,
+        c.queued_at.is_not(None),
+        c.status == "running",
+        key < mine,
     )
     return int(conn.execute(statement).scalar_one()) + 1

@@ -9,6 +9,7 @@ from uuid import UUID
 
 from sqlalchemy import select
 
+from fsm_celery.client import Client
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.engine import Inbound
 from fsm_celery.store.tables import agent_type_slots, fan_out_items, fan_outs, machines
@@ -197,3 +198,12 @@ def test_an_agent_types_bound_queues_entries_in_postgresql_and_frees_them_in_ord
             select(agent_type_slots).where(agent_type_slots.c.agent_type == "limited")
         ).one()
     assert (row.max_in_flight, row.in_flight) == (2, 0)
+
+
+def test_a_queued_machine_shows_its_place_in_its_agent_types_queue(fsm: Fsm) -> None:
+    mid = fsm.start("test_fan_limit", {"items": [0, 1, 2, 3]})
+    kids = children(fsm, mid)
+    client = Client(fsm.engine, fsm.enter_all)
+    places = [client.get_machine(k.id).queue_position for k in kids]
+    assert places == [None, None, 1, 2]
+    assert client.get_machine(kids[2].id).to_dict()["queued_at"] is not None
