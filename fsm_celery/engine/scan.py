@@ -19,6 +19,7 @@ from fsm_celery.engine.ports import Scanned
 from fsm_celery.engine.runtime import TRANSIENT, Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, snapshot
+from fsm_celery.store import dialects
 from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store
 
@@ -63,12 +64,17 @@ class Scan:
         writes = Writes(self._rt.clock(), sent=self._sent)
         grace = timedelta(seconds=self._rt.settings.dispatch_grace_seconds)
         with self._rt.transaction(writes) as conn:
-            # found without a lock, then locked with their ancestors (the one lock order:
-            # docs/fan-out.md), and kept if still overdue or due once locked
+            # Found without a lock, then locked with their ancestors in the one lock order
+            # (docs/fan-out.md), skipping rows others hold: the scan waits for no transaction.
+            # A machine is handled only if all its ancestors were had (its end joins its
+            # parent), and if still overdue or due once locked. One scan at a time: a child it
+            # holds without its parent then blocks no other scan's cascade.
+            dialects.of(conn).lock_key(conn, "fsm-scan")
             late, ready = q.scan_candidates_txn(conn, writes.now, writes.now - grace, limit, only)
-            rows = q.lock_machines_txn(conn, [*late, *ready])
-            overdue = [rows[i] for i in late if i in rows and q.overdue(rows[i], writes.now)]
-            due = [rows[i] for i in ready if i in rows and q.due(rows[i], writes.now - grace)]
+            rows = q.lock_machines_txn(conn, [*late, *ready], skip_locked=True)
+            held = {i for i in rows if q.with_ancestors(rows, i)}
+            overdue = [rows[i] for i in late if i in held and q.overdue(rows[i], writes.now)]
+            due = [rows[i] for i in ready if i in held and q.due(rows[i], writes.now - grace)]
             if only is None:  # counted before this scan moves anything
                 self._entry.reconcile_txn(conn, rows, writes)
             for row in overdue:

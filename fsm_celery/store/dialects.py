@@ -20,7 +20,7 @@ from fsm_celery.store.rows import ById, History, Move
 
 class Dialect(Protocol):
     def lock_machines(
-        self, conn: Connection, ids: Sequence[UUID], ancestors: bool = True
+        self, conn: Connection, ids: Sequence[UUID], ancestors: bool = True, skip: bool = False
     ) -> Iterable[Row[Any]]:
         """Lock the machines' rows and their ancestors', by depth then id (ancestors first:
         concurrent transactions never deadlock)."""

@@ -41,9 +41,9 @@ _LOCK_ALONE = (
 
 class PostgreSQL:
     def lock_machines(
-        self, conn: Connection, ids: Sequence[UUID], ancestors: bool = True
+        self, conn: Connection, ids: Sequence[UUID], ancestors: bool = True, skip: bool = False
     ) -> Iterable[Row[Any]]:
-        sql = _LOCK if ancestors else _LOCK_ALONE
+        sql = (_LOCK if ancestors else _LOCK_ALONE) + (" SKIP LOCKED" if skip else "")
         return _execute_prepared(conn, sql, {"ids": _uuid_array(ids)})
 
     def update(self, conn: Connection, table: Table, rows: Sequence[ById]) -> None:

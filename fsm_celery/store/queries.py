@@ -106,19 +106,28 @@ def insert_machine_txn(conn: Connection, machine: NewMachine) -> None:
 
 
 def lock_machines_txn(
-    conn: Connection, ids: Iterable[UUID], *, ancestors: bool = True
+    conn: Connection, ids: Iterable[UUID], *, ancestors: bool = True, skip_locked: bool = False
 ) -> dict[UUID, AnyRow]:
     """Lock the machines' rows, with their ancestors' (a fan-out's parent, its parent...):
     ancestors first, then by id, so that concurrent transactions never deadlock. A child's end
     joins its parent in the same transaction, which therefore holds the parent already; and a
     transaction that holds a machine holds its whole subtree, as every other waits for the
     machine before it can lock any of its descendants (docs/fan-out.md). Without `ancestors`,
-    the machines alone: for a transaction that moves no child (Entry.enter tries that first)."""
+    the machines alone: for a transaction that moves no child (Entry.enter tries that first).
+    With `skip_locked`, the rows others hold are left out (the scan's way: see with_ancestors)."""
     ordered = sorted(set(ids))
     if not ordered:
         return {}
     lock = dialects.of(conn).lock_machines
-    return {row.id: row for row in lock(conn, ordered, ancestors)}
+    return {row.id: row for row in lock(conn, ordered, ancestors, skip_locked)}
+
+
+def with_ancestors(rows: dict[UUID, AnyRow], machine_id: UUID) -> bool:
+    """Whether the machine and every ancestor of it are among the rows locked."""
+    row = rows.get(machine_id)
+    while row is not None and row.parent_id is not None:
+        row = rows.get(row.parent_id)
+    return row is not None
 
 
 def get_machine_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:

@@ -44,8 +44,9 @@ _LOCK = (
 
 class SQLite:
     def lock_machines(
-        self, conn: Connection, ids: Sequence[UUID], ancestors: bool = True
+        self, conn: Connection, ids: Sequence[UUID], ancestors: bool = True, skip: bool = False
     ) -> Iterable[Row[Any]]:
+        """SQLite holds the whole database for a writer: nothing to skip."""
         return conn.execute(_LOCK if ancestors else _LOCK_ALONE, {"ids": list(ids)})
 
     def update(self, conn: Connection, table: Table, rows: Sequence[ById]) -> None:
