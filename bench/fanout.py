@@ -210,6 +210,11 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def highest(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Per process, the highest of the runs' figures under key (idle_mib, after_mib)."""
+    return {process: max(r[key][process] for r in runs) for process in runs[0][key]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--children", type=int, default=10_000)
@@ -249,9 +254,8 @@ def main() -> None:
                 if name != "chord"
             },
             "peak_mib": {name: s["peak_mib"] for name, s in summaries.items()},
-            "after_mib": {
-                name: max(r["after_mib"] for r in of_name) for name, of_name in runs.items()
-            },
+            "idle_mib": {name: highest(of_name, "idle_mib") for name, of_name in runs.items()},
+            "after_mib": {name: highest(of_name, "after_mib") for name, of_name in runs.items()},
         }
         print(f"recorded {record_current('fanout', figures, args.record)}")
 
