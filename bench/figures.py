@@ -146,7 +146,7 @@ def _fanout(f: dict[str, Any]) -> tuple[str, str]:
         for name in ("inline", "celery", "chord")
     )
     return (
-        f"fan-out, {number(f['children'])} one-state children of one map (1,000 at a time) to "
+        f"fan-out, {number(f['children'])} one-state children of one map (bench_map.yaml) to "
         "the join, against a Celery chord of as many no-op tasks (Redis result backend)",
         f"{times}{median}",
     )

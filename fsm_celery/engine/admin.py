@@ -28,7 +28,7 @@ from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes, snapshot
+from fsm_celery.engine.writes import Writes, snapshot, start_record
 from fsm_celery.exceptions import (
     CommandRefused,
     ContextMismatch,
@@ -38,7 +38,7 @@ from fsm_celery.exceptions import (
     Unstorable,
 )
 from fsm_celery.store import queries as q
-from fsm_celery.store.rows import History, NewMachine
+from fsm_celery.store.rows import NewMachine
 
 
 class Admin:
@@ -97,7 +97,7 @@ class Admin:
             state_retries=0,
             dispatch_due_at=now,
         )
-        started = _started(machine)
+        started = start_record(machine)
         q.insert_machine_txn(conn, machine)
         q.insert_transitions_txn(conn, [started])
         writes.announce(started, machine, machine.status)
@@ -166,28 +166,6 @@ class Admin:
             self._entry.enter_due_txn(conn, rows, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()
-
-
-def _started(machine: NewMachine) -> History:
-    """The start's history row (attempt 0)."""
-    return History(
-        machine_id=machine.id,
-        from_state=None,
-        to_state=machine.current_state,
-        success=True,
-        output=None,
-        error_message=None,
-        duration_ms=None,
-        attempt=0,
-        event="start",
-        actor=None,
-        reason=None,
-        progress=None,
-        agent_id=None,
-        tokens_used=0,
-        cost=0.0,
-        created_at=machine.created_at,
-    )
 
 
 def _cancel_reason(command: Command) -> str:

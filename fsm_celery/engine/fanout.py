@@ -67,11 +67,11 @@ from fsm_celery.core.transition import (
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.ports import Step
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import ENDED, Writes
+from fsm_celery.engine.writes import ENDED, Writes, start_record
 from fsm_celery.exceptions import UnknownMachineType, Unstorable
 from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
-from fsm_celery.store.rows import History, NewMachine
+from fsm_celery.store.rows import NewMachine
 
 Rows = dict[UUID, q.AnyRow]
 PARENT = "parent"  # the actor of what a parent does to its children
@@ -133,9 +133,7 @@ class FanOut:
         waiting = [(slot, plan.inputs[slot]) for slot in range(start)]
         self._start(conn, rows, row, machine.attempt, state, plan.branches, waiting, writes)
         if tally.verdict is not Verdict.PENDING:  # an empty map is met at once
-            fan_out = fanouts.fan_out_txn(conn, row.id, machine.attempt)
-            assert fan_out is not None
-            self._join(conn, rows, row, definition, fan_out, writes)
+            self._join_now(conn, rows, row, definition, machine.attempt, writes)
 
     def _plan(
         self,
@@ -273,7 +271,8 @@ class FanOut:
                 )
             )
         inserted = fanouts.insert_machines_txn(conn, children)
-        started = [_started(child, parent.id, state.name) for child in children]
+        why = f"started by {parent.id} in {state.name}, slot "
+        started = [start_record(child, PARENT, why + str(child.branch)) for child in children]
         q.insert_transitions_txn(conn, started)
         for child, history, row in zip(children, started, inserted, strict=True):
             rows[row.id] = row
@@ -425,9 +424,7 @@ class FanOut:
             plan = self._branches(conn, parent, definition, state)
             self._start(conn, rows, parent, attempt, state, plan, waiting, writes)
         if decided_by is not None:
-            fan_out = fanouts.fan_out_txn(conn, parent_id, attempt)
-            assert fan_out is not None
-            self._join(conn, rows, parent, definition, fan_out, writes)
+            self._join_now(conn, rows, parent, definition, attempt, writes)
 
     def _branches(
         self,
@@ -439,6 +436,21 @@ class FanOut:
         """A map's one body, for the items started later (every slot runs the same)."""
         ((branch, body),) = definition.children(state)
         return [(branch, *self._definition(conn, parent, definition, state, branch, body))]
+
+    def _join_now(
+        self,
+        conn: Connection,
+        rows: Rows,
+        parent: q.AnyRow,
+        definition: MachineDefinition,
+        attempt: int,
+        writes: Writes,
+        why: str | None = None,
+    ) -> None:
+        """Carry out the join this transaction just decided (its fan-out read as written)."""
+        fan_out = fanouts.fan_out_txn(conn, parent.id, attempt)
+        assert fan_out is not None
+        self._join(conn, rows, parent, definition, fan_out, writes, why)
 
     def _join(
         self,
@@ -524,9 +536,7 @@ class FanOut:
         failed = Tally(tally.started, tally.succeeded, tally.failed, Verdict.FAILED)
         fanouts.count_txn(conn, ancestor_id, fan_out.attempt, failed, writes.now, None)
         definition = self._rt.catalog.version(conn, ancestor.type, ancestor.definition_version)
-        fan_out = fanouts.fan_out_txn(conn, ancestor_id, fan_out.attempt)
-        assert fan_out is not None
-        self._join(conn, rows, ancestor, definition, fan_out, writes, why)
+        self._join_now(conn, rows, ancestor, definition, fan_out.attempt, writes, why)
 
     def _row(self, conn: Connection, rows: Rows, machine_id: UUID) -> q.AnyRow:
         """A machine this transaction holds (an ancestor of one it locked, or a child)."""
@@ -599,25 +609,3 @@ def _slot(child: q.AnyRow, t: Transition, body: Body, inputs: Mapping[int, Any])
         return Slot(child.slot, SlotStatus.SUCCEEDED, result)
     status = SlotStatus.FAILED if t.status is MachineStatus.FAILED else SlotStatus.CANCELLED
     return Slot(child.slot, status, None, t.error or status.value)
-
-
-def _started(child: NewMachine, parent_id: UUID, state: str) -> History:
-    """A child's start record (attempt 0), naming its parent."""
-    return History(
-        machine_id=child.id,
-        from_state=None,
-        to_state=child.current_state,
-        success=True,
-        output=None,
-        error_message=None,
-        duration_ms=None,
-        attempt=0,
-        event="start",
-        actor=PARENT,
-        reason=f"started by {parent_id} in {state}, slot {child.branch}",
-        progress=None,
-        agent_id=None,
-        tokens_used=0,
-        cost=0.0,
-        created_at=child.created_at,
-    )

@@ -366,3 +366,27 @@ class Writes:
 def duration_ms(delta: timedelta) -> int:
     """A duration in whole milliseconds, within BIGINT (state_transitions.duration_ms)."""
     return max(INT64_MIN, min(INT64_MAX, int(delta.total_seconds() * 1000)))
+
+
+def start_record(
+    machine: NewMachine, actor: str | None = None, reason: str | None = None
+) -> History:
+    """A machine's start, its history row of attempt 0 (a child's names its parent)."""
+    return History(
+        machine_id=machine.id,
+        from_state=None,
+        to_state=machine.current_state,
+        success=True,
+        output=None,
+        error_message=None,
+        duration_ms=None,
+        attempt=0,
+        event="start",
+        actor=actor,
+        reason=reason,
+        progress=None,
+        agent_id=None,
+        tokens_used=0,
+        cost=0.0,
+        created_at=machine.created_at,
+    )

@@ -31,7 +31,7 @@ from fsm_celery.http.models import (
     encode_cursor,
     machine_filter,
 )
-from fsm_celery.records import definition_view, jsonable
+from fsm_celery.records import MachineInfo, definition_view, jsonable
 from fsm_celery.store.reads import MachineFilter
 from fsm_celery.store.tables import TYPE_CHARS
 
@@ -72,12 +72,7 @@ def list_machines(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, Any]:
-    found = fsm.find_machines(where, limit + 1, decode_cursor(cursor))
-    page, more = found[:limit], len(found) > limit
-    return {
-        "items": [m.to_dict() for m in page],
-        "next": encode_cursor(page[-1].cursor) if more else None,
-    }
+    return _page(fsm.find_machines(where, limit + 1, decode_cursor(cursor)), limit)
 
 
 @router.get(
@@ -147,12 +142,7 @@ def children(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, Any]:
-    found = fsm.children(machine_id, limit + 1, decode_cursor(cursor))
-    page, more = found[:limit], len(found) > limit
-    return {
-        "items": [m.to_dict() for m in page],
-        "next": encode_cursor(page[-1].cursor) if more else None,
-    }
+    return _page(fsm.children(machine_id, limit + 1, decode_cursor(cursor)), limit)
 
 
 @router.get(
@@ -379,3 +369,12 @@ async def events(
                     yield {"event": "transitions", "data": "[" + ",".join(batch) + "]"}
 
     return EventSourceResponse(stream(), ping=PING_SECONDS, send_timeout=30)
+
+
+def _page(found: list[MachineInfo], limit: int) -> dict[str, Any]:
+    """A page of machines (`found` holds one more when there is a next page) and its cursor."""
+    page, more = found[:limit], len(found) > limit
+    return {
+        "items": [m.to_dict() for m in page],
+        "next": encode_cursor(page[-1].cursor) if more else None,
+    }
