@@ -545,7 +545,10 @@ def test_pause_resume_and_cancel_reach_three_levels_down_through_the_cli(fan: Fs
         root = fan.client.start_machine("test_fan_tree", {"left": "l"})
         first = agent.wait_for_tasks(1)  # test_pair's FIRST, two levels down
         assert first["machineType"] == "test_pair"
+        # a state_task goes out before the transaction that sent it commits: wait for its rows
+        _wait_until(lambda: len(_kids(fan, root)) == 1, "the child recorded")
         [child] = _kids(fan, root)
+        _wait_until(lambda: len(_kids(fan, child.id)) == 1, "the grandchild recorded")
         [grandchild] = _kids(fan, child.id)
         tree = [root, child.id, grandchild.id]
         assert str(grandchild.id) == first["machineId"]
