@@ -43,30 +43,47 @@ class Entry:
         leads to after a retry delay is returned. An entry whose write failed after its send
         (the database restarting) records, when tried again, the dispatch it sent."""
         try:
-            return self._enter(machine_id, attempt, ancestors=False)
+            entered = self._enter([(machine_id, attempt)], ancestors=False)
         except _ChildMoved:
-            return self._enter(machine_id, attempt, ancestors=True)
+            entered = self._enter([(machine_id, attempt)], ancestors=True)
+        if self._rt.settings.transition_mode is TransitionMode.INLINE:
+            return self.enter_started(entered)
+        return entered  # each child an fsm.enter_state task
 
-    def _enter(self, machine_id: UUID, attempt: int, *, ancestors: bool) -> Next:
+    def enter_started(self, next_states: Next) -> Next:
+        """Enter the first states of the children a committed transaction started, in
+        transactions of their own (the inline mode's way: no Celery hop); what is left to hand
+        on. A crash before leaves them due, for the scan."""
+        while started := [s for s in next_states if s.parent_id is not None and not s.delay]:
+            later = [s for s in next_states if s not in started]
+            steps = [(s.machine_id, s.attempt) for s in started]
+            try:
+                next_states = later + self._enter(steps, ancestors=False)
+            except _ChildMoved:
+                next_states = later + self._enter(steps, ancestors=True)
+        return next_states
+
+    def _enter(self, steps: list[tuple[UUID, int]], *, ancestors: bool) -> Next:
         """enter, locking the machine alone first: a child's entry concerns its parent only if
         it moves the child (its state cannot be sent), which is then done again with the
         parent locked first, in the one lock order (docs/fan-out.md). So the entries of a
         fan-out's children do not wait for each other on their parent's row."""
         writes = Writes(self._rt.clock(), sent=self._sent)
         with self._rt.transaction(writes) as conn:
-            rows = q.lock_machines_txn(conn, [machine_id], ancestors=ancestors)
-            row = rows.get(machine_id)
-            if row is None or not _awaits_dispatch(row, attempt):
-                return []
-            if aware(row.dispatch_due_at) > writes.now + EARLY:  # type: ignore[operator]
-                return []  # a retry delay is still running
-            self.enter_txn(conn, rows, row, writes)
-            if writes.log and row.parent_id is not None and not ancestors:
-                raise _ChildMoved  # rolled back, nothing sent: again, the parent first
+            rows = q.lock_machines_txn(conn, [mid for mid, _ in steps], ancestors=ancestors)
+            for machine_id, attempt in steps:
+                row = rows.get(machine_id)
+                if row is None or not _awaits_dispatch(row, attempt):
+                    continue
+                if aware(row.dispatch_due_at) > writes.now + EARLY:  # type: ignore[operator]
+                    continue  # a retry delay is still running
+                self.enter_txn(conn, rows, row, writes)
+                if writes.log and row.parent_id is not None and not ancestors:
+                    raise _ChildMoved  # rolled back, nothing sent: again, the parent first
             if self._rt.settings.transition_mode is TransitionMode.INLINE:
-                self.enter_due_txn(conn, rows, writes)  # the children it started, at once
+                self.enter_due_txn(conn, rows, writes)
             else:
-                self.settle_txn(conn, rows, writes)  # each child an fsm.enter_state task
+                self.settle_txn(conn, rows, writes)
             self.send_and_write(conn, writes)
         return writes.next()
 

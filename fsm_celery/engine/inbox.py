@@ -52,7 +52,7 @@ class Inbox:
         in it (their state_tasks go out before it commits): the inline mode. Those that a
         failed try of the same messages sent (`sent`) are recorded, not sent again. The Next
         holds the states that wait out a retry delay."""
-        return self._apply_batch(batch, sent, enter=True)
+        return self._entry.enter_started(self._apply_batch(batch, sent, enter=True))
 
     def apply_and_hand_on(self, batch: Iterable[Inbound]) -> Next:
         """Apply a batch of raw agent messages in one transaction, sending nothing: every state

@@ -295,15 +295,15 @@ class Writes:
             moved.cost += usage.cost
 
     def due_now(self) -> list[UUID]:
-        """Machines this transaction moved on or started whose next state is to be entered at
-        once."""
-        moved = [
+        """Machines this transaction moved on whose next state is to be entered at once. Not the
+        children it started: their rows are not there for others until it commits, and an ack
+        for a state_task sent before then would find no machine; they are entered after it
+        (Entry.enter_started), or by an fsm.enter_state task each."""
+        return [
             mid
             for mid, move in self.moves.items()
             if move.status == RUNNING and not self.delays[mid] and mid not in self.entered
         ]
-        started = [mid for mid in self.spawned if mid not in self.entered and mid not in self.moves]
-        return moved + started
 
     def heartbeat(self, row: q.AnyRow, deadline: datetime, progress: str | None) -> None:
         """Record a sign of life: a later deadline, and the agent's progress text."""
