@@ -401,7 +401,7 @@ class FanOut:
         bodies = dict(definition.children(state))
         inputs = fanouts.inputs_txn(conn, parent_id, attempt, [c.slot for c, _ in children])
         slots = [
-            _slot(child, t, bodies.get(child.branch) or next(iter(bodies.values())), inputs)
+            _slot(child, t, bodies[child.branch if state.parallel is not None else None], inputs)
             for child, t in children
         ]
         fanouts.end_slots_txn(conn, parent_id, attempt, slots)

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, and_, bindparam, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, case, insert, select, update
 
 from fsm_celery.core.join import Slot, SlotStatus, Tally, Verdict
 from fsm_celery.core.usage import Usage
@@ -117,13 +117,15 @@ def count_txn(
 
 def close_txn(conn: Connection, parent_id: UUID, attempt: int, now: datetime) -> None:
     """The parent moved on: its fan-out counts nothing more (a pending one is marked closed)."""
-    fan_out = _fan_out(parent_id, attempt)
+    pending = fan_outs.c.verdict == Verdict.PENDING.value
     conn.execute(
         update(fan_outs)
-        .where(fan_out, fan_outs.c.verdict == Verdict.PENDING.value)
-        .values(verdict=Verdict.CLOSED.value)
+        .where(_fan_out(parent_id, attempt))
+        .values(
+            closed_at=now,
+            verdict=case((pending, Verdict.CLOSED.value), else_=fan_outs.c.verdict),
+        )
     )
-    conn.execute(update(fan_outs).where(fan_out).values(closed_at=now))
 
 
 def _fan_out(parent_id: UUID, attempt: int) -> Any:
