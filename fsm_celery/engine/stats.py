@@ -3,10 +3,11 @@
 
 The fold reads history ids in order, but ids are taken before their transactions commit, so a
 row with a smaller id can appear after a larger one was read. The watermark therefore moves in
-two steps: the fold notes the largest id it sees and which transactions are in flight
-(PostgreSQL's pg_current_snapshot); only once all of those have ended, so that every id up to
-the noted one is committed or gone for good, does it fold up to that id. Folded and unfolded
-are read in one REPEATABLE READ snapshot, so a fold that commits meanwhile is counted once.
+two steps: the fold notes the largest id it sees and which transactions are in flight (in
+PostgreSQL, the next transaction id); only once all of this database's that were in flight
+have ended, so that every id up to the noted one is committed or gone for good, does it fold
+up to that id. Folded and unfolded are read in one REPEATABLE READ snapshot, so a fold that
+commits meanwhile is counted once.
 """
 
 from __future__ import annotations

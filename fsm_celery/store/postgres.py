@@ -70,15 +70,26 @@ class PostgreSQL:
         return pg_insert(table)
 
     def snapshot(self, conn: Connection) -> str:
-        return str(conn.execute(text("SELECT pg_current_snapshot()::text")).scalar_one())
+        """The next transaction id to be assigned: every transaction in flight now has a
+        smaller one (short enough for its column however many are in flight)."""
+        return str(conn.execute(text("SELECT pg_snapshot_xmax(pg_current_snapshot())")).scalar())
 
     def ended(self, conn: Connection, snapshot: str) -> bool:
+        """Whether every transaction of this database that was in flight at the snapshot has
+        ended. Only this database's (pg_stat_activity.backend_xid, 32 bits, matched against the
+        snapshot's 64-bit ids): a long transaction in another database of the same server
+        writes no history here and must not hold the fold back."""
+        noted = snapshot.split(":")[1] if ":" in snapshot else snapshot  # older rows: a snapshot
         ended = conn.execute(
             text(
-                "SELECT pg_snapshot_xmin(pg_current_snapshot()) "
-                ">= pg_snapshot_xmax(CAST(:snapshot AS pg_snapshot))"
+                "SELECT NOT EXISTS ("
+                " SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) AS x"
+                " WHERE x < CAST(:noted AS xid8)"
+                " AND (CAST(CAST(x AS text) AS bigint) % 4294967296)::text IN ("
+                "  SELECT backend_xid::text FROM pg_stat_activity"
+                "  WHERE datname = current_database() AND backend_xid IS NOT NULL))"
             ),
-            {"snapshot": snapshot},
+            {"noted": noted},
         ).scalar_one()
         return bool(ended)
 

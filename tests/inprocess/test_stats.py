@@ -7,12 +7,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import create_engine, insert, text
 
 from fsm_celery.core.stats import GROWTH
 from fsm_celery.store.tables import transitions
 from tests.inprocess.conftest import Fsm, ack
 from tests.support.messages import FIX_BUG_STATES, OUTPUTS
+from tests.support.services import Services
 
 CONTEXT = {"projectName": "sla-api", "githubIssue": 7, "bugDescription": "login fails"}
 
@@ -122,3 +123,24 @@ def _attempt_row(machine_id: uuid.UUID, attempt: int) -> dict[str, Any]:
         "event": "ack",
         "duration_ms": 5,
     }
+
+
+def test_a_transaction_in_another_database_does_not_hold_the_fold_back(
+    fsm: Fsm, services: Services
+) -> None:
+    stats = fsm.engine.stats
+    other = create_engine(f"{services.pg_url}/postgres")
+    try:
+        with other.connect() as conn, conn.begin():
+            conn.execute(text("SELECT pg_current_xact_id()"))  # takes a transaction id
+            stats.fold()
+            fsm.clock.advance(2)
+            stats.fold()  # notes where to fold to, the other database's transaction in flight
+            _run(fsm, 0.1)
+            fsm.clock.advance(2)
+            stats.fold()
+            fsm.clock.advance(2)
+            assert stats.fold() == len(FIX_BUG_STATES) - 1
+            assert stats.read()["as_of"]["unfolded"] == 0
+    finally:
+        other.dispose()
