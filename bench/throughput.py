@@ -93,9 +93,10 @@ def run_engine(
 def start_workers(
     env: FsmEnv, workers: int = 2, pool: str = "threads", concurrency: int = 4
 ) -> None:
-    """As README.md says to run them: one worker per core (beat beside the first)."""
+    """As README.md says to run them: one worker per core (beat beside the first), logging
+    warnings only (README.md's command sets no level: Celery's default)."""
     for n in range(workers):
-        env.start_worker(beat=n == 0, concurrency=concurrency, pool=pool)
+        env.start_worker(beat=n == 0, concurrency=concurrency, pool=pool, log_level="warning")
 
 
 def run_chain_baseline(

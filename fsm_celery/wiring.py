@@ -8,15 +8,17 @@ across layers to build one.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
+from uuid import UUID
 
 from fsm_celery.acks import relay
-from fsm_celery.acks.apply import Applier
+from fsm_celery.acks.apply import TRANSIENT, Applier
 from fsm_celery.acks.bridge import Bridge, Handler
-from fsm_celery.acks.consumer import Consumer
+from fsm_celery.acks.consumer import Consumer, Delivery
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.acks.pubsub import PubSubConsumer
 from fsm_celery.acks.streams import StreamConsumer
@@ -30,7 +32,12 @@ from fsm_celery.engine.sent import Sent
 from fsm_celery.store import db as database
 from fsm_celery.worker import tasks
 from fsm_celery.worker.app import app
+from fsm_celery.worker.combine import Combiner
 from fsm_celery.worker.tasks import Enqueue
+
+log = logging.getLogger(__name__)
+
+ENTRIES_A_ROUND = 200  # the most states fsm.enter_state tasks enter in one transaction
 
 
 def machine_engine(
@@ -122,7 +129,8 @@ class Worker:
         self.policy = Policy(settings.dead_letter_after)
         self._given = engine
         self._engine = engine
-        self._applier: Applier | None = None
+        self._applier: Combiner[Delivery] | None = None
+        self._entries: Combiner[tuple[UUID, int]] | None = None
         self._dead: DeadLetters | None = None
         self._building = threading.Lock()
 
@@ -138,12 +146,41 @@ class Worker:
         return self._engine
 
     @property
-    def applier(self) -> Applier:
-        """fsm.apply_acks's: applies a batch, handing every state it decided on."""
+    def applier(self) -> Combiner[Delivery]:
+        """fsm.apply_acks's: applies a batch, handing every state it decided on; the batches
+        of the tasks that run meanwhile in this process's threads in one transaction (one
+        Combiner a process: see fsm_celery.worker.combine)."""
         if self._applier is None:
             inbox = self.engine.inbox
-            self._applier = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
+            with self._building:
+                if self._applier is None:
+                    applier = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
+                    self._applier = Combiner(applier, self.settings.ack_batch_size)
         return self._applier
+
+    @property
+    def entries(self) -> Combiner[tuple[UUID, int]]:
+        """fsm.enter_state's: enters states, handing on what follows; the steps of the tasks
+        that run meanwhile in this process's threads in one transaction."""
+        if self._entries is None:
+            with self._building:
+                if self._entries is None:
+                    self._entries = Combiner(self._enter, ENTRIES_A_ROUND)
+        return self._entries
+
+    def _enter(self, steps: list[tuple[UUID, int]]) -> list[tuple[UUID, int]]:
+        """Enter the steps in one transaction; all of them left to enter alone if it failed for
+        a reason that may be one step's (a transient one fails them all)."""
+        try:
+            self.enqueue(self.engine.entry.enter_many(steps))
+        except TRANSIENT:
+            raise
+        except Exception:
+            if len(steps) == 1:
+                raise
+            log.warning("%d states entered together failed; each is entered alone", len(steps))
+            return steps
+        return []
 
     @property
     def dead_letters(self) -> DeadLetters:
@@ -153,7 +190,7 @@ class Worker:
 
     def forget(self) -> None:
         """Drop what was built before a fork (its connections are the parent's)."""
-        self._engine, self._applier, self._dead = self._given, None, None
+        self._engine, self._applier, self._entries, self._dead = self._given, None, None, None
 
 
 def provide_worker(settings: Settings, engine: MachineEngine | None = None) -> Worker:

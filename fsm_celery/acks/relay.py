@@ -13,12 +13,13 @@ recorded is tried again alone, a second later, until the dead-letter policy give
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 from uuid import UUID
 
 from celery import Celery, Task, shared_task
 
-from fsm_celery.acks.apply import RETRY, Applier
+from fsm_celery.acks.apply import RETRY
 from fsm_celery.acks.consumer import Delivery
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.engine.ports import Inbound
@@ -53,7 +54,7 @@ class Parts(Protocol):
     """What fsm.apply_acks runs on (given by the worker's composition root)."""
 
     @property
-    def applier(self) -> Applier: ...
+    def applier(self) -> Callable[[list[Delivery]], list[Delivery]]: ...
 
     @property
     def policy(self) -> Policy: ...

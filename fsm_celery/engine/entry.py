@@ -42,10 +42,12 @@ class Entry:
         scan enters it when due). A state that cannot be sent fails its attempt; what that
         leads to after a retry delay is returned. An entry whose write failed after its send
         (the database restarting) records, when tried again, the dispatch it sent."""
-        try:
-            entered = self._enter([(machine_id, attempt)], ancestors=False)
-        except _ChildMoved:
-            entered = self._enter([(machine_id, attempt)], ancestors=True)
+        return self.enter_many([(machine_id, attempt)])
+
+    def enter_many(self, steps: list[tuple[UUID, int]]) -> Next:
+        """enter, for each (machine, attempt), in one transaction (those another transaction
+        holds, each in one of its own afterwards: see _enter)."""
+        entered = self._enter_locking_late(steps)
         if self._rt.settings.transition_mode is TransitionMode.INLINE:
             return self.enter_started(entered)
         return entered  # each child an fsm.enter_state task
@@ -57,20 +59,32 @@ class Entry:
         while started := [s for s in next_states if s.parent_id is not None and not s.delay]:
             later = [s for s in next_states if s not in started]
             steps = [(s.machine_id, s.attempt) for s in started]
-            try:
-                next_states = later + self._enter(steps, ancestors=False)
-            except _ChildMoved:
-                next_states = later + self._enter(steps, ancestors=True)
+            next_states = later + self._enter_locking_late(steps)
         return next_states
 
+    def _enter_locking_late(self, steps: list[tuple[UUID, int]]) -> Next:
+        """_enter, locking the machines alone, or if that moves a child, with their ancestors."""
+        try:
+            return self._enter(steps, ancestors=False)
+        except _ChildMoved:
+            return self._enter(steps, ancestors=True)
+
     def _enter(self, steps: list[tuple[UUID, int]], *, ancestors: bool) -> Next:
-        """enter, locking the machine alone first: a child's entry concerns its parent only if
+        """enter, locking the machines alone first: a child's entry concerns its parent only if
         it moves the child (its state cannot be sent), which is then done again with the
         parent locked first, in the one lock order (docs/fan-out.md). So the entries of a
-        fan-out's children do not wait for each other on their parent's row."""
+        fan-out's children do not wait for each other on their parent's row.
+
+        Locking children without their parent, a transaction must not wait for one child while
+        it holds another: one that holds their parent may be about to lock both (a join
+        cancelling the losers), having locked one of them already, with an ack. So several
+        machines are locked skipping those others hold, and those are entered afterwards, one
+        transaction each, where waiting holds nothing."""
         writes = Writes(self._rt.clock(), sent=self._sent)
+        skip = len(steps) > 1 and not ancestors
         with self._rt.transaction(writes) as conn:
-            rows = q.lock_machines_txn(conn, [mid for mid, _ in steps], ancestors=ancestors)
+            ids = [mid for mid, _ in steps]
+            rows = q.lock_machines_txn(conn, ids, ancestors=ancestors, skip_locked=skip)
             for machine_id, attempt in steps:
                 row = rows.get(machine_id)
                 if row is None or not _awaits_dispatch(row, attempt):
@@ -85,7 +99,11 @@ class Entry:
             else:
                 self.settle_txn(conn, rows, writes)
             self.send_and_write(conn, writes)
-        return writes.next()
+        entered = writes.next()
+        for step in steps if skip else []:
+            if step[0] not in rows:  # held by another transaction (or gone): alone
+                entered += self._enter_locking_late([step])
+        return entered
 
     def enter_due_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
         """Settle what the transaction did to fan-outs, and enter the states it moved machines

@@ -9,6 +9,7 @@ run on is given by the worker's composition root (fsm_celery.celery, through `pr
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 from uuid import UUID
 
@@ -92,6 +93,10 @@ class Parts(Protocol):
     @property
     def enqueue(self) -> Enqueue: ...
 
+    @property
+    def entries(self) -> Callable[[list[tuple[UUID, int]]], list[tuple[UUID, int]]]:
+        """Enter the steps (and hand on what follows); those to enter again alone."""
+
 
 _parts: Parts | None = None
 
@@ -110,9 +115,14 @@ def parts() -> Parts:
 
 @app.task(name=ENTER_STATE, **RETRY)
 def enter_state(machine_id: str, attempt: int) -> None:
-    """Dispatch the attempt's state_task (a no-op when it was dispatched already)."""
+    """Dispatch the attempt's state_task (a no-op when it was dispatched already). Entered with
+    those of the tasks that run meanwhile in this process, in one transaction (Worker.entries);
+    alone when that transaction failed for a reason other than a transient one, so that a
+    step that cannot be entered fails its own task only."""
     run = parts()
-    run.enqueue(run.engine.entry.enter(UUID(machine_id), attempt))
+    step = (UUID(machine_id), attempt)
+    if run.entries([step]):
+        run.enqueue(run.engine.entry.enter_many([step]))
 
 
 @app.task(name="fsm.scan", send_events=False, **RETRY)

@@ -4,6 +4,8 @@ modes' shapes (inline: the batch enters what is due; celery: every step handed o
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 from uuid import UUID
 
@@ -80,6 +82,37 @@ def test_in_the_celery_shape_every_child_and_the_join_are_handed_on(fsm: Fsm) ->
     assert inbox.apply_and_hand_on([Inbound(json.dumps(ack(t1, output={"suite": 1})))]) == []
     [joined] = inbox.apply_and_hand_on([Inbound(json.dumps(ack(t2, output={"pages": 1})))])
     assert (joined.machine_id, joined.state) == (first.machine_id, "SHIP")
+
+
+def test_children_entered_together_skip_one_held_elsewhere_and_enter_it_alone(fsm: Fsm) -> None:
+    """A transaction entering several children never waits for one while holding another (a
+    join holding their parent may be locking them all): it enters those free, commits, and then
+    waits for the held one in a transaction of its own."""
+    [first] = fsm.engine.admin.start("test_fan_parallel", {})
+    steps = [(s.machine_id, s.attempt) for s in fsm.engine.entry.enter(*first[:2])]
+    free, held = sorted(steps)  # the held one the later in the lock order
+    with fsm.engine.db.connect() as holder, holder.begin() as tx:
+        holder.execute(select(machines.c.id).where(machines.c.id == held[0]).with_for_update())
+        entering = threading.Thread(target=fsm.engine.entry.enter_many, args=(steps,))
+        entering.start()
+        deadline = time.monotonic() + 10
+        while fsm.machine(free[0]).status == "running" and _due(fsm, free[0]):
+            assert time.monotonic() < deadline, "the free child was not entered"
+            time.sleep(0.01)
+        assert entering.is_alive()  # waiting, alone, for the held child
+        assert _due(fsm, held[0])
+        tx.rollback()
+    entering.join(10)
+    assert not entering.is_alive()
+    assert not _due(fsm, held[0])
+    assert len(fsm.agent("writer").tasks()) == len(fsm.agent("docwriter").tasks()) == 1
+
+
+def _due(fsm: Fsm, machine_id: UUID) -> bool:
+    """Whether the machine's state is still to be entered (its dispatch due)."""
+    with fsm.engine.db.connect() as conn:
+        row = conn.execute(select(machines).where(machines.c.id == machine_id)).one()
+    return row.dispatch_due_at is not None
 
 
 def test_a_map_runs_its_items_two_at_a_time_and_collects_results_in_order(fsm: Fsm) -> None:

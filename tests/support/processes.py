@@ -116,8 +116,11 @@ class FsmEnv:
         concurrency: int = 4,
         supervised: bool = True,
         pool: str = "threads",
+        log_level: str = "info",
     ) -> Proc:
         """A real `celery worker` on this environment's queue (with beat, which sends the scan).
+        At a log level past info (README.md's workers log warnings only: the benchmarks run
+        them so) it logs no line to say it is ready: it is asked, by a remote-control ping.
 
         Supervised, it is started again whenever it exits, as a process manager (systemd,
         `restart: unless-stopped`) does in production: Celery's worker exits on some broker
@@ -138,19 +141,36 @@ class FsmEnv:
             "-P",
             pool,
             "-l",
-            "info",
+            log_level,
             "--without-mingle",
             "--without-gossip",
             "-n",
             f"{self.name}-{uuid.uuid4().hex[:6]}@%h",
         ]
+        name = argv[-1].replace("%h", socket.gethostname())
         if beat:
             argv += ["-B", "-s", str(LOGS / f"{self.name}-beat-{uuid.uuid4().hex[:6]}")]
         if supervised:
             argv = ["bash", "-c", f"while true; do {shlex.join(argv)}; sleep 0.5; done"]
         proc = self._spawn("worker", argv)
-        proc.wait_for_log(" ready.")
+        if log_level == "info":
+            proc.wait_for_log(" ready.")
+        else:
+            self._wait_for_ping(proc, name)
         return proc
+
+    def _wait_for_ping(self, proc: Proc, name: str, timeout: float = 30.0) -> None:
+        """Until the worker named answers a remote-control ping (it consumes by then)."""
+        from celery import Celery
+
+        app = Celery(broker=self.settings.celery_broker_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while not app.control.ping(destination=[name], timeout=0.5):
+                if proc.popen.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the worker {name} did not start: see {proc.log}")
+        finally:
+            app.close()
 
     def start_beat(self) -> Proc:
         """A real `celery beat` of its own, as production runs it (it sends the scan)."""

@@ -1,0 +1,114 @@
+"""Group commit (fsm_celery.worker.combine): calls from many threads are run together, each
+call gets back its own share of what was left undone, and a round's failure is each of its
+callers' failure."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fsm_celery.worker.combine import Combiner
+
+
+class Gate:
+    """A run that blocks its first round until released, recording every round's items."""
+
+    def __init__(self, leave: set[int] | None = None) -> None:
+        self.rounds: list[list[int]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.leave = leave or set()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.rounds.append(list(items))
+        if len(self.rounds) == 1:
+            self.entered.set()
+            assert self.release.wait(5)
+        return [item for item in items if item in self.leave]
+
+
+def _calls_while_first_runs(gate: Gate, combiner: Combiner[int], calls: list[list[int]]) -> list:
+    """Start the first call, queue the others while it runs, release it; every call's result."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        first = pool.submit(combiner, calls[0])
+        assert gate.entered.wait(5)
+        rest = []
+        for queued, items in enumerate(calls[1:], start=1):  # queued in order behind the first
+            rest.append(pool.submit(combiner, items))
+            while len(combiner._queue) < queued:
+                threading.Event().wait(0.001)
+        gate.release.set()
+        return [future.result(5) for future in [first, *rest]]
+
+
+def test_calls_that_arrive_during_a_round_run_together_in_the_next() -> None:
+    gate = Gate()
+    combiner = Combiner(gate, most=100)
+    calls = [[0]] + [[n, n + 100] for n in range(1, 9)]
+    results = _calls_while_first_runs(gate, combiner, calls)
+    assert results == [[] for _ in calls]
+    assert len(gate.rounds) == 2  # the first alone, then the eight waiting together
+    assert sorted(gate.rounds[1]) == sorted(i for items in calls[1:] for i in items)
+
+
+def test_each_call_gets_back_only_its_own_items_left_undone() -> None:
+    gate = Gate(leave={3, 104, 7})
+    combiner = Combiner(gate, most=100)
+    calls = [[0]] + [[n, n + 100] for n in range(1, 9)]
+    results = _calls_while_first_runs(gate, combiner, calls)
+    assert results[3] == [3] and results[4] == [104] and results[7] == [7]
+    assert all(r == [] for i, r in enumerate(results) if i not in (3, 4, 7))
+
+
+def test_a_round_takes_at_most_most_items_in_arrival_order() -> None:
+    gate = Gate()
+    combiner = Combiner(gate, most=4)
+    calls = [[0], [1, 2], [3, 4], [5], [6, 7, 8, 9, 10]]
+    _calls_while_first_runs(gate, combiner, calls)
+    assert gate.rounds == [[0], [1, 2, 3, 4], [5], [6, 7, 8, 9, 10]]  # a large call alone
+
+
+def test_a_failed_round_fails_every_call_in_it_and_the_next_round_runs() -> None:
+    class Flaky(Gate):
+        def __call__(self, items: list[int]) -> list[int]:
+            super().__call__(items)
+            if len(self.rounds) == 2:
+                raise ConnectionError("the database went away")
+            return []
+
+    gate = Flaky()
+    combiner = Combiner(gate, most=100)
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(combiner, [0])
+        assert gate.entered.wait(5)
+        second = [pool.submit(combiner, [n]) for n in (1, 2)]
+        while len(combiner._queue) < 2:
+            threading.Event().wait(0.001)
+        gate.release.set()
+        assert first.result(5) == []
+        for future in second:
+            with pytest.raises(ConnectionError, match="went away"):
+                future.result(5)
+    assert combiner([3]) == []  # the combiner is free again
+    assert gate.rounds[-1] == [3]
+
+
+def test_many_threads_lose_and_double_nothing() -> None:
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def run(items: list[int]) -> list[int]:
+        with lock:
+            seen.extend(items)
+        threading.Event().wait(0.0005)
+        return [i for i in items if i % 7 == 0]
+
+    combiner = Combiner(run, most=50)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda n: combiner([n, n + 10_000]), range(500)))
+    assert sorted(seen) == sorted([*range(500), *range(10_000, 10_500)])
+    for n, left in enumerate(results):
+        assert left == [i for i in (n, n + 10_000) if i % 7 == 0]
+    assert combiner.rounds < 500
