@@ -57,7 +57,7 @@ class Entry:
         transactions of their own (the inline mode's way: no Celery hop); what is left to hand
         on. A crash before leaves them due, for the scan."""
         while started := [s for s in next_states if s.parent_id is not None and not s.delay]:
-            later = [s for s in next_states if s not in started]
+            later = [s for s in next_states if s.parent_id is None or s.delay]
             steps = [(s.machine_id, s.attempt) for s in started]
             next_states = later + self._enter_locking_late(steps)
         return next_states

@@ -14,8 +14,9 @@ from sqlalchemy import Connection, and_, bindparam, case, insert, select, update
 
 from fsm_celery.core.join import Slot, SlotStatus, Tally, Verdict
 from fsm_celery.core.usage import Usage
+from fsm_celery.store import dialects
 from fsm_celery.store.queries import AnyRow
-from fsm_celery.store.rows import NewMachine, values
+from fsm_celery.store.rows import NewMachine
 from fsm_celery.store.tables import fan_out_items, fan_outs, machines
 
 AT_WORK = ("running", "paused")
@@ -23,13 +24,7 @@ AT_WORK = ("running", "paused")
 
 def insert_machines_txn(conn: Connection, children: Sequence[NewMachine]) -> list[AnyRow]:
     """Insert the children and hand back their rows, as a lock of them would."""
-    if not children:
-        return []
-    rows = conn.execute(
-        insert(machines).returning(*machines.c, sort_by_parameter_order=True),
-        [values(child) for child in children],
-    ).all()
-    return list(rows)
+    return dialects.of(conn).insert_machines(conn, children)
 
 
 def open_txn(
