@@ -10,6 +10,9 @@ Redis result backend (on FSM_BENCH_RESULT_URL, Redis database 14 unless told, fl
 after). Its time includes the publication of the N header messages by the sending process (send
 s), as a fan-out's includes writing its children. Each run has a deployment and workers of its
 own, and the runs of the contenders alternate, so that the machine's drift falls on each alike.
+Each run of a map state is followed by a second map of as many children on the same processes,
+not timed as the figure: the workers' and bridges' memory after it, beside their memory after
+the first, says whether anything is kept per child.
 """
 
 from __future__ import annotations
@@ -112,10 +115,14 @@ def run_fanout(mode: str, children: int = 10_000, bridges: int = 2) -> dict[str,
 
         peak = wait_sampling(env, names, joined, "the join")
         cpu = meter.stop()
-        info = env.client.get_machine(parent)
-        if info.status != "completed" or len(info.context.get("EACH", [])) != children:
-            raise RuntimeError(f"the map ended {info.status}: {info.error}")
-        seconds = info.updated_at.timestamp() - t0
+        seconds = _joined_at(env, parent, children) - t0
+        after = memory(env, names)
+        # A second map of as many children on the same processes: what the first left grown
+        # is the heap it used, kept; what grows again would be kept per child.
+        t1 = time.time()
+        again = env.client.start_machine("bench_map", {"items": list(range(children))})
+        wait_sampling(env, names, lambda: env.client.get_machine(again).status != "running", "")
+        again_s = _joined_at(env, again, children) - t1
         agent.terminate()
         return {
             "contender": mode,
@@ -126,11 +133,21 @@ def run_fanout(mode: str, children: int = 10_000, bridges: int = 2) -> dict[str,
             "children_per_s": round(children / seconds, 1),
             "idle_mib": idle,
             "peak_mib": peak,
-            "after_mib": memory(env, names),
+            "after_mib": after,
+            "again_s": round(again_s, 2),
+            "again_mib": memory(env, names),
             "cpu_ms_per_child": {k: round(v * 1000 / children, 3) for k, v in cpu.items()},
         }
     finally:
         tear_down(env)
+
+
+def _joined_at(env: FsmEnv, parent: uuid.UUID, children: int) -> float:
+    """When the map's parent was completed by its join (checked: every child's result there)."""
+    info = env.client.get_machine(parent)
+    if info.status != "completed" or len(info.context.get("EACH", [])) != children:
+        raise RuntimeError(f"the map ended {info.status}: {info.error}")
+    return info.updated_at.timestamp()
 
 
 def forget_results(backend: Any) -> None:
@@ -186,7 +203,8 @@ def wait_sampling(
 # What one run of the bench compares: a name and a run of N children, which returns the
 # figures of run_chord (seconds from the send to the join's next step having run, send_s,
 # children_per_s, and idle_mib, peak_mib, after_mib per process). The map state's runs join
-# the chord here, one per transition mode.
+# the chord here, one per transition mode; theirs add a second map on the same processes
+# (again_s, and again_mib: memory after it, which is flat unless something is kept per child).
 CONTENDERS: dict[str, Callable[[int], dict[str, Any]]] = {
     "chord": run_chord,
     "inline": partial(run_fanout, "inline"),
@@ -228,6 +246,14 @@ def main() -> None:
         for name, run in CONTENDERS.items():
             runs[name].append(run(args.children))
     summaries = {name: summary(of_name) for name, of_name in runs.items()}
+    for name, of_name in runs.items():
+        if name != "chord":
+            grown = {
+                process: (highest(of_name, "after_mib")[process], mib)
+                for process, mib in highest(of_name, "again_mib").items()
+            }
+            shown = "  ".join(f"{p} {a} -> {b}" for p, (a, b) in grown.items())
+            print(f"{name}: MiB after the first map -> after a second: {shown}")
     print(f"\n{args.children:,} children, {args.runs} run(s) of each")
     print(
         f"{'':>8} {'median s':>9} {'min s':>7} {'max s':>7} {'children/s':>11} {'send s':>7}"
@@ -256,6 +282,11 @@ def main() -> None:
             "peak_mib": {name: s["peak_mib"] for name, s in summaries.items()},
             "idle_mib": {name: highest(of_name, "idle_mib") for name, of_name in runs.items()},
             "after_mib": {name: highest(of_name, "after_mib") for name, of_name in runs.items()},
+            "again_mib": {
+                name: highest(of_name, "again_mib")
+                for name, of_name in runs.items()
+                if name != "chord"
+            },
         }
         print(f"recorded {record_current('fanout', figures, args.record)}")
 

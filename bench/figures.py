@@ -145,10 +145,16 @@ def _fanout(f: dict[str, Any]) -> tuple[str, str]:
         + (f" ({number(f['x_chord'][name])}{TIMES} the chord's speed)" if name != "chord" else "")
         for name in ("inline", "celery", "chord")
     )
+    kept = "; ".join(  # recorded since the runs added a second map (issue 25)
+        f"{name}'s {process} {number(f['after_mib'][name][process])} → {number(mib)} MiB"
+        for name, processes in f.get("again_mib", {}).items()
+        for process, mib in processes.items()
+    )
+    memory = f"; memory after the first map → after a second: {kept}" if kept else ""
     return (
         f"fan-out, {number(f['children'])} one-state children of one map (bench_map.yaml) to "
         "the join, against a Celery chord of as many no-op tasks (Redis result backend)",
-        f"{times}{median}",
+        f"{times}{median}{memory}",
     )
 
 
