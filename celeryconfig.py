@@ -4,14 +4,19 @@ Reliability choices:
 - task_acks_late + task_reject_on_worker_lost: a task is acknowledged to the broker only after it
   ran, so a worker killed mid-task leaves the message to be redelivered. Every task is idempotent
   (it checks machine, attempt and state under a row lock), so a redelivery is harmless.
-- worker_pool = "threads", worker_concurrency = 4: every fsm task runs for a millisecond or two
+- worker_pool = "threads", worker_concurrency = 16: every fsm task runs for a millisecond or two
   and most of it waits on PostgreSQL or Redis. Threads in one process share its connections and
   skip the prefork pool's pickling of each task to a child and its result back; run one worker
   per CPU core. Measured at 1,000 machines in the celery mode (bench/throughput.py): two
   thread workers 207 transitions/s, two solo workers 199/s, one prefork worker of 2 processes
   100/s, on the same 2-core machine. `-P prefork` still works (every task is process-safe).
-- worker_prefetch_multiplier = 4: with late acks, prefetched messages of a dead worker come back
-  after the visibility timeout; a small prefetch bounds how many wait.
+  Sixteen, not four: the fsm.apply_acks and fsm.enter_state tasks a process runs at once share
+  one transaction (fsm_celery/worker/combine.py), and a task joins that round only once a thread
+  runs it; a thread waiting for its round holds no connection and no CPU. A 10,000-item map in
+  the celery mode (bench/fanout.py) took 36-52 s with 4 threads a worker, 31 s with 12, 27-28 s
+  with 16 (single runs).
+- worker_prefetch_multiplier = 2: with late acks, prefetched messages of a dead worker come back
+  after the visibility timeout; a small prefetch bounds how many wait (32 a worker).
 - timeouts are not countdown tasks: a countdown longer than the visibility timeout is
   redelivered while it waits, and a worker holds every pending countdown in memory. Deadlines
   and retry delays are columns in PostgreSQL, applied by the scan task that beat sends every
@@ -65,9 +70,9 @@ accept_content = ["json"]
 task_ignore_result = True
 task_acks_late = True
 task_reject_on_worker_lost = True
-worker_prefetch_multiplier = 4
+worker_prefetch_multiplier = 2
 worker_pool = "threads"
-worker_concurrency = 4
+worker_concurrency = 16
 worker_send_task_events = True  # for Flower
 # No task-sent events: Flower lists a task from the worker's task-received event on, and a sent
 # event is one more Redis PUBLISH per task, from every process that enqueues one.

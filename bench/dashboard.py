@@ -24,7 +24,7 @@ Smoke run (a minute or two): --finished 2000 --history 20000 --requests 30 --cli
 
 2. Live pages. The engine's maximum throughput at `--machines` machines is measured first with
    bench.throughput's run_engine, on the same prefill; then, in the dashboard's deployment (two
-   workers of 4 threads with beat, a bridge of 2 processes, as bench.latency runs them), the
+   workers of 16 threads with beat, a bridge of 2 processes, as bench.latency runs them), the
    agent of bench.latency (bench/fast_agent.py) is paced to `--load` of that maximum. Three
    windows of `--seconds` each, after a warm-up of three seconds' worth of transitions: without
    clients, with `--clients` server-sent-event clients on `GET /api/events` (each its own

@@ -127,7 +127,7 @@ def run_fanout(mode: str, children: int = 10_000, bridges: int = 2) -> dict[str,
         return {
             "contender": mode,
             "children": children,
-            "workers": "2 x threads -c 4, 2 bridges",
+            "workers": "2 x threads -c 16, 2 bridges",
             "seconds": round(seconds, 2),
             "send_s": round(send_s, 2),
             "children_per_s": round(children / seconds, 1),

@@ -67,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     env = deployment("memory")
     try:
-        env.start_worker(beat=False)  # as in production: beat runs on its own
+        env.start_worker(beat=False, concurrency=16)  # as in production: beat on its own
         env.start_beat()
         env.start_bridge(processes=2)
         idle = {name: rss_mb(env, name) for name in PROCESSES}
@@ -105,7 +105,7 @@ def main() -> None:
         print(
             f"worker PSS (pages shared by the forked processes counted once): "
             f"{first['worker_pss']} -> {last['worker_pss']} MiB; the worker is a supervisor "
-            "shell and its process (a pool of 4 threads, as celeryconfig.py sets it); the bridge "
+            "shell and its process (a pool of 16 threads, as celeryconfig.py sets it); the bridge "
             "2 processes"
         )
         path = write_result(

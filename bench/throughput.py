@@ -45,7 +45,7 @@ from bench.common import (
 
 def run_engine(
     machines: int,
-    concurrency: int = 4,
+    concurrency: int = 16,
     prefill: Callable[[FsmEnv], object] | None = None,
     bridges: int = 2,
     seconds: float = 10.0,
@@ -91,10 +91,11 @@ def run_engine(
 
 
 def start_workers(
-    env: FsmEnv, workers: int = 2, pool: str = "threads", concurrency: int = 4
+    env: FsmEnv, workers: int = 2, pool: str = "threads", concurrency: int = 16
 ) -> None:
-    """As README.md says to run them: one worker per core (beat beside the first), logging
-    warnings only (README.md's command sets no level: Celery's default)."""
+    """As README.md says to run them: one worker per core (beat beside the first), of
+    celeryconfig.py's 16 threads, logging warnings only (README.md's command sets no level:
+    Celery's default)."""
     for n in range(workers):
         env.start_worker(beat=n == 0, concurrency=concurrency, pool=pool, log_level="warning")
 
@@ -102,7 +103,7 @@ def start_workers(
 def run_chain_baseline(
     chains: int = 200,
     steps: int = 20,
-    concurrency: int = 4,
+    concurrency: int = 16,
     pool: str = "threads",
     workers: int = 2,
 ) -> dict[str, Any]:
@@ -187,7 +188,9 @@ def main() -> None:
     parser.add_argument("--machines", type=int, nargs="+", default=[1, 100, 1000, 10000])
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
     parser.add_argument("--pool", default="threads", choices=["threads", "solo", "prefork"])
-    parser.add_argument("--concurrency", type=int, default=4, help="each worker's pool size")
+    parser.add_argument(
+        "--concurrency", type=int, default=16, help="each worker's pool size (celeryconfig: 16)"
+    )
     parser.add_argument("--bridges", type=int, default=2, help="ack bridge processes")
     parser.add_argument("--seconds", type=float, default=10.0, help="steady state measured")
     parser.add_argument(

@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 
 from fsm_celery.store import postgres, sqlite
-from fsm_celery.store.rows import ById, History, Move, NewMachine
+from fsm_celery.store.rows import ById, History, Move
 
 
 class Dialect(Protocol):
@@ -36,10 +36,6 @@ class Dialect(Protocol):
 
     def insert(self, table: Table) -> PgInsert | SqliteInsert:
         """An INSERT that can turn into an update on conflict (an upsert)."""
-        ...
-
-    def insert_machines(self, conn: Connection, rows: Sequence[NewMachine]) -> list[Row[Any]]:
-        """Insert the machines; their rows as stored, in the order given."""
         ...
 
     def snapshot(self, conn: Connection) -> str:

@@ -21,19 +21,21 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from fsm_celery.store.rows import ById, History, Move, NewMachine, columns
+from fsm_celery.store.rows import ById, History, Move, columns
 from fsm_celery.store.tables import machines, transitions
 
 _MACHINE_COLUMNS = ", ".join(c.name for c in machines.c)
 
 # The machines and their ancestors (a child's parent_id never changes: read without a lock),
-# locked ancestors first: by depth, then id (docs/fan-out.md, "Lock order").
+# locked ancestors first: by depth, then id (docs/fan-out.md, "Lock order"). `= ANY(ARRAY(...))`,
+# not `IN (SELECT ...)`: the planner guesses a recursive CTE's rows at some 200, and joins that
+# many to a table of a few thousand machines by reading all of it; an array it looks up by key.
 _LOCK = (
     "WITH RECURSIVE family(id, parent_id) AS ("
     f"SELECT id, parent_id FROM {machines.name} WHERE id = ANY(CAST(:ids AS UUID[])) "
     f"UNION SELECT m.id, m.parent_id FROM {machines.name} m JOIN family f ON m.id = f.parent_id) "
     f"SELECT {_MACHINE_COLUMNS} FROM {machines.name} "
-    "WHERE id IN (SELECT id FROM family) ORDER BY depth, id FOR UPDATE"
+    "WHERE id = ANY(ARRAY(SELECT id FROM family)) ORDER BY depth, id FOR UPDATE"
 )
 _LOCK_ALONE = (
     f"SELECT {_MACHINE_COLUMNS} FROM {machines.name} "
@@ -70,14 +72,6 @@ class PostgreSQL:
 
     def insert(self, table: Table) -> Insert:
         return pg_insert(table)
-
-    def insert_machines(self, conn: Connection, rows: Sequence[NewMachine]) -> list[Row[Any]]:
-        """One statement, however many: a fan-out starts up to a batch of children at once."""
-        if not rows:
-            return []
-        sql = _insert(machines, "rows", columns(NewMachine)) + f" RETURNING {_MACHINE_COLUMNS}"
-        inserted = {row.id: row for row in _execute_prepared(conn, sql, {"rows": _json(rows)})}
-        return [inserted[row.id] for row in rows]
 
     def snapshot(self, conn: Connection) -> str:
         """The next transaction id to be assigned: every transaction in flight now has a

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Row, Table, Update, bindparam, insert, select
 from sqlalchemy.dialects.sqlite import Insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from fsm_celery.store.rows import ById, History, Move, NewMachine, columns, values
+from fsm_celery.store.rows import ById, History, Move, columns, values
 from fsm_celery.store.tables import machines, transitions
 
 _FAMILY = (
@@ -63,12 +63,6 @@ class SQLite:
 
     def insert(self, table: Table) -> Insert:
         return sqlite_insert(table)
-
-    def insert_machines(self, conn: Connection, rows: Sequence[NewMachine]) -> list[Row[Any]]:
-        if not rows:
-            return []
-        statement = insert(machines).returning(*machines.c, sort_by_parameter_order=True)
-        return list(conn.execute(statement, [values(row) for row in rows]).all())
 
     def snapshot(self, conn: Connection) -> str:
         """One writer at a time: what a reader sees has committed, in id order."""
