@@ -7,6 +7,8 @@ its own when it was handed on.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -21,11 +23,13 @@ from fsm_celery.core.transition import DispatchFailed, Machine, MachineStatus, R
 from fsm_celery.engine.fanout import FanOut, Rows
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
-from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.runtime import TRANSIENT, Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.slots import Slots
 from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.store import queries as q
+
+log = logging.getLogger(__name__)
 
 EARLY = timedelta(milliseconds=50)  # how early a countdown may fire and still enter a state
 
@@ -55,12 +59,30 @@ class Entry:
     def enter_started(self, next_states: Next) -> Next:
         """Enter the first states of the children a committed transaction started, in
         transactions of their own (the inline mode's way: no Celery hop); what is left to hand
-        on. A crash before leaves them due, for the scan."""
+        on. A crash before leaves them due, for the scan.
+
+        A transaction of them that fails for a transient reason (PostgreSQL restarting) is
+        tried again here, for up to FSM_DISPATCH_GRACE_SECONDS: it may have sent its
+        state_tasks before its commit failed, and this Entry's Sent then records them without
+        sending them again, where the scan, entering them later, would send them twice."""
         while started := [s for s in next_states if s.parent_id is not None and not s.delay]:
             later = [s for s in next_states if s.parent_id is None or s.delay]
             steps = [(s.machine_id, s.attempt) for s in started]
-            next_states = later + self._enter_locking_late(steps)
+            next_states = later + self._enter_retrying(steps)
         return next_states
+
+    def _enter_retrying(self, steps: list[tuple[UUID, int]]) -> Next:
+        give_up = time.monotonic() + self._rt.settings.dispatch_grace_seconds
+        pause = 0.1
+        while True:
+            try:
+                return self._enter_locking_late(steps)
+            except TRANSIENT:
+                if time.monotonic() + pause > give_up:
+                    raise
+                log.warning("entering %d started children failed; trying again", len(steps))
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     def _enter_locking_late(self, steps: list[tuple[UUID, int]]) -> Next:
         """_enter, locking the machines alone, or if that moves a child, with their ancestors."""
