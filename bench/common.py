@@ -101,7 +101,9 @@ def last_history_id(env: FsmEnv) -> int:
 
 @dataclass
 class CpuMeter:
-    """CPU seconds used by groups of processes between start() and stop()."""
+    """CPU seconds used by groups of processes between start() and stop(), and by everything
+    else on the machine ("other": the driver, and whatever else ran: on a shared machine, the
+    load the figures were measured beside)."""
 
     groups: dict[str, list[psutil.Process]]
     before: dict[str, float] = field(default_factory=dict)
@@ -144,6 +146,7 @@ class CpuMeter:
                 except psutil.Error:
                     pass
             totals[name] = total
+        totals["other"] = machine_busy() - sum(totals.values())
         return totals
 
     def start(self) -> None:
@@ -152,6 +155,14 @@ class CpuMeter:
     def stop(self) -> dict[str, float]:
         after = self._read()
         return {name: after[name] - self.before.get(name, 0.0) for name in after}
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy since it started (guest time is counted in
+    user time already)."""
+    times = psutil.cpu_times()
+    idle = ("idle", "iowait", "guest", "guest_nice")
+    return float(sum(getattr(times, name) for name in times._fields if name not in idle))
 
 
 def machine_info() -> dict[str, Any]:

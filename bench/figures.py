@@ -26,6 +26,7 @@ DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "performance.md")
 BEGIN, END = "<!-- figures:begin -->\n", "<!-- figures:end -->"
 SCHEMA = 1
 TIMES = "\N{MULTIPLICATION SIGN}"
+DASH = "\N{EN DASH}"
 
 # What every record says about its run, and what each benchmark's figures hold.
 RUN_KEYS = ("schema", "benchmark", "date", "commit", "machine", "command", "conditions", "source")
@@ -109,11 +110,21 @@ def number(value: float) -> str:
 
 
 def _throughput(f: dict[str, Any]) -> tuple[str, str]:
-    median = f" (median of {f['runs']} runs)" if f["runs"] > 1 else ""
+    median = spread = ""
+    if f["runs"] > 1:
+        median = f" (median of {f['runs']} runs" + (
+            f", {number(f['spread_per_s'][0])}{DASH}{number(f['spread_per_s'][1])})"
+            if "spread_per_s" in f
+            else ")"
+        )
+    if "x_prefork_chain_spread" in f:  # recorded since issue 26: ratios round by round
+        low, high = f["x_prefork_chain_spread"]
+        spread = f" ({number(low)}{DASH}{number(high)}{TIMES} round by round)"
     return (
         f"throughput, {f['mode']} mode, {number(f['machines'])} machines",
         f"{number(f['transitions_per_s'])} transitions/s{median}; "
-        f"{number(f['x_prefork_chain'])}{TIMES} the plain Celery chain on a prefork worker",
+        f"{number(f['x_prefork_chain'])}{TIMES} the plain Celery chain on a prefork worker"
+        f"{spread}",
     )
 
 

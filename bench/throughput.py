@@ -3,22 +3,26 @@ sustained over a steady state, CPU per transition by process, and two baselines 
 same run.
 
     .venv/bin/python -m bench.throughput [--machines 1 100 1000 10000] [--seconds 10]
-        [--modes celery inline] [--record CONDITIONS]
+        [--modes celery inline] [--runs 3] [--record CONDITIONS]
 
 The machines (bench_loop: two states in a loop) are stored due for dispatch and entered by the
 scan before the agent starts; then every ack moves one on, for as long as it measures.
 
 Baselines: a plain Celery chain of no-op tasks each enqueuing the next (same broker, same worker
 settings), and the bare transition transaction (lock the row, update it, insert the history row)
-run from Python on one connection.
+run from Python on one connection. Each round runs the project and then the baselines; a headline
+figure is the median of the rounds, printed with its spread, and a ratio is taken within each
+round (a run against the chain of its own round) before the median of those.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import create_engine, text
@@ -164,23 +168,46 @@ def run_transaction_baseline(count: int = 5000, rows: int = 1000) -> dict[str, A
         tear_down(env)
 
 
-def row(ref: dict[str, Any], chains: list[dict[str, Any]], txn: dict[str, Any]) -> dict[str, Any]:
-    """The figures of the documents' throughput row: a mode's run and its ratios to the
-    baselines of the same run (chains: on the same workers, then on one prefork worker)."""
-    rate = ref["sustained_per_s"]
-    thread_chain, prefork_chain = (c["steps_per_s"] for c in chains)
+def row(rounds: list[Round], mode: str, machines: int) -> dict[str, Any]:
+    """The figures of the documents' throughput row for a mode: the median of its runs, their
+    spread, and its ratios to the baselines taken round by round (each run against the chains
+    of its own round), their median and spread; CPU per transition by process, the median."""
+    refs = [
+        next(r for r in rnd.runs if (r["mode"], r["machines"]) == (mode, machines))
+        for rnd in rounds
+    ]
+    rates = [r["sustained_per_s"] for r in refs]
+    prefork = [rnd.chains[1]["steps_per_s"] for rnd in rounds]
+    thread = [rnd.chains[0]["steps_per_s"] for rnd in rounds]
+    x_prefork = [rate / chain for rate, chain in zip(rates, prefork, strict=True)]
+    x_thread = [rate / chain for rate, chain in zip(rates, thread, strict=True)]
+    processes = refs[0]["cpu_ms_per_transition"]
     return {
-        "mode": ref["mode"],
-        "machines": ref["machines"],
-        "transitions_per_s": rate,
-        "runs": 1,
-        "x_prefork_chain": round(rate / prefork_chain, 2),
-        "prefork_chain_steps_per_s": prefork_chain,
-        "x_thread_chain": round(rate / thread_chain, 2),
-        "thread_chain_steps_per_s": thread_chain,
-        "bare_transaction_per_s": txn["per_s"],
-        "cpu_ms_per_transition": ref["cpu_ms_per_transition"],
+        "mode": mode,
+        "machines": machines,
+        "transitions_per_s": round(statistics.median(rates), 1),
+        "runs": len(rounds),
+        "spread_per_s": [min(rates), max(rates)],
+        "x_prefork_chain": round(statistics.median(x_prefork), 2),
+        "x_prefork_chain_spread": [round(min(x_prefork), 2), round(max(x_prefork), 2)],
+        "prefork_chain_steps_per_s": round(statistics.median(prefork), 1),
+        "x_thread_chain": round(statistics.median(x_thread), 2),
+        "thread_chain_steps_per_s": round(statistics.median(thread), 1),
+        "bare_transaction_per_s": round(statistics.median(rnd.txn["per_s"] for rnd in rounds), 1),
+        "cpu_ms_per_transition": {
+            name: round(statistics.median(r["cpu_ms_per_transition"][name] for r in refs), 3)
+            for name in processes
+        },
     }
+
+
+@dataclass
+class Round:
+    """One round of the benchmark: every run of the project, then the baselines."""
+
+    runs: list[dict[str, Any]]
+    chains: list[dict[str, Any]]  # on the project's workers, then on one prefork worker
+    txn: dict[str, Any]
 
 
 def main() -> None:
@@ -196,49 +223,59 @@ def main() -> None:
     parser.add_argument(
         "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
     )
+    parser.add_argument(
+        "--runs", type=int, default=3, help="rounds, each every run and the baselines (median)"
+    )
     parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     workers = {"concurrency": args.concurrency, "pool": args.pool, "workers": args.workers}
-    runs = [
-        run_engine(n, bridges=args.bridges, seconds=args.seconds, mode=mode, **workers)
-        for mode in args.modes
-        for n in args.machines
-    ]
-    # The chain on the same workers, and on Celery's defaults (one prefork worker, 2 processes
-    # here: one per core), which is what a plain Celery deployment runs.
-    chains = [
-        run_chain_baseline(**workers),
-        run_chain_baseline(concurrency=2, pool="prefork", workers=1),
-    ]
-    txn = run_transaction_baseline()
-    header = f"{'mode':>7} {'machines':>9} {'transitions':>12} {'sustained/s':>12}"
-    print(f"\nworkers: {args.workers} x {args.pool} -c {args.concurrency}")
-    print(f"{header}  CPU ms per transition")
-    for r in runs:
-        cpu = "  ".join(f"{k} {v}" for k, v in sorted(r["cpu_ms_per_transition"].items()))
-        figures = f"{r['machines']:>9} {r['transitions']:>12} {r['sustained_per_s']:>12}"
-        print(f"{r['mode']:>7} {figures}  {cpu}")
-    for chain in chains:
-        shape = f"{chain['chains']}x{chain['steps']}"
-        print(f"plain Celery chain ({shape}, {chain['pool']}): {chain['steps_per_s']} steps/s")
-    print(f"bare transition transaction (1 connection): {txn['per_s']} tx/s")
+    rounds = []
+    for _ in range(args.runs):  # the project and the chains alternate: drift falls on each alike
+        runs = [
+            run_engine(n, bridges=args.bridges, seconds=args.seconds, mode=mode, **workers)
+            for mode in args.modes
+            for n in args.machines
+        ]
+        # The chain on the same workers, and on Celery's defaults (one prefork worker, 2
+        # processes here: one per core), which is what a plain Celery deployment runs.
+        chains = [
+            run_chain_baseline(**workers),
+            run_chain_baseline(concurrency=2, pool="prefork", workers=1),
+        ]
+        rounds.append(Round(runs, chains, run_transaction_baseline()))
+    print(f"\nworkers: {args.workers} x {args.pool} -c {args.concurrency}; {args.runs} round(s)")
+    print(
+        f"{'mode':>7} {'machines':>9} {'transitions':>12} {'sustained/s':>12}"
+        "  CPU ms per transition"
+    )
+    for number, rnd in enumerate(rounds, start=1):
+        for r in rnd.runs:
+            cpu = "  ".join(f"{k} {v}" for k, v in sorted(r["cpu_ms_per_transition"].items()))
+            figures = f"{r['machines']:>9} {r['transitions']:>12} {r['sustained_per_s']:>12}"
+            print(f"{r['mode']:>7} {figures}  {cpu}  (round {number})")
+        for chain in rnd.chains:
+            shape = f"{chain['chains']}x{chain['steps']}"
+            print(f"plain Celery chain ({shape}, {chain['pool']}): {chain['steps_per_s']} steps/s")
+        print(f"bare transition transaction (1 connection): {rnd.txn['per_s']} tx/s")
     for mode in args.modes:
-        of_mode = [r for r in runs if r["mode"] == mode]
-        best = max(of_mode, key=lambda r: r["sustained_per_s"])
-        ref = next((r for r in of_mode if r["machines"] == 1000), best)
-        ratios = ", ".join(
-            f"{ref['sustained_per_s'] / c['steps_per_s']:.2f}x the chain on {c['pool']}"
-            for c in chains
-        )
+        machines = 1000 if 1000 in args.machines else args.machines[-1]
+        figures = row(rounds, mode, machines)
+        low, high = figures["spread_per_s"]
+        x_low, x_high = figures["x_prefork_chain_spread"]
         print(
-            f"{mode} mode at {ref['machines']} machines: {ref['sustained_per_s']} transitions/s"
-            f" = {ratios}, {ref['sustained_per_s'] / txn['per_s']:.2f}x the bare transaction"
+            f"{mode} mode at {machines} machines: {figures['transitions_per_s']} transitions/s "
+            f"(median of {args.runs}; {low}-{high}) = {figures['x_prefork_chain']}x the chain "
+            f"on 1 x prefork -c 2 ({x_low}-{x_high}x round by round), "
+            f"{figures['x_thread_chain']}x the chain on the project's workers; "
+            f"other load {figures['cpu_ms_per_transition'].get('other', 0)} ms per transition"
         )
         if args.record is not None:
-            print(f"recorded {record_current('throughput', row(ref, chains, txn), args.record)}")
+            print(f"recorded {record_current('throughput', figures, args.record)}")
     path = write_result(
         "throughput",
-        {"runs": runs, "celery_chains": chains, "bare_transaction": txn, "pg_url": PG_URL},
+        {"rounds": [asdict(rnd) for rnd in rounds], "pg_url": PG_URL},
     )
     print(f"written {path}")
 
