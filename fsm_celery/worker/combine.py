@@ -63,8 +63,12 @@ class Combiner(Generic[T]):
                 self._round(taken)
             finally:
                 with self._ready:
-                    undone = [c for c in taken if not c.done]  # the round was interrupted
-                    self._queue.extendleft(reversed(undone))
+                    if any(not c.done for c in taken):  # interrupted: this thread is leaving,
+                        # its own call with it; the others it took run in the next round
+                        others = [c for c in taken if not c.done and c is not call]
+                        self._queue.extendleft(reversed(others))
+                        if call in self._queue:
+                            self._queue.remove(call)
                     self._busy = False
                     self._ready.notify_all()
 

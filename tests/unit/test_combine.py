@@ -112,3 +112,37 @@ def test_many_threads_lose_and_double_nothing() -> None:
     for n, left in enumerate(results):
         assert left == [i for i in (n, n + 10_000) if i % 7 == 0]
     assert combiner.rounds < 500
+
+
+def test_a_round_interrupted_leaves_with_its_thread_and_the_others_run_next() -> None:
+    class Stop(BaseException):
+        """What stops a thread (a worker shutting down), not a failure of the work."""
+
+    class Interrupted(Gate):
+        def __call__(self, items: list[int]) -> list[int]:
+            super().__call__(items)
+            if len(self.rounds) == 2:
+                raise Stop
+            return []
+
+    gate = Interrupted()
+    combiner = Combiner(gate, most=1)  # one call a round
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(combiner, [0])
+        assert gate.entered.wait(5)
+        second = pool.submit(combiner, [1])
+        while len(combiner._queue) < 1:
+            threading.Event().wait(0.001)
+        third = pool.submit(combiner, [2])
+        while len(combiner._queue) < 2:
+            threading.Event().wait(0.001)
+        gate.release.set()
+        assert first.result(5) == []
+        leader = second if second.exception(5) is not None else third
+        assert isinstance(leader.exception(5), Stop)
+        assert (third if leader is second else second).result(5) == []
+    # the second round took the oldest call, [1], and was interrupted; the call of the thread
+    # that left is never run, the other's is, in the next round
+    other = [2] if leader is second else [1]
+    assert gate.rounds == [[0], [1], other]
+    assert not combiner._queue
