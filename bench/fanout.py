@@ -121,7 +121,9 @@ def run_fanout(mode: str, children: int = 10_000, bridges: int = 2) -> dict[str,
         # is the heap it used, kept; what grows again would be kept per child.
         t1 = time.time()
         again = env.client.start_machine("bench_map", {"items": list(range(children))})
-        wait_sampling(env, names, lambda: env.client.get_machine(again).status != "running", "")
+        wait_sampling(
+            env, names, lambda: env.client.get_machine(again).status != "running", "a second map"
+        )
         again_s = _joined_at(env, again, children) - t1
         agent.terminate()
         return {
