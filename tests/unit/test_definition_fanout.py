@@ -3,13 +3,15 @@ it: each one line, naming the state (and, inside an inline body, the path to it)
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from fsm_celery.core.definition import Body, MachineDefinition, ParentCancel, tree_problems
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, definition_files, load_all, load_text
-from fsm_celery.exceptions import DefinitionError, Problem
+from fsm_celery.exceptions import Problem
+from tests.support import definitions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "definitions"
 SOURCE = "fan.yaml"
@@ -99,23 +101,9 @@ def nested(children: str) -> str:
     return edit(PARALLEL, "            - {name: GO, on_success: DONE, on_failure: FAILED}\n", go)
 
 
-def problems(text: str) -> list[Problem]:
-    with pytest.raises(DefinitionError) as caught:
-        load_text(text, SOURCE)
-    for problem in caught.value.problems:
-        assert "\n" not in str(problem), problem
-    return caught.value.problems
-
-
-def only_problem(text: str) -> Problem:
-    found = problems(text)
-    assert len(found) == 1, found
-    return found[0]
-
-
-def assert_problem(p: Problem, state: str | None, field: str | None, fragment: str) -> None:
-    assert (p.source, p.state, p.field) == (SOURCE, state, field), p
-    assert fragment in p.message, p
+problems = partial(definitions.problems, source=SOURCE, one_line=True)
+only_problem = partial(definitions.only_problem, source=SOURCE, one_line=True)
+assert_problem = partial(definitions.assert_problem, source=SOURCE)
 
 
 def loaded(*texts: str) -> dict[str, MachineDefinition]:

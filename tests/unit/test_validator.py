@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from fsm_celery.core.loader import (
     parse_definition,
 )
 from fsm_celery.exceptions import DefinitionError, Problem
+from tests.support import definitions
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = definition_files(SHIPPED_DEFINITIONS)
@@ -51,21 +53,9 @@ def edit(old: str, new: str, text: str = GOOD) -> str:
     return text.replace(old, new)
 
 
-def problems(text: str) -> list[Problem]:
-    with pytest.raises(DefinitionError) as caught:
-        load_text(text, SOURCE)
-    return caught.value.problems
-
-
-def only_problem(text: str) -> Problem:
-    found = problems(text)
-    assert len(found) == 1, found
-    return found[0]
-
-
-def assert_problem(p: Problem, state: str | None, field: str | None, fragment: str) -> None:
-    assert (p.source, p.state, p.field) == (SOURCE, state, field), p
-    assert fragment in p.message, p
+problems = partial(definitions.problems, source=SOURCE)
+only_problem = partial(definitions.only_problem, source=SOURCE)
+assert_problem = partial(definitions.assert_problem, source=SOURCE)
 
 
 # -- valid definitions ------------------------------------------------------------------------
