@@ -143,7 +143,7 @@ def _latency(f: dict[str, Any]) -> tuple[str, str]:
 
 def _scale(f: dict[str, Any]) -> tuple[str, str]:
     modes = "; ".join(
-        f"{mode} mode {number(m['percent_of_empty'])}%"
+        f"{mode} mode {number(m['percent_of_empty'])}%{_percent_spread(m)}"
         for mode, m in sorted(f["modes"].items(), key=lambda item: item[0] != "inline")
     )
     return (
@@ -151,6 +151,13 @@ def _scale(f: dict[str, Any]) -> tuple[str, str]:
         f"{number(f['history'])} history rows",
         f"{modes} of the throughput on an empty database",
     )
+
+
+def _percent_spread(m: dict[str, Any]) -> str:
+    if "percent_spread" not in m:  # recorded since issue 26: medians of rounds
+        return ""
+    low, high = m["percent_spread"]
+    return f" ({number(low)}{DASH}{number(high)}%)"
 
 
 def _fanout(f: dict[str, Any]) -> tuple[str, str]:

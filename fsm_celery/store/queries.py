@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, delete, func, insert, select, update
+from sqlalchemy import Connection, Row, and_, delete, func, insert, select, update
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
@@ -33,6 +33,7 @@ from fsm_celery.store.tables import (
     agents,
     budget_changes,
     definitions,
+    machine_timers,
     machines,
     rejected_messages,
     transitions,
@@ -199,21 +200,25 @@ def rejections_txn(
 def scan_candidates_txn(
     conn: Connection, overdue: datetime, due: datetime, limit: int, only: UUID | None = None
 ) -> tuple[list[UUID], list[UUID]]:
-    """The machines past their deadline, and those due to be dispatched (no lock taken: the
-    scan locks them with their ancestors, then checks them again with `overdue` and `due`);
-    only: that machine, if it is one."""
-    c = machines.c
+    """The machines past their deadline, and those due to be dispatched, by their timers (no
+    lock taken: the scan locks them with their ancestors, then checks the machine rows again
+    with `overdue` and `due`); only: that machine, if it is one."""
+    t = machine_timers.c
     found: list[list[UUID]] = []
-    for where, order in ((_overdue(overdue), c.deadline_at), (_due(due), c.dispatch_due_at)):
-        query = select(c.id).where(where).order_by(order).limit(limit)
+    past_deadline = and_(t.dispatch_due_at.is_(None), t.deadline_at <= overdue)
+    for where, order in (
+        (past_deadline, t.deadline_at),
+        (t.dispatch_due_at <= due, t.dispatch_due_at),
+    ):
+        query = select(t.machine_id).where(where).order_by(order).limit(limit)
         if only is not None:
-            query = query.where(c.id == only)
-        found.append([row.id for row in conn.execute(query)])
+            query = query.where(t.machine_id == only)
+        found.append([row.machine_id for row in conn.execute(query)])
     return found[0], found[1]
 
 
 def overdue(row: AnyRow, now: datetime) -> bool:
-    """Whether a locked machine's attempt is past its deadline (as _overdue selects)."""
+    """Whether a locked machine's attempt is past its deadline (as its timer says)."""
     return (
         row.status == "running"
         and row.dispatch_due_at is None
@@ -223,7 +228,7 @@ def overdue(row: AnyRow, now: datetime) -> bool:
 
 
 def due(row: AnyRow, now: datetime) -> bool:
-    """Whether a locked machine's next state is due to be dispatched (as _due selects)."""
+    """Whether a locked machine's next state is due to be dispatched (as its timer says)."""
     return (
         row.status == "running"
         and row.dispatch_due_at is not None
@@ -233,18 +238,6 @@ def due(row: AnyRow, now: datetime) -> bool:
 
 def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _overdue(now: datetime) -> ColumnElement[bool]:
-    return and_(
-        machines.c.status == "running",
-        machines.c.dispatch_due_at.is_(None),
-        machines.c.deadline_at <= now,
-    )
-
-
-def _due(now: datetime) -> ColumnElement[bool]:
-    return and_(machines.c.status == "running", machines.c.dispatch_due_at <= now)
 
 
 def upsert_agents_txn(conn: Connection, reports: Sequence[AgentReport]) -> None:
