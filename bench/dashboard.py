@@ -8,19 +8,19 @@ through the real `fsm-celery dashboard` process (uvicorn, one process, on 127.0.
 Smoke run (a minute or two): --finished 2000 --history 20000 --requests 30 --clients 10
 --seconds 5 --machines 200.
 
-1. Reads. The database is prefilled as bench/scale.py does (`fill`: finished bench_chain
-   machines and their history, set-based SQL, then VACUUM ANALYZE), nothing else runs (no beat,
-   so nothing folds the statistics behind the benchmark's back), and one httpx client with
+1. Reads. The database is prefilled as bench/scale.py does (`fill`: finished bench_chain machines
+   and their history, set-based SQL, then VACUUM ANALYZE), but not folded; nothing else runs (no
+   beat, so nothing folds the statistics behind the benchmark's back), and one httpx client with
    keep-alive sends each request `--requests` times in a row (after 3 unmeasured ones): the first
    page of `GET /api/machines?limit=50`, the same filtered (`status=completed&type=bench_chain`),
-   page 2 through the `next` cursor, `GET /api/machines/{id}` (a machine and its history rows),
-   and `GET /api/stats` twice: first with nothing folded (its unfolded tail is the whole history,
-   which `Stats.read` caps at 200,000 attempts: `as_of.complete` says whether it was all read),
-   `--unfolded-requests` times as each takes long, then after folding as beat would have (fold()
-   and a 1.1 s pause until it folds nothing twice in a row: its watermark needs a second call at
-   least 1 s after the first). Latency is the client's: from sending the request to having read
-   the whole body; p50 and p99 by nearest rank; requests/s is sequential (1 / mean). An endpoint
-   stops early after `--budget` seconds (the table shows how many requests it got).
+   page 2 through the `next` cursor, `GET /api/machines/{id}` (a machine and its history rows), and
+   `GET /api/stats` twice: first with nothing folded (its unfolded tail is the whole history, which
+   `Stats.read` caps at 200,000 attempts: `as_of.complete` says whether it was all read),
+   `--unfolded-requests` times as each takes long, then after folding as beat would have (fold() and
+   a 1.1 s pause until it folds nothing twice in a row: its watermark needs a second call at least 1
+   s after the first). Latency is the client's: from sending the request to having read the whole
+   body; p50 and p99 by nearest rank; requests/s is sequential (1 / mean). An endpoint stops early
+   after `--budget` seconds (the table shows how many requests it got).
 
 2. Live pages. The engine's maximum throughput at `--machines` machines is measured first with
    bench.throughput's run_engine, on the same prefill; then, in the dashboard's deployment (two
@@ -481,8 +481,13 @@ def main() -> None:
     )
     parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
     args = parser.parse_args()
-    prefill = fill(args.finished, args.history)
-    top = run_engine(args.machines, prefill=prefill, mode=args.mode, seconds=args.seconds)
+    top = run_engine(
+        args.machines,
+        prefill=fill(args.finished, args.history),
+        mode=args.mode,
+        seconds=args.seconds,
+    )
+    prefill = fill(args.finished, args.history, fold=False)  # the reads fold it themselves
     env = deployment("dash", transition_mode=args.mode, viewer_token=VIEWER_TOKEN)
     try:
         _, fill_s = timed(lambda: prefill(env))

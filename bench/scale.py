@@ -33,9 +33,12 @@ from bench.common import (
 from bench.throughput import run_engine
 
 
-def fill(finished: int, history: int, folds: list[float] | None = None) -> Callable[[FsmEnv], None]:
+def fill(
+    finished: int, history: int, folds: list[float] | None = None, *, fold: bool = True
+) -> Callable[[FsmEnv], None]:
     """A prefill that stores finished machines and their history with set-based SQL, then
-    vacuums and folds it (the seconds the fold took appended to `folds`)."""
+    vacuums it and (unless fold is false) folds it into the statistics' counters, the seconds
+    the fold took appended to `folds`."""
 
     def prefill(env: FsmEnv) -> None:
         per = max(history // finished, 1)
@@ -63,6 +66,8 @@ def fill(finished: int, history: int, folds: list[float] | None = None) -> Calla
         # now, not in the middle of the measurement (set visibility, hint bits, statistics).
         with env.client.engine.db.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+        if not fold:
+            return
         took = fold_all(env)
         if folds is not None:
             folds.append(took)

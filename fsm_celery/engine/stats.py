@@ -1,6 +1,9 @@
 """Statistics without scanning the history: beat folds each new attempt into counters once
 (`fold`), and `read` adds the few attempts recorded since (the tail) to them.
 
+Machines are counted the same way: the live ones (running, paused) when read, the finished ones
+from counters that beat folds from the changes triggers record (store.rollup).
+
 The fold reads history ids in order, but ids are taken before their transactions commit, so a
 row with a smaller id can appear after a larger one was read. The watermark therefore moves in
 two steps: the fold notes the largest id it sees and which transactions are in flight (in
@@ -28,7 +31,7 @@ from fsm_celery.store.queries import AnyRow
 CHUNK = 20_000  # attempts folded per transaction
 TAIL = 200_000  # the most unfolded attempts a read adds (beat keeps the tail short)
 SETTLE = timedelta(seconds=1)  # a noted id is folded no sooner (see the module's docstring)
-FINISHED = ("completed", "failed", "cancelled")
+FINISHED = r.FINISHED
 
 
 class Stats:
@@ -36,8 +39,12 @@ class Stats:
         self._rt = runtime
 
     def fold(self, most: int = 50) -> int:
-        """Fold the attempts recorded since the last fold into the counters, a chunk per
-        transaction (at most `most` chunks); how many were folded."""
+        """Fold the finished machines' count changes into their counters, and the attempts
+        recorded since the last fold into theirs, a chunk per transaction (at most `most`
+        chunks); how many attempts were folded."""
+        with self._rt.db.begin() as conn:
+            r.watermark_txn(conn)  # one fold at a time
+            r.fold_machine_counts_txn(conn)
         folded = 0
         for _ in range(most):
             now = self._rt.clock()
@@ -129,7 +136,7 @@ def _stored(rows: Sequence[AnyRow]) -> list[tuple[str, str, int, int, int, int]]
     ]
 
 
-def _machines(counts: Sequence[AnyRow]) -> dict[str, Any]:
+def _machines(counts: Sequence[r.Count]) -> dict[str, Any]:
     by_type: dict[str, dict[str, int]] = defaultdict(dict)
     by_status: Counter[str] = Counter()
     by_agent_type: Counter[str] = Counter()
@@ -159,7 +166,7 @@ def _states(states: dict[tuple[str, str], Tally]) -> dict[str, dict[str, Any]]:
 
 
 def _usage_by_type(
-    counts: Sequence[AnyRow], states: dict[tuple[str, str], Tally]
+    counts: Sequence[r.Count], states: dict[tuple[str, str], Tally]
 ) -> dict[str, dict[str, Any]]:
     usage: dict[str, dict[str, Any]] = defaultdict(lambda: {"tokens": 0, "cost": 0.0})
     for row in counts:

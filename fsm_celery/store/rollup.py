@@ -1,11 +1,12 @@
 """The statistics' rows: attempts folded from the history into state_stats and agent_usage,
-the fold's watermark, and what is not folded yet (the tail). Each helper takes the connection
+the fold's watermark, and what is not folded yet (the tail); finished machines' counts folded
+from the changes the triggers of migration 0011 record. Each helper takes the connection
 and never commits; fsm_celery.engine.stats owns the transactions and explains the watermark."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from sqlalchemy import (
@@ -14,17 +15,21 @@ from sqlalchemy import (
     Connection,
     Float,
     case,
+    delete,
     func,
     literal,
     select,
     update,
 )
 
-from fsm_celery.core.stats import MOST, MOST_COST
+from fsm_celery.core.stats import MOST, MOST_COST, saturated, saturated_cost
+from fsm_celery.core.transition import MachineStatus
 from fsm_celery.store import dialects
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.tables import (
     agent_usage,
+    machine_count_changes,
+    machine_counts,
     machines,
     rejected_messages,
     rollups,
@@ -35,6 +40,19 @@ from fsm_celery.store.tables import (
 HISTORY = "history"
 ROW_COST = MOST_COST / 2**63  # ~1.9e289, far past any machine's (MAX_COST: 1e12)
 ATTEMPTS = ("ack", "timeout")  # the history rows that end an agent's attempt
+FINISHED = ("completed", "failed", "cancelled")  # counted by machine_counts (migration 0011)
+LIVE = tuple(status.value for status in MachineStatus if status.value not in FINISHED)
+
+
+class Count(NamedTuple):
+    """Machines of one type, agent type and status, and their usage."""
+
+    type: str
+    agent_type: str
+    status: str
+    total: int
+    tokens: int
+    cost: float
 
 
 def watermark_txn(conn: Connection) -> AnyRow:
@@ -155,10 +173,12 @@ def agent_usage_txn(conn: Connection) -> Sequence[AnyRow]:
     return conn.execute(select(agent_usage)).all()
 
 
-def machine_counts_txn(conn: Connection) -> Sequence[AnyRow]:
-    """Machines counted, and their usage summed, by type, agent type and status."""
+def machine_counts_txn(conn: Connection) -> list[Count]:
+    """Machines counted, and their usage summed, by type, agent type and status: the live ones
+    (running, paused) counted now, the finished ones folded (machine_counts) plus the changes
+    not folded yet; read in one snapshot, a fold that commits meanwhile is counted once."""
     c = machines.c
-    return conn.execute(
+    live = conn.execute(
         select(
             c.type,
             c.agent_type,
@@ -168,8 +188,91 @@ def machine_counts_txn(conn: Connection) -> Sequence[AnyRow]:
             # a double's sum past its range is an error: each row counts for at most a share
             # of it small enough that no count of rows reaches it
             func.sum(case((c.cost > ROW_COST, ROW_COST), else_=c.cost)).label("cost"),
-        ).group_by(c.type, c.agent_type, c.status)
+        )
+        .where(c.status.in_(LIVE))  # by its index: the finished ones are many
+        .group_by(c.type, c.agent_type, c.status)
     ).all()
+    counts = [
+        Count(r.type, r.agent_type, r.status, r.total, int(r.tokens or 0), float(r.cost or 0))
+        for r in live
+    ]
+    folded = {
+        (r.type, r.agent_type, r.status): Count(
+            r.type, r.agent_type, r.status, r.machines, r.tokens, r.cost
+        )
+        for r in conn.execute(select(machine_counts))
+    }
+    x = machine_count_changes.c
+    pending = conn.execute(
+        select(
+            x.type,
+            x.agent_type,
+            x.status,
+            func.sum(x.machines).label("machines"),
+            func.sum(x.tokens).label("tokens"),  # numeric in PostgreSQL: no overflow
+            func.sum(x.cost).label("cost"),  # each at most ROW_COST (the triggers')
+        ).group_by(x.type, x.agent_type, x.status)
+    ).all()
+    return counts + [n for n in _added(folded, pending).values() if n.total > 0]
+
+
+def fold_machine_counts_txn(conn: Connection) -> int:
+    """Move the changes committed so far into machine_counts (those of transactions still in
+    flight are not visible: the next fold takes them); how many it moved."""
+    changes = conn.execute(
+        delete(machine_count_changes).returning(
+            *(machine_count_changes.c[name] for name in _COUNTED)
+        )
+    ).all()
+    if not changes:
+        return 0
+    keys = {(r.type, r.agent_type, r.status) for r in changes}
+    stored = {
+        (r.type, r.agent_type, r.status): Count(
+            r.type, r.agent_type, r.status, r.machines, r.tokens, r.cost
+        )
+        for r in conn.execute(select(machine_counts).with_for_update())
+        if (r.type, r.agent_type, r.status) in keys
+    }
+    rows = [
+        {
+            "type": n.type,
+            "agent_type": n.agent_type,
+            "status": n.status,
+            "machines": n.total,
+            "tokens": n.tokens,
+            "cost": n.cost,
+        }
+        for n in _added(stored, changes).values()
+    ]
+    insert = dialects.of(conn).insert(machine_counts)
+    conn.execute(
+        insert.on_conflict_do_update(
+            index_elements=["type", "agent_type", "status"],
+            set_={name: insert.excluded[name] for name in ("machines", "tokens", "cost")},
+        ),
+        rows,
+    )
+    return len(changes)
+
+
+_COUNTED = ("type", "agent_type", "status", "machines", "tokens", "cost")
+
+
+def _added(
+    counts: dict[tuple[str, str, str], Count], changes: Iterable[Any]
+) -> dict[tuple[str, str, str], Count]:
+    """The counts with the changes added (a sum saturates rather than overflow; never below 0)."""
+    added = dict(counts)
+    for r in changes:
+        key = (r.type, r.agent_type, r.status)
+        was = added.get(key) or Count(*key, 0, 0, 0.0)
+        added[key] = was._replace(
+            total=max(0, was.total + int(r.machines)),
+            tokens=max(0, saturated(was.tokens + int(r.tokens))),
+            cost=max(0.0, saturated_cost(was.cost + float(r.cost))),
+        )
+    return added
 
 
 def rejection_counts_txn(conn: Connection) -> Sequence[AnyRow]:

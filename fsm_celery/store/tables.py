@@ -388,6 +388,33 @@ agent_usage = Table(
     Column("cost", Float, nullable=False),
 )
 
+# Finished machines (completed, failed, cancelled) counted by type, agent type and status, with
+# their tokens and cost: the statistics read these and count only the live machines. Triggers on
+# state_machines (migration 0011) append a change for each machine that becomes finished, stops
+# being finished, is deleted, or has its usage changed while finished; beat's fold moves the
+# changes into machine_counts, deleting them in the same transaction.
+machine_counts = Table(
+    "machine_counts",
+    metadata,
+    Column("type", String(TYPE_CHARS), primary_key=True),
+    Column("agent_type", String(10), primary_key=True),
+    Column("status", String(20), primary_key=True),
+    Column("machines", BigInteger, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("cost", Float, nullable=False),
+)
+machine_count_changes = Table(
+    "machine_count_changes",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("type", String(TYPE_CHARS), nullable=False),
+    Column("agent_type", String(10), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("machines", Integer, nullable=False),  # +1 or -1
+    Column("tokens", BigInteger, nullable=False),
+    Column("cost", Float, nullable=False),
+)
+
 # How far each fold has read (history ids), and the id it waits to be sure of.
 rollups = Table(
     "rollups",

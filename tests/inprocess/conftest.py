@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -28,6 +29,7 @@ from fsm_celery.core.loader import SHIPPED_DEFINITIONS, definition_files, load_a
 from fsm_celery.core.messages import task_stream
 from fsm_celery.engine import Inbound, MachineEngine, Next
 from fsm_celery.store import queries as q
+from fsm_celery.store.db import upgrade
 from tests.support import FIXTURE_DEFINITIONS
 from tests.support.credentials import TEST_SECRET
 from tests.support.databases import copy_database, create_template, drop_database
@@ -174,3 +176,29 @@ def fsm(services: Services, template: str) -> Iterator[Fsm]:
         connection.close()
         engine.db.dispose()
         drop_database(services.pg_url, f"fsm_inprocess_{tag}")
+
+
+@pytest.fixture
+def fsm_sqlite(services: Services, tmp_path: Path) -> Iterator[Fsm]:
+    """The engine on SQLite (the embedded demo's database), its triggers made by the same
+    migrations."""
+    prefix = f"sqlite{uuid.uuid4().hex[:8]}:"
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'fsm.sqlite3'}",
+        redis_url=services.redis_url,
+        channel_prefix=prefix,
+        task_token_secret=TEST_SECRET,
+    )
+    clock = Clock()
+    engine = wiring.machine_engine(settings, clock=clock)
+    upgrade(engine.db)
+    engine.catalog.load(load_all(definition_files(str(FIXTURE_DEFINITIONS))))
+    connection = redis.Redis.from_url(services.redis_url)
+    try:
+        yield Fsm(engine, clock, connection, settings)
+    finally:
+        keys = list(connection.scan_iter(f"{prefix}*"))
+        if keys:
+            connection.delete(*keys)
+        connection.close()
+        engine.db.dispose()

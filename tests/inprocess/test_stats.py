@@ -7,10 +7,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import create_engine, insert, text
+import pytest
+from sqlalchemy import create_engine, delete, func, insert, select, text
 
+from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.stats import GROWTH
-from fsm_celery.store.tables import transitions
+from fsm_celery.store import rollup
+from fsm_celery.store.tables import machine_count_changes, machine_counts, machines, transitions
 from tests.inprocess.conftest import Fsm, ack
 from tests.support.messages import FIX_BUG_STATES, OUTPUTS
 from tests.support.services import Services
@@ -144,3 +147,69 @@ def test_a_transaction_in_another_database_does_not_hold_the_fold_back(
             assert stats.read()["as_of"]["unfolded"] == 0
     finally:
         other.dispose()
+
+
+def _truth(fsm: Fsm) -> dict[tuple[str, str, str], tuple[int, int, float]]:
+    """Machines by type, agent type and status, counted from every machine row."""
+    m = machines.c
+    with fsm.engine.db.connect() as conn:
+        rows = conn.execute(
+            select(
+                m.type,
+                m.agent_type,
+                m.status,
+                func.count(),
+                func.sum(m.tokens_used),
+                func.sum(m.cost),
+            ).group_by(m.type, m.agent_type, m.status)
+        ).all()
+    return {(t, a, s): (n, int(tokens), float(cost)) for t, a, s, n, tokens, cost in rows}
+
+
+def _counted(fsm: Fsm) -> dict[tuple[str, str, str], tuple[int, int, float]]:
+    """The same, as the statistics count them (live rows, folded counters, changes)."""
+    with fsm.engine.db.connect() as conn:
+        counts = rollup.machine_counts_txn(conn)
+    return {(c.type, c.agent_type, c.status): (c.total, c.tokens, c.cost) for c in counts}
+
+
+@pytest.mark.parametrize("database", ["fsm", "fsm_sqlite"])
+def test_finished_machines_are_counted_exactly_folded_or_not_run_again_or_deleted(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    fsm: Fsm = request.getfixturevalue(database)
+    agent = fsm.agent("tester")
+    mids = [fsm.start("test_linear") for _ in range(4)]
+    for _ in range(3):  # each state of the first two, with usage
+        for task in agent.tasks():
+            if uuid.UUID(task["machineId"]) in mids[:2]:
+                output = {task["state"].lower(): 1, "tokensUsed": 7, "cost": 0.25}
+                fsm.receive(ack(task, output=output))
+    admin = fsm.engine.admin
+    admin.command(mids[2], Command(Action.CANCEL, "ops", "not needed"))
+    assert [fsm.machine(m).status for m in mids] == [
+        "completed",
+        "completed",
+        "cancelled",
+        "running",
+    ]
+    assert _counted(fsm) == _truth(fsm)  # every finish a change not folded yet
+    fsm.engine.stats.fold()
+    assert _counted(fsm) == _truth(fsm)
+    with fsm.engine.db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(machine_count_changes)).scalar() == 0
+        assert conn.execute(select(func.sum(machine_counts.c.machines))).scalar() == 3
+    fsm.enter_all(admin.command(mids[2], Command(Action.RETRY, "ops", "after all")))
+    assert fsm.machine(mids[2]).status == "running"
+    with fsm.engine.db.begin() as conn:  # as an operator (or a prune) deletes a finished one
+        conn.execute(delete(transitions).where(transitions.c.machine_id == mids[0]))
+        conn.execute(delete(machines).where(machines.c.id == mids[0]))
+    assert _counted(fsm) == _truth(fsm)
+    fsm.engine.stats.fold()
+    assert _counted(fsm) == _truth(fsm)
+    stats = fsm.engine.stats.read()
+    assert stats["machines"]["test_linear"] == {"completed": 1, "running": 2}
+    assert (
+        stats["usage"]["by_type"]["test_linear"]["tokens"]
+        == _truth(fsm)[("test_linear", "tester", "completed")][1]
+    )

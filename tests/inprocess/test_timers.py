@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
-import redis
 from sqlalchemy import select, text
 
-from fsm_celery import wiring
-from fsm_celery.config import Settings
 from fsm_celery.core.admin import Action, Command
-from fsm_celery.core.loader import definition_files, load_all
-from fsm_celery.store.db import upgrade
 from fsm_celery.store.tables import machine_timers, machines
-from tests.inprocess.conftest import Clock, Fsm, ack
-from tests.support import FIXTURE_DEFINITIONS
-from tests.support.credentials import TEST_SECRET
-from tests.support.services import Services
+from tests.inprocess.conftest import Fsm, ack
 
 CONTEXT = {"projectName": "sla-api", "bugDescription": "login fails", "githubIssue": 7}
 
@@ -45,32 +35,6 @@ def on_machine(fsm: Fsm, mid: UUID) -> tuple[Any, Any]:
     with fsm.engine.db.connect() as conn:
         row = conn.execute(select(m.deadline_at, m.dispatch_due_at).where(m.id == mid)).one()
     return (row.deadline_at, row.dispatch_due_at)
-
-
-@pytest.fixture
-def fsm_sqlite(services: Services, tmp_path: Path) -> Iterator[Fsm]:
-    """The engine on SQLite (the embedded demo's database), its triggers made by the same
-    migrations."""
-    prefix = f"timers{uuid.uuid4().hex[:8]}:"
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'fsm.sqlite3'}",
-        redis_url=services.redis_url,
-        channel_prefix=prefix,
-        task_token_secret=TEST_SECRET,
-    )
-    clock = Clock()
-    engine = wiring.machine_engine(settings, clock=clock)
-    upgrade(engine.db)
-    engine.catalog.load(load_all(definition_files(str(FIXTURE_DEFINITIONS))))
-    connection = redis.Redis.from_url(services.redis_url)
-    try:
-        yield Fsm(engine, clock, connection, settings)
-    finally:
-        keys = list(connection.scan_iter(f"{prefix}*"))
-        if keys:
-            connection.delete(*keys)
-        connection.close()
-        engine.db.dispose()
 
 
 @pytest.mark.parametrize("database", ["fsm", "fsm_sqlite"])
