@@ -190,11 +190,17 @@ def _memory(f: dict[str, Any]) -> tuple[str, str]:
 
 
 def _dashboard(f: dict[str, Any]) -> tuple[str, str]:
+    stats = f"statistics p50 {number(f['stats_p50_ms'])} ms"
+    if "stats_unfolded_p50_ms" in f:  # recorded since issue 26
+        stats += (
+            f", p99 {number(f['stats_p99_ms'])} ms (p50 {number(f['stats_unfolded_p50_ms'])} ms "
+            "with nothing folded)"
+        )
     return (
         f"dashboard, {number(f['finished'])} finished machines and {number(f['history'])} "
         "history rows",
         f"list p50 {number(f['list_p50_ms'])} ms, p99 {number(f['list_p99_ms'])} ms; a machine "
-        f"p50 {number(f['machine_p50_ms'])} ms; statistics p50 {number(f['stats_p50_ms'])} ms; "
+        f"p50 {number(f['machine_p50_ms'])} ms; {stats}; "
         f"{number(f['pages'])} live pages cost the engine {number(f['engine_loss_pct'])}% of "
         "its throughput",
     )
