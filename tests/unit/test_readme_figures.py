@@ -25,7 +25,7 @@ FIGURE = re.compile(
     + figures.TIMES
     + r"|x\b|%|ms\b|µs|MiB|MB|GiB|steps/s|transitions/s|tx/s)"
 )
-NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")  # a sign kept: a loss can be a gain
 
 
 @pytest.mark.parametrize("document", figures.DOCUMENTS, ids=lambda d: d.name)
