@@ -16,12 +16,12 @@ commits meanwhile is counted once.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from fsm_celery.core.stats import Tally, bucket_of, saturated, saturated_cost, tallies
+from fsm_celery.core.stats import Tally, saturated, saturated_cost, tallies
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import aware
 from fsm_celery.store import dialects
@@ -65,12 +65,12 @@ class Stats:
                             updated_at=now,
                         )
                     return folded
-                rows = r.attempts_txn(conn, mark.last_id, mark.pending_id, CHUNK)
-                r.add_state_stats_txn(conn, _by_state(rows))
-                r.add_agent_usage_txn(conn, _by_agent(rows))
-                last = rows[-1].id if len(rows) == CHUNK else mark.pending_id
+                chunk = r.summed_attempts_txn(conn, mark.last_id, mark.pending_id, CHUNK)
+                r.add_state_stats_txn(conn, chunk.by_state)
+                r.add_agent_usage_txn(conn, chunk.by_agent)
+                last = chunk.last_id if chunk.attempts == CHUNK else mark.pending_id
                 r.set_watermark_txn(conn, last_id=last)
-            folded += len(rows)
+            folded += chunk.attempts
         return folded
 
     def read(self) -> dict[str, Any]:
@@ -83,51 +83,25 @@ class Stats:
                 through = r.folded_through_txn(conn)
                 states = tallies(_stored(r.state_stats_txn(conn)))
                 agents = {row.agent_id: row for row in r.agent_usage_txn(conn)}
-                tail = r.attempts_txn(conn, through, None, TAIL)
+                tail = r.summed_attempts_txn(conn, through, None, TAIL)
                 counts = r.machine_counts_txn(conn)
                 rejected = r.rejection_counts_txn(conn)
-        for key, tally in tallies(_by_state(tail)).items():
+        for key, tally in tallies(tail.by_state).items():
             states.setdefault(key, Tally()).merge(tally)
         return {
             **_machines(counts),
             "states": _states(states),
             "usage": {
                 "by_type": _usage_by_type(counts, states),
-                "by_agent": _usage_by_agent(agents, _by_agent(tail)),
+                "by_agent": _usage_by_agent(agents, tail.by_agent),
             },
             "rejected": {row.reason: row.total for row in rejected},
             "as_of": {
                 "folded_through": through,
-                "unfolded": len(tail),
-                "complete": len(tail) < TAIL,
+                "unfolded": tail.attempts,
+                "complete": tail.attempts < TAIL,
             },
         }
-
-
-def _by_state(rows: Iterable[AnyRow]) -> list[tuple[str, str, int, int, int, int]]:
-    found: Counter[tuple[str, str, int]] = Counter()
-    successes: Counter[tuple[str, str, int]] = Counter()
-    durations: Counter[tuple[str, str, int]] = Counter()
-    for row in rows:
-        key = (row.type, row.from_state or "", bucket_of(row.duration_ms))
-        found[key] += 1
-        successes[key] += int(row.success)
-        durations[key] += row.duration_ms or 0
-    return [(*key, n, successes[key], saturated(durations[key])) for key, n in found.items()]
-
-
-def _by_agent(rows: Iterable[AnyRow]) -> list[tuple[UUID, int, int, float]]:
-    found: dict[UUID, list[float]] = defaultdict(lambda: [0, 0, 0.0])
-    for row in rows:
-        if row.agent_id is not None:
-            total = found[row.agent_id]
-            total[0] += 1
-            total[1] += row.tokens_used
-            total[2] += row.cost
-    return [
-        (agent, int(n), saturated(int(tokens)), saturated_cost(cost))
-        for agent, (n, tokens, cost) in found.items()
-    ]
 
 
 def _stored(rows: Sequence[AnyRow]) -> list[tuple[str, str, int, int, int, int]]:

@@ -213,3 +213,23 @@ def test_finished_machines_are_counted_exactly_folded_or_not_run_again_or_delete
         stats["usage"]["by_type"]["test_linear"]["tokens"]
         == _truth(fsm)[("test_linear", "tester", "completed")][1]
     )
+
+
+def test_postgresql_sums_attempts_as_python_does(fsm: Fsm) -> None:
+    """The read's and the fold's sums in SQL (PostgreSQL) give what summing the rows gives."""
+    mid = _run(fsm, 0.2, fail_first=True)
+    durations = [None, 0, 1, 2, 3, 5, 999, 1000, 123_456, 10**12, 2**62]
+    with fsm.engine.db.begin() as conn:
+        conn.execute(
+            insert(transitions),
+            [
+                {**_attempt_row(mid, 100 + n), "duration_ms": ms, "success": n % 2 == 0}
+                for n, ms in enumerate(durations)
+            ],
+        )
+    with fsm.engine.db.connect() as conn:
+        summed = rollup.summed_attempts_txn(conn, 0, None, 1000)
+        rows = rollup.attempts_txn(conn, 0, None, 1000)
+    assert summed.attempts == len(rows) and summed.last_id == rows[-1].id
+    assert sorted(summed.by_state) == sorted(rollup.by_state(rows))
+    assert sorted(summed.by_agent) == sorted(rollup.by_agent(rows))
