@@ -295,12 +295,7 @@ def machine_counts_txn(conn: Connection) -> list[Count]:
         Count(r.type, r.agent_type, r.status, r.total, int(r.tokens or 0), float(r.cost or 0))
         for r in live
     ]
-    folded = {
-        (r.type, r.agent_type, r.status): Count(
-            r.type, r.agent_type, r.status, r.machines, r.tokens, r.cost
-        )
-        for r in conn.execute(select(machine_counts))
-    }
+    folded = _stored_counts(conn)
     x = machine_count_changes.c
     pending = conn.execute(
         select(
@@ -326,13 +321,7 @@ def fold_machine_counts_txn(conn: Connection) -> int:
     if not changes:
         return 0
     keys = {(r.type, r.agent_type, r.status) for r in changes}
-    stored = {
-        (r.type, r.agent_type, r.status): Count(
-            r.type, r.agent_type, r.status, r.machines, r.tokens, r.cost
-        )
-        for r in conn.execute(select(machine_counts).with_for_update())
-        if (r.type, r.agent_type, r.status) in keys
-    }
+    stored = {k: n for k, n in _stored_counts(conn, lock=True).items() if k in keys}
     rows = [
         {
             "type": n.type,
@@ -353,6 +342,17 @@ def fold_machine_counts_txn(conn: Connection) -> int:
         rows,
     )
     return len(changes)
+
+
+def _stored_counts(conn: Connection, lock: bool = False) -> dict[tuple[str, str, str], Count]:
+    """machine_counts' rows by their key (locked: the fold's)."""
+    query = select(machine_counts)
+    return {
+        (r.type, r.agent_type, r.status): Count(
+            r.type, r.agent_type, r.status, r.machines, r.tokens, r.cost
+        )
+        for r in conn.execute(query.with_for_update() if lock else query)
+    }
 
 
 _COUNTED = ("type", "agent_type", "status", "machines", "tokens", "cost")

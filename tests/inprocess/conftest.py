@@ -13,6 +13,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -166,15 +167,10 @@ def fsm(services: Services, template: str) -> Iterator[Fsm]:
     engine = wiring.machine_engine(settings, clock=clock)
     for folder in (SHIPPED_DEFINITIONS, FIXTURE_DEFINITIONS):
         engine.catalog.load(load_all(definition_files(str(folder))))
-    connection = redis.Redis.from_url(services.redis_url)
     try:
-        yield Fsm(engine, clock, connection, settings)
+        with serving(engine, clock, settings, services) as fsm:
+            yield fsm
     finally:
-        keys = list(connection.scan_iter(f"{settings.channel_prefix}*"))
-        if keys:
-            connection.delete(*keys)
-        connection.close()
-        engine.db.dispose()
         drop_database(services.pg_url, f"fsm_inprocess_{tag}")
 
 
@@ -193,11 +189,21 @@ def fsm_sqlite(services: Services, tmp_path: Path) -> Iterator[Fsm]:
     engine = wiring.machine_engine(settings, clock=clock)
     upgrade(engine.db)
     engine.catalog.load(load_all(definition_files(str(FIXTURE_DEFINITIONS))))
+    with serving(engine, clock, settings, services) as fsm:
+        yield fsm
+
+
+@contextmanager
+def serving(
+    engine: MachineEngine, clock: Clock, settings: Settings, services: Services
+) -> Iterator[Fsm]:
+    """The test's Fsm on the engine; afterwards its Redis keys are deleted and its database
+    connections closed."""
     connection = redis.Redis.from_url(services.redis_url)
     try:
         yield Fsm(engine, clock, connection, settings)
     finally:
-        keys = list(connection.scan_iter(f"{prefix}*"))
+        keys = list(connection.scan_iter(f"{settings.channel_prefix}*"))
         if keys:
             connection.delete(*keys)
         connection.close()
