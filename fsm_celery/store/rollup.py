@@ -134,8 +134,9 @@ def summed_attempts_txn(conn: Connection, after: int, upto: int | None, limit: i
     """The attempts after history id `after` (up to `upto`; at most `limit`, oldest first),
     summed. PostgreSQL sums them itself, so a read of 200,000 unfolded attempts moves a few
     hundred rows, not 200,000, into Python; its duration buckets are bucket_of's exactly (the
-    same libm logarithm, checked for every duration up to 3,000,000 ms). SQLite's are summed
-    here."""
+    same libm logarithm, checked for every duration up to 3,000,000 ms); it sums costs as
+    numeric, which cannot overflow (a double's sum past its range is an error there), and the
+    sums saturate here as Python's do. SQLite's are summed here."""
     if conn.dialect.name != "postgresql":
         rows = attempts_txn(conn, after, upto, limit)
         return Attempts(by_state(rows), by_agent(rows), len(rows), rows[-1].id if rows else None)
@@ -174,7 +175,8 @@ WITH tail AS MATERIALIZED (
 SELECT GROUPING(type, state, bucket) AS by_state, GROUPING(agent_id) AS by_agent,
     type, state, bucket, agent_id, count(*) AS n,
     sum(CASE WHEN success THEN 1 ELSE 0 END) AS ok, sum(coalesce(duration_ms, 0)) AS ms,
-    coalesce(sum(tokens_used), 0) AS tokens, coalesce(sum(cost), 0) AS cost, max(id) AS last
+    coalesce(sum(tokens_used), 0) AS tokens, coalesce(sum(CAST(cost AS numeric)), 0) AS cost,
+    max(id) AS last
 FROM bucketed
 GROUP BY GROUPING SETS ((type, state, bucket), (agent_id), ())
 """
