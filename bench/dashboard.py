@@ -16,11 +16,10 @@ Smoke run (a minute or two): --finished 2000 --history 20000 --requests 30 --cli
    page 2 through the `next` cursor, `GET /api/machines/{id}` (a machine and its history rows), and
    `GET /api/stats` twice: first with nothing folded (its unfolded tail is the whole history, which
    `Stats.read` caps at 200,000 attempts: `as_of.complete` says whether it was all read),
-   `--unfolded-requests` times as each takes long, then after folding as beat would have (fold() and
-   a 1.1 s pause until it folds nothing twice in a row: its watermark needs a second call at least 1
-   s after the first). Latency is the client's: from sending the request to having read the whole
-   body; p50 and p99 by nearest rank; requests/s is sequential (1 / mean). An endpoint stops early
-   after `--budget` seconds (the table shows how many requests it got).
+   `--unfolded-requests` times as each takes long, then after folding everything as beat would have
+   (bench.scale's `fold_all`). Latency is the client's: from sending the request to having read the
+   whole body; p50 and p99 by nearest rank; requests/s is sequential (1 / mean). An endpoint stops
+   early after `--budget` seconds (the table shows how many requests it got).
 
 2. Live pages. The engine's maximum throughput at `--machines` machines is measured first with
    bench.throughput's run_engine, on the same prefill; then, in the dashboard's deployment (two
@@ -78,12 +77,11 @@ from bench.common import (
     wait,
     write_result,
 )
-from bench.scale import fill
+from bench.scale import fill, fold_all
 from bench.throughput import run_engine, start_workers
 
 VIEWER_TOKEN = "bench-dashboard-viewer-" + "0123456789abcdef" * 2  # as the settings demand
 WARM_REQUESTS = 3
-FOLD_CALLS = 500  # bounds folding: each call folds up to 1,000,000 attempts
 EVENT_NAMES = (b"transitions", b"hello", b"resync")
 STATE_EVENT = b'"type":"state_event"'  # one per transition, in a `transitions` batch
 PAGE = 50  # the machines a live list page shows, and follows
@@ -147,22 +145,6 @@ def measure(http: httpx.Client, path: str, count: int, budget: float) -> dict[st
     }
 
 
-def fold_everything(env: FsmEnv) -> dict[str, Any]:
-    """What beat would have done: fold until a fold folds nothing twice in a row."""
-    folded, calls, nothing = 0, 0, 0
-    t0 = time.monotonic()
-    while nothing < 2:
-        if calls >= FOLD_CALLS:
-            raise RuntimeError(f"the statistics were not folded after {calls} calls")
-        done = env.client.engine.stats.fold()
-        calls += 1
-        folded += done
-        nothing = nothing + 1 if done == 0 else 0
-        if nothing < 2:
-            time.sleep(1.1)
-    return {"attempts": folded, "calls": calls, "seconds": round(time.monotonic() - t0, 1)}
-
-
 def reads(env: FsmEnv, base: str, args: argparse.Namespace) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
     n, budget = args.requests, args.budget
@@ -181,7 +163,7 @@ def reads(env: FsmEnv, base: str, args: argparse.Namespace) -> dict[str, Any]:
         }
         unfolded_as_of = http.get("/api/stats").raise_for_status().json()["as_of"]
         runs["stats_unfolded"] = measure(http, "/api/stats", args.unfolded_requests, budget)
-        fold = fold_everything(env)
+        fold = fold_all(env)
         folded_as_of = http.get("/api/stats").raise_for_status().json()["as_of"]
         runs["stats_folded"] = measure(http, "/api/stats", n, budget)
     return {

@@ -68,31 +68,35 @@ def fill(
             conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
         if not fold:
             return
-        took = fold_all(env)
+        took = fold_all(env)["seconds"]
         if folds is not None:
             folds.append(took)
 
     return prefill
 
 
-def fold_all(env: FsmEnv, timeout: float = 600.0) -> float:
+def fold_all(env: FsmEnv, timeout: float = 600.0) -> dict[str, Any]:
     """Fold every stored history row into the statistics' counters, as beat does a chunk at a
-    time (its watermark settles a second after it is noted); the seconds it took."""
+    time (its watermark settles a second after it is noted): the attempts folded, the calls
+    and the seconds it took."""
     stats = env.client.engine.stats
     t0 = time.monotonic()
     with env.client.engine.db.connect() as conn:
         last = int(
             conn.execute(text("SELECT coalesce(max(id), 0) FROM state_transitions")).scalar_one()
         )
+    folded, calls = 0, 0
     while True:
-        stats.fold(most=1000)
+        folded += stats.fold(most=1000)
+        calls += 1
         with env.client.engine.db.connect() as conn:
             through = int(
                 conn.execute(text("SELECT coalesce(max(last_id), 0) FROM rollups")).scalar_one()
             )
+        seconds = round(time.monotonic() - t0, 2)
         if through >= last:
-            return round(time.monotonic() - t0, 2)
-        if time.monotonic() - t0 > timeout:
+            return {"attempts": folded, "calls": calls, "seconds": seconds}
+        if seconds > timeout:
             raise RuntimeError(f"the statistics folded through {through} of {last} in {timeout}s")
         time.sleep(0.2)
 
