@@ -163,7 +163,7 @@ WITH tail AS MATERIALIZED (
     SELECT id, machine_id, coalesce(from_state, '') AS state, success, duration_ms, agent_id,
         tokens_used, cost
     FROM state_transitions t
-    WHERE t.id > :after {{upto}} AND t.event IN {ATTEMPTS!r}
+    WHERE t.id > :after {{upto}} AND t.event IN ({", ".join(f"'{e}'" for e in ATTEMPTS)})
     ORDER BY t.id LIMIT :limit
 ), bucketed AS (
     SELECT tail.*, m.type, CASE WHEN duration_ms IS NULL THEN {NO_DURATION}

@@ -33,7 +33,7 @@ def apply() -> None:
         return
 
     def flush_lingering(consumer: Any) -> None:
-        state = consumer.__dict__.setdefault(_MARK, {"last": 0.0, "armed": False})
+        state = _state(consumer)
         wait = state["last"] + EVENTS_LINGER - time.monotonic()
         if wait > 0 and consumer.hub is not None:
             if not state["armed"]:  # one flush put off at a time: it takes all buffered
@@ -43,10 +43,15 @@ def apply() -> None:
         flush_now(consumer)
 
     def flush_now(consumer: Any) -> None:
-        state = consumer.__dict__.setdefault(_MARK, {"last": 0.0, "armed": False})
-        state["armed"] = False
-        state["last"] = time.monotonic()
+        state = _state(consumer)
+        state["armed"], state["last"] = False, time.monotonic()
         flush(consumer)
 
     setattr(flush_lingering, _MARK, True)
     celery_consumer.Consumer._flush_events = flush_lingering
+
+
+def _state(consumer: Any) -> dict[str, Any]:
+    """When the consumer last flushed, and whether a flush is put off."""
+    state: dict[str, Any] = consumer.__dict__.setdefault(_MARK, {"last": 0.0, "armed": False})
+    return state
