@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from enum import StrEnum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -311,9 +311,10 @@ class Settings(BaseSettings):
     def celery_broker_url(self) -> str:
         return self.broker_url or self.redis_url
 
-    @property
+    @cached_property
     def token_secrets(self) -> tuple[str, ...]:
-        """The accepted task token secrets; the first signs."""
+        """The accepted task token secrets; the first signs (read on every ack and dispatch:
+        split once)."""
         return tuple(s.strip() for s in self.task_token_secret.split(",") if s.strip()) or ("",)
 
     def secret_problem(self) -> str | None:

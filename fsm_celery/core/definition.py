@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 import jinja2
@@ -264,15 +264,17 @@ class MachineDefinition(BaseModel):
     # per agent type: how much of its work may be in flight at once, across all machines
     agent_types: dict[str, AgentTypeLimit] = Field(default_factory=dict, max_length=50)
 
-    _by_name: dict[str, StateDefinition] = PrivateAttr(default_factory=dict)
     _inline: dict[tuple[str, str | None], MachineDefinition] = PrivateAttr(default_factory=dict)
 
-    def model_post_init(self, context: Any, /) -> None:
-        self._by_name = {s.name: s for s in self.states}
+    @cached_property
+    def states_by_name(self) -> dict[str, StateDefinition]:
+        """Its states by name: kept in the instance's own attributes, where a private
+        attribute's every read goes through pydantic's __getattr__ (a few lookups a decision)."""
+        return {s.name: s for s in self.states}
 
     def state(self, name: str) -> StateDefinition:
         """The state called name (KeyError if there is none)."""
-        return self._by_name[name]
+        return self.states_by_name[name]
 
     def agent_type_of(self, state: StateDefinition) -> str:
         """The agent type that works the state."""

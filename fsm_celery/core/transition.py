@@ -191,9 +191,9 @@ def decide(
     decision = _decide(definition, machine, event, limits)
     if isinstance(decision, Rejected):
         return decision
-    decision = typed(definition, decision)
+    agent_type = definition.agent_type_of(definition.state(decision.to_state))
     if not isinstance(event, Ack | Joined):
-        return decision
+        return replace(decision, agent_type=agent_type)
     # a join's children's usage was counted as they spent it (rolled up to each ancestor)
     usage = usage_of(event.output) if isinstance(event, Ack) else NOTHING
     unfit = unbounded(machine.usage, usage)
@@ -204,9 +204,14 @@ def decide(
         # The work is recorded and the machine moves on, but spends nothing more until an
         # admin raises the budget.
         return replace(
-            decision, usage=usage, status=MachineStatus.PAUSED, error=over, delay_seconds=0.0
+            decision,
+            agent_type=agent_type,
+            usage=usage,
+            status=MachineStatus.PAUSED,
+            error=over,
+            delay_seconds=0.0,
         )
-    return replace(decision, usage=usage)
+    return replace(decision, agent_type=agent_type, usage=usage)
 
 
 def typed(definition: MachineDefinition, transition: Transition) -> Transition:

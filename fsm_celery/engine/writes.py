@@ -74,6 +74,7 @@ class Writes:
     sending: dict[Sending, str] = field(default_factory=dict)  # dispatched here: where to
     sent: Sent | None = None  # what failed transactions sent (kept across them by the caller)
     machines: dict[UUID, Machine] = field(default_factory=dict)  # as moved in this transaction
+    read: dict[UUID, tuple[q.AnyRow, Machine]] = field(default_factory=dict)  # each row's, once
     delays: dict[UUID, float] = field(default_factory=dict)
     types: dict[UUID, str] = field(default_factory=dict)
     entered: set[UUID] = field(default_factory=set)
@@ -99,7 +100,13 @@ class Writes:
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
-        return self.machines.get(row.id) or snapshot(row)
+        moved = self.machines.get(row.id)
+        if moved is not None:
+            return moved
+        read = self.read.get(row.id)
+        if read is None or read[0] is not row:  # the row read again since: its own snapshot
+            read = self.read[row.id] = (row, snapshot(row))
+        return read[1]
 
     def transition(
         self,
