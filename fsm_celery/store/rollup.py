@@ -53,6 +53,10 @@ ROW_COST = MOST_COST / 2**63  # ~1.9e289, far past any machine's (MAX_COST: 1e12
 ATTEMPTS = ("ack", "timeout")  # the history rows that end an agent's attempt
 FINISHED = ("completed", "failed", "cancelled")  # counted by machine_counts (migration 0011)
 LIVE = tuple(status.value for status in MachineStatus if status.value not in FINISHED)
+# The memory the attempts' sums may take before PostgreSQL spills them to disk: its 4 MB default
+# sorts 200,000 attempts on disk for the grouping sets (twice); with this they are hashed, in
+# one pass. Per statement, in its transaction only (SET LOCAL).
+WORK_MEM = "32MB"
 
 
 class Count(NamedTuple):
@@ -134,12 +138,13 @@ def summed_attempts_txn(conn: Connection, after: int, upto: int | None, limit: i
     """The attempts after history id `after` (up to `upto`; at most `limit`, oldest first),
     summed. PostgreSQL sums them itself, so a read of 200,000 unfolded attempts moves a few
     hundred rows, not 200,000, into Python; its duration buckets are bucket_of's exactly (the
-    same libm logarithm, checked for every duration up to 3,000,000 ms); it sums costs as
-    numeric, which cannot overflow (a double's sum past its range is an error there), and the
-    sums saturate here as Python's do. SQLite's are summed here."""
+    same libm logarithm, checked for every duration up to 3,000,000 ms); a double's sum past its
+    range is an error there, so costs are summed in two parts (see _cost), and the sums
+    saturate here as Python's do. SQLite's are summed here."""
     if conn.dialect.name != "postgresql":
         rows = attempts_txn(conn, after, upto, limit)
         return Attempts(by_state(rows), by_agent(rows), len(rows), rows[-1].id if rows else None)
+    conn.execute(text(f"SET LOCAL work_mem = '{WORK_MEM}'"))  # see WORK_MEM
     found = conn.execute(
         text(_SUMMED.format(upto="" if upto is None else "AND t.id <= :upto")),
         {"after": after, "upto": upto, "limit": limit},
@@ -150,7 +155,7 @@ def summed_attempts_txn(conn: Connection, after: int, upto: int | None, limit: i
         if r.by_state == 0
     ]
     agents = [
-        (r.agent_id, r.n, saturated(int(r.tokens)), saturated_cost(float(r.cost)))
+        (r.agent_id, r.n, saturated(int(r.tokens)), saturated_cost(_cost(r)))
         for r in found
         if r.by_agent == 0 and r.agent_id is not None
     ]
@@ -158,26 +163,34 @@ def summed_attempts_txn(conn: Connection, after: int, upto: int | None, limit: i
     return Attempts(states, agents, total.n, total.last)
 
 
+def _cost(summed: AnyRow) -> float:
+    """An agent's summed cost: the rows of a cost up to ROW_COST summed as doubles, which no
+    count of them can overflow, plus the others (stored before the bounds: past it, infinite or
+    NaN) summed as numeric, which only they pay for."""
+    unbounded = summed.unbounded_cost
+    return float(summed.cost) + (0.0 if unbounded is None else float(unbounded))
+
+
 _SUMMED = f"""
-WITH tail AS MATERIALIZED (
-    SELECT id, machine_id, coalesce(from_state, '') AS state, success, duration_ms, agent_id,
-        tokens_used, cost
-    FROM state_transitions t
-    WHERE t.id > :after {{upto}} AND t.event IN ({", ".join(f"'{e}'" for e in ATTEMPTS)})
-    ORDER BY t.id LIMIT :limit
-), bucketed AS (
+SELECT GROUPING(type, state, bucket) AS by_state, GROUPING(agent_id) AS by_agent,
+    type, state, bucket, agent_id, count(*) AS n, count(*) FILTER (WHERE success) AS ok,
+    coalesce(sum(duration_ms), 0) AS ms, coalesce(sum(tokens_used), 0) AS tokens,
+    coalesce(sum(cost) FILTER (WHERE cost <= {ROW_COST!r}), 0) AS cost,
+    sum(CAST(cost AS numeric)) FILTER (WHERE NOT cost <= {ROW_COST!r}) AS unbounded_cost,
+    max(id) AS last
+FROM (
     SELECT tail.*, m.type, CASE WHEN duration_ms IS NULL THEN {NO_DURATION}
         WHEN duration_ms < 1 THEN 0
         ELSE LEAST({MAX_BUCKET}, CAST(floor(ln(CAST(duration_ms AS double precision))
             / ln(CAST({GROWTH!r} AS double precision))) AS integer) + 1) END AS bucket
-    FROM tail JOIN state_machines m ON m.id = tail.machine_id
-)
-SELECT GROUPING(type, state, bucket) AS by_state, GROUPING(agent_id) AS by_agent,
-    type, state, bucket, agent_id, count(*) AS n,
-    sum(CASE WHEN success THEN 1 ELSE 0 END) AS ok, sum(coalesce(duration_ms, 0)) AS ms,
-    coalesce(sum(tokens_used), 0) AS tokens, coalesce(sum(CAST(cost AS numeric)), 0) AS cost,
-    max(id) AS last
-FROM bucketed
+    FROM (
+        SELECT id, machine_id, coalesce(from_state, '') AS state, success, duration_ms,
+            agent_id, tokens_used, cost
+        FROM state_transitions t
+        WHERE t.id > :after {{upto}} AND t.event IN ({", ".join(f"'{e}'" for e in ATTEMPTS)})
+        ORDER BY t.id LIMIT :limit
+    ) AS tail JOIN state_machines m ON m.id = tail.machine_id
+) AS bucketed
 GROUP BY GROUPING SETS ((type, state, bucket), (agent_id), ())
 """
 

@@ -219,12 +219,27 @@ def test_postgresql_sums_attempts_as_python_does(fsm: Fsm) -> None:
     """The read's and the fold's sums in SQL (PostgreSQL) give what summing the rows gives."""
     mid = _run(fsm, 0.2, fail_first=True)
     durations = [None, 0, 1, 2, 3, 5, 999, 1000, 123_456, 10**12, 2**62]
+    # per agent, costs within a row's bound, past it (stored before the bounds), and not finite
+    costs = {
+        uuid.uuid4(): [0.0, 0.25, 1e12],
+        uuid.uuid4(): [0.5, 1e300, 2.5],
+        uuid.uuid4(): [1.0, float("inf")],
+        uuid.uuid4(): [float("nan"), 1.0],
+        uuid.uuid4(): [1.7e308, 1.7e308],
+    }
     with fsm.engine.db.begin() as conn:
         conn.execute(
             insert(transitions),
             [
                 {**_attempt_row(mid, 100 + n), "duration_ms": ms, "success": n % 2 == 0}
+                | {"agent_id": None, "cost": 0.0}
                 for n, ms in enumerate(durations)
+            ]
+            + [
+                {**_attempt_row(mid, 200 + n), "agent_id": agent, "cost": cost}
+                for n, (agent, cost) in enumerate(
+                    (agent, cost) for agent, spent in costs.items() for cost in spent
+                )
             ],
         )
     with fsm.engine.db.connect() as conn:
@@ -236,5 +251,6 @@ def test_postgresql_sums_attempts_as_python_does(fsm: Fsm) -> None:
     assert {agent: (n, tokens) for agent, n, tokens, _ in summed.by_agent} == {
         agent: (n, tokens) for agent, (n, tokens, _) in python.items()
     }
+    assert set(costs) <= {agent for agent, _, _, _ in summed.by_agent}
     for agent, _, _, cost in summed.by_agent:  # an exact sum, a float sum: the same to a ulp
         assert cost == pytest.approx(python[agent][2])
