@@ -2,62 +2,31 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from fsm_celery import views
-from fsm_celery.client import TREE_MOST, TREE_SHOWN, Client
+from fsm_celery import cli_gates, views
+from fsm_celery.cli_common import actor as _actor
+from fsm_celery.cli_common import actor_option as _actor_option
+from fsm_celery.cli_common import client as _client
+from fsm_celery.cli_common import echo_json as _echo_json
+from fsm_celery.cli_common import echo_lines as _echo_lines
+from fsm_celery.cli_common import json_object as _json_object
+from fsm_celery.client import TREE_MOST, TREE_SHOWN
 from fsm_celery.config import get_settings
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import CannotListen
 from fsm_celery.exits import EPILOG, Exit, FailCleanly
 from fsm_celery.terminal import safe, table
 
-F = TypeVar("F", bound=Callable[..., Any])
-ACTOR_CHARS = 100  # the history's and the audit's column
 BIGINT_MAX = 2**63 - 1
-
-
-def _client() -> Client:
-    from fsm_celery.api import default_client
-
-    return default_client()
-
-
-def _json_object(_ctx: click.Context, _param: click.Parameter, value: str) -> dict[str, Any]:
-    try:
-        data = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise click.BadParameter("JSON nested too deeply") from None
-    if not isinstance(data, dict):
-        raise click.BadParameter(f"must be a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _actor(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    if len(value) > ACTOR_CHARS:
-        raise click.BadParameter(f"{len(value)} characters long: at most {ACTOR_CHARS}")
-    return value
-
-
-def _actor_option() -> Callable[[F], F]:
-    return click.option(
-        "--actor",
-        default=lambda: os.environ.get("USER", "cli"),
-        show_default="$USER",
-        callback=_actor,
-    )
 
 
 @click.group(cls=FailCleanly, epilog=EPILOG)
@@ -272,6 +241,8 @@ _admin_command("resume", "Resume a paused machine: its current state is entered 
 _admin_command("cancel", "Cancel a running or paused machine.")
 _admin_command("retry", "Enter the current state again (a failed machine: where it failed).")
 _admin_command("force", "Move a machine to TARGET state, whatever its status.", needs_target=True)
+for _gate_command in cli_gates.COMMANDS:
+    main.add_command(_gate_command)
 
 
 @main.command()
@@ -511,17 +482,6 @@ def _schedule_line(info: ScheduleInfo) -> list[str]:
         last = f"{info.last_outcome} {info.last_run_at:%Y-%m-%d %H:%M:%S}"
     next_run = f"{info.next_run_at:%Y-%m-%d %H:%M:%S}"
     return [info.key, info.cron, info.timezone, info.overlap, state, next_run, last]
-
-
-def _echo_lines(lines: list[str]) -> None:
-    for line in lines:
-        click.echo(line)
-
-
-def _echo_json(data: Any) -> None:
-    """Data as JSON: every control and non-ASCII character escaped (\\u001b), so that what an
-    agent wrote cannot reach the terminal as an escape sequence."""
-    click.echo(json.dumps(data, indent=2, default=str, ensure_ascii=True))
 
 
 @schedules.command("show")

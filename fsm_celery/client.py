@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any
 from uuid import UUID
 
@@ -17,10 +18,12 @@ from sqlalchemy import Connection
 from fsm_celery.core import github
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.definition import validate
+from fsm_celery.core.gate import Choice, Vote
 from fsm_celery.core.loader import definition_files, load_all, parse_definition
 from fsm_celery.core.messages import unstorable
 from fsm_celery.core.usage import Budget
 from fsm_celery.engine import Handoff, MachineEngine, Next
+from fsm_celery.engine.approvals import ADMIN, Authority
 from fsm_celery.engine.github import Delivered
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import (
@@ -29,6 +32,7 @@ from fsm_celery.exceptions import (
     FsmError,
     InvalidActor,
     InvalidAgentId,
+    InvalidDecision,
     MachineNotFound,
     UnknownMachineType,
 )
@@ -43,6 +47,7 @@ from fsm_celery.records import (
     jsonable,
     notification_view,
 )
+from fsm_celery.store import gates as gate_store
 from fsm_celery.store import notify as notify_store
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
@@ -104,19 +109,24 @@ class Client:
 
     def github_delivery(self, delivery: str, event: str, payload: Any) -> Delivered:
         """Carry out a GitHub webhook delivery (its signature already checked): start the
-        machine an issue asks for, once however often the delivery comes."""
+        machine an issue asks for, or decide at its gate as an approver's comment says; once
+        however often the delivery comes."""
         settings = self.engine.settings
-        wanted = github.decide(
-            event,
-            payload,
-            build_type=settings.github_build_type,
-            bug_type=settings.github_bug_type,
-            bug_label=settings.github_bug_label,
-        )
         action = payload.get("action") if isinstance(payload, dict) else None
         if not isinstance(action, str) or unstorable(action) is not None:
             action = None
-        done = self.engine.github.deliver(delivery, event, wanted, action)
+        if event == "issue_comment":  # an approver's /approve or /reject
+            decision = github.comment_decision(event, payload)
+            done = self.engine.github.comment(delivery, event, decision, action)
+        else:
+            wanted = github.decide(
+                event,
+                payload,
+                build_type=settings.github_build_type,
+                bug_type=settings.github_bug_type,
+                bug_label=settings.github_bug_label,
+            )
+            done = self.engine.github.deliver(delivery, event, wanted, action)
         if done.next:
             self._hand_on(done.next)
         return done
@@ -196,6 +206,50 @@ class Client:
             [jsonable(dict(r._mapping)) for r in runs],
             [jsonable(dict(r._mapping)) for r in events],
         )
+
+    def decide(
+        self,
+        machine_id: UUID | str,
+        decision: str,
+        actor: str,
+        *,
+        fields: Mapping[str, Any] | None = None,
+        comment: str = "",
+        via: str = "client",
+        authority: Authority = ADMIN,
+        attempt: int | None = None,
+    ) -> dict[str, Any]:
+        """Record a person's decision, approve or reject, at the machine's approval gate (with
+        the gate's form filled in as `fields`); a verdict moves the machine on. A person's
+        second decision at a gate changes nothing (`recorded` false: their first stands)."""
+        try:
+            choice = Choice(decision)
+        except ValueError:
+            raise InvalidDecision(
+                str(machine_id), f"{decision!r} is not approve or reject"
+            ) from None
+        mid = self.full_id(machine_id)
+        vote = Vote(actor, choice, dict(fields or {}), comment, via)
+        decided = self.engine.approvals.decide(mid, vote, authority, attempt)
+        self._hand_on(decided.next)
+        return jsonable({k: v for k, v in asdict(decided).items() if k != "next"})
+
+    def approvals(self, limit: int = 100, machine_type: str | None = None) -> list[dict[str, Any]]:
+        """The approval gates waiting for people, soonest deadline first."""
+        with self.engine.db.connect() as conn:
+            rows = gate_store.pending_txn(conn, limit, machine_type)
+        return [jsonable(dict(r._mapping)) for r in rows]
+
+    def decisions(self, machine_id: UUID | str) -> dict[str, list[dict[str, Any]]]:
+        """The machine's approval gates and the decisions made at them, oldest first."""
+        with self.engine.db.connect() as conn:
+            mid = _full_id_txn(conn, machine_id)
+            gates = gate_store.machine_gates_txn(conn, mid)
+            made = gate_store.machine_decisions_txn(conn, mid)
+        return {
+            "gates": [jsonable(dict(r._mapping)) for r in gates],
+            "decisions": [jsonable(dict(r._mapping)) for r in made],
+        }
 
     def agents(self) -> list[dict[str, Any]]:
         """Every agent that ever reported, with its status and when it was last seen."""

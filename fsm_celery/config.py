@@ -6,9 +6,10 @@ import os
 from enum import StrEnum
 from functools import cached_property, lru_cache
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fsm_celery.exceptions import InsecureSecret
@@ -28,6 +29,18 @@ class TransitionMode(StrEnum):
 
     CELERY = "celery"  # an fsm.apply_acks task per batch, an fsm.enter_state task per state
     INLINE = "inline"  # the ack bridge applies acks and sends the next state_tasks itself
+
+
+class Approver(BaseModel):
+    """A person who decides at approval gates: their groups, and how they are known."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    groups: tuple[Annotated[str, Field(min_length=1, max_length=50)], ...] = Field(
+        min_length=1, max_length=20
+    )
+    token: str | None = Field(default=None, max_length=500)  # their bearer token
+    github: str | None = Field(default=None, max_length=39, pattern=r"^[A-Za-z0-9-]+$")
 
 
 class Settings(BaseSettings):
@@ -197,6 +210,19 @@ class Settings(BaseSettings):
         description="Bearer tokens of viewers (read only), comma-separated, each at least "
         "32 bytes.",
     )
+    approvers: dict[str, Approver] = Field(
+        default_factory=dict,
+        description='The people who decide at approval gates, as JSON: {name: {"groups": '
+        '[...], "token": their API and dashboard token (32+ bytes), "github": their '
+        "GitHub login}}. A definition's approval names groups; admins may decide at any gate.",
+        max_length=1000,
+    )
+    dashboard_url: str = Field(
+        default="",
+        description="The dashboard's address as people reach it (https://fsm.example.com): "
+        "notifications of approvals waiting link to their decision page under it.",
+        max_length=500,
+    )
     public_reads: bool = Field(
         default=False,
         description="Serve the dashboard's pages and the API's reads without a token (acting "
@@ -338,15 +364,26 @@ class Settings(BaseSettings):
     def admin_tokens(self) -> tuple[str, ...]:
         return _listed(self.admin_token)
 
+    @cached_property
+    def approver_groups(self) -> dict[str, frozenset[str]]:
+        """Each approver group's members, by name."""
+        groups: dict[str, set[str]] = {}
+        for name, approver in self.approvers.items():
+            for group in approver.groups:
+                groups.setdefault(group, set()).add(name)
+        return {group: frozenset(names) for group, names in groups.items()}
+
     @property
     def viewer_tokens(self) -> tuple[str, ...]:
         return _listed(self.viewer_token)
 
     def dashboard_problem(self) -> str | None:
         """Why the HTTP API and dashboard cannot be served with these settings, or None."""
+        approver_tokens = tuple(a.token for a in self.approvers.values() if a.token)
         for name, tokens in (
             ("FSM_ADMIN_TOKEN", self.admin_tokens),
             ("FSM_VIEWER_TOKEN", self.viewer_tokens),
+            ("FSM_APPROVERS", approver_tokens),
         ):
             for token in tokens:
                 problem = weak_secret(token, MIN_SECRET_BYTES)

@@ -8,6 +8,7 @@ by a mock agent of its own as agents of a type are in production."""
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import tempfile
 import threading
@@ -31,13 +32,16 @@ from fsm_celery.config import Settings
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.messages import task_channel
 from fsm_celery.engine import MachineEngine
+from fsm_celery.exceptions import FsmError
 from fsm_celery.pipeline.orchestrator import PIPELINE, as_node, default_agents, pipeline_context
 from fsm_celery.pipeline.state import TaskState
 from fsm_celery.records import MachineInfo
 from fsm_celery.store.db import upgrade
 
+log = logging.getLogger(__name__)
 TERMINAL = {"completed", "failed", "cancelled"}
 THINK = (0.02, 0.15)  # seconds a mock agent works on a task
+DEMO_APPROVER = "release-manager (demo)"
 STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
 
@@ -102,9 +106,12 @@ def run_demo(
             scanning = threading.Event()
             scanner = threading.Thread(target=_scan, args=(engine, scanning), daemon=True)
             scanner.start()  # timeouts and retry delays, as beat's scan does in production
+            approving = threading.Thread(target=_approver, args=(client, scanning), daemon=True)
+            approving.start()  # a person of the release group, scripted
             done = _follow(client, ids, console, timeout)
             scanning.set()
             scanner.join(5)
+            approving.join(5)
         serving.set()
         bridging.join(5)
         bus.close()
@@ -117,11 +124,34 @@ def _scan(engine: MachineEngine, stop: threading.Event) -> None:
         engine.scan.run()
 
 
+def _approver(client: Client, stop: threading.Event) -> None:
+    """A scripted person of the release group: approves each gate waiting, after a moment's
+    reading, through the client (as `fsm-celery approve` or the dashboard would)."""
+    while not stop.wait(0.2):
+        for waiting in client.approvals():
+            if waiting["status"] != "running" or stop.wait(0.3):
+                continue
+            try:
+                client.decide(
+                    waiting["machine_id"],
+                    "approve",
+                    DEMO_APPROVER,
+                    fields={"note": "staging verified; ship it"},
+                    comment="the demo's scripted approver",
+                    via="client",
+                    attempt=waiting["attempt"],
+                )
+            except FsmError as exc:  # the gate closed meanwhile (its deadline, say)
+                log.info("the demo's approver was refused: %s", exc)
+
+
 def _start_machines(client: Client, steady: uuid.UUID, shaky: uuid.UUID) -> list[uuid.UUID]:
     """A machine of every shipped definition, and a second build that meets a failure."""
     return [
-        client.start_machine(
-            "cto_build_project", {"projectName": "sla-api", "githubIssue": 726}, steady
+        client.start_machine(  # its production deploy waits for a person's approval
+            "cto_build_project",
+            {"projectName": "sla-api", "githubIssue": 726, "approveProduction": True},
+            steady,
         ),
         client.start_machine(
             "cto_build_project", {"projectName": "status-page", "githubIssue": 731}, shaky
@@ -192,6 +222,9 @@ def _follow(client: Client, ids: list[uuid.UUID], console: Console, timeout: flo
                     note = f"  ({row.error_message})" if row.error_message else ""
                     if row.event == "join" and row.success:
                         note = f"  (joined: {_joined(row.output or {})})"
+                    if row.event == "approval":
+                        verdict = "approved" if row.success else "rejected"
+                        note = f"  ({verdict} by {row.actor})"
                     live.console.print(
                         f"{time.monotonic() - started:6.2f}s  {names[mid]:28} {mark} "
                         f"{row.from_state or '(start)':>15} -> {row.to_state}{note}",

@@ -17,6 +17,9 @@ FsmError                      root of everything this package raises
     │   └── ContextMismatch   … or does not match its definition's context_schema
     ├── InvalidAgentId        the agent id given at start is not a UUID
     ├── CommandRefused        an admin command does not apply to the machine as it is
+    │   └── GateClosed        a decision came for a gate that is not open (or not this one)
+    ├── NotAnApprover         the person deciding is in none of the gate's groups
+    ├── InvalidDecision       a decision's fields do not fill in its gate's form
     └── Unstorable            what a transition would write does not fit its columns
 """
 
@@ -186,6 +189,34 @@ class CommandRefused(MachineError):
         self.machine_id = machine_id
         self.detail = detail
         super().__init__(f"{action} refused for machine {machine_id}: {detail}")
+
+
+class GateClosed(CommandRefused):
+    """A decision came for an approval gate that is not open: the machine is elsewhere,
+    paused, past that gate, or its gate was decided already."""
+
+    def __init__(self, machine_id: str, detail: str) -> None:
+        super().__init__("decision", machine_id, detail)
+
+
+class NotAnApprover(MachineError):
+    """The person deciding at an approval gate is in none of its approver groups."""
+
+    def __init__(self, actor: str, state: str, groups: Sequence[str]) -> None:
+        self.actor = actor
+        super().__init__(
+            f"{actor} may not decide at {state}: its approvers are {', '.join(groups)} "
+            "(FSM_APPROVERS), or an admin"
+        )
+
+
+class InvalidDecision(MachineError):
+    """A decision's fields do not fill in its gate's form, or are too large."""
+
+    def __init__(self, machine_id: str, detail: str) -> None:
+        self.machine_id = machine_id
+        self.detail = detail
+        super().__init__(f"decision for machine {machine_id}: {detail}")
 
 
 class Unstorable(MachineError):

@@ -14,9 +14,11 @@ from typing import Any, Literal
 import jinja2
 import jmespath
 import jmespath.exceptions
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from fsm_celery.core import gate
 from fsm_celery.core.context import context_problem, schema_problem
+from fsm_celery.core.gate import Approval
 from fsm_celery.core.prompt import TEMPLATES, variables
 from fsm_celery.core.schedule import Schedule
 from fsm_celery.core.usage import Budget
@@ -173,8 +175,22 @@ class StateDefinition(BaseModel):
     input: Input | None = None  # a `machine:` state's child input
     output: tuple[str, ...] | None = None  # what of a `machine:` state's child it returns
     on_parent_cancel: ParentCancel = ParentCancel.CANCEL  # what the state's children do
+    # people decide it, not an agent (fsm_celery.core.gate): where each verdict leads, and
+    # what its deadline decides (approve, reject, or a state to escalate to; default reject)
+    approval: Approval | None = None
+    on_approve: tuple[Edge, ...] = ()
+    on_reject: tuple[Edge, ...] = ()
+    on_timeout: str | None = None
 
-    @field_validator("on_success", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _gate_timeout(cls, data: Any) -> Any:
+        """An approval waits a day unless its definition says how long: people take hours."""
+        if isinstance(data, dict) and data.get("approval") is not None and "timeout" not in data:
+            return {**data, "timeout": gate.DEFAULT_TIMEOUT}
+        return data
+
+    @field_validator("on_success", "on_approve", "on_reject", mode="before")
     @classmethod
     def _success_edges(cls, value: Any) -> Any:
         if isinstance(value, str | dict):
@@ -195,7 +211,15 @@ class StateDefinition(BaseModel):
 
     @property
     def edges(self) -> tuple[Edge, ...]:
-        return self.on_success + ((self.on_failure,) if self.on_failure else ())
+        failure = (self.on_failure,) if self.on_failure else ()
+        return self.on_success + failure + self.on_approve + self.on_reject + self.escalation
+
+    @property
+    def escalation(self) -> tuple[Edge, ...]:
+        """An approval's edge to the state its deadline escalates to, if it names one."""
+        if self.on_timeout is None or self.on_timeout in (gate.APPROVE, gate.REJECT):
+            return ()
+        return (Edge(target=self.on_timeout),)
 
     @property
     def fans_out(self) -> bool:
@@ -221,15 +245,16 @@ class StateDefinition(BaseModel):
 
 
 class Notify(BaseModel):
-    """Where to POST when a machine of the type ends, and for which endings."""
+    """Where to POST when a machine of the type ends, or waits for people, and for which."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(max_length=2000, pattern=r"^https?://[^\s]+$")
-    on: tuple[Literal["completed", "failed", "cancelled"], ...] = (
+    on: tuple[Literal["completed", "failed", "cancelled", "approval"], ...] = (
         "completed",
         "failed",
         "cancelled",
+        "approval",  # people waited for at an approval gate
     )
 
 
@@ -350,7 +375,7 @@ class MachineDefinition(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready form that loads back to an equal definition."""
-        return self.model_dump(mode="json", exclude_defaults=True)
+        return self.model_dump(mode="json", exclude_defaults=True, by_alias=True)
 
     def digest(self) -> str:
         """A hash of the content, so a reload of an unchanged file makes no new version."""
@@ -758,6 +783,10 @@ def _timing_problems(state: StateDefinition, source: str) -> Iterator[Problem]:
 def _state_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
     name = state.name
     yield from _timing_problems(state, source)
+    if state.approval is not None:
+        yield from _gate_problems(state, state.approval, names, source)
+        return
+    yield from _gate_fields_elsewhere(state, source)
     if state.terminal is not None:
         if state.edges:
             field = "on_success" if state.on_success else "on_failure"
@@ -783,6 +812,65 @@ def _state_problems(state: StateDefinition, names: set[str], source: str) -> Ite
         yield Problem(f"prompt template does not compile: {exc}", source, name, "prompt")
 
 
+# What an approval state has none of: people decide it, from its form, at once or by its deadline.
+NOT_AT_A_GATE = (
+    "terminal",
+    "prompt",
+    "required_output",
+    "on_success",
+    "on_failure",
+    "max_retries",
+    "heartbeat_timeout",
+    "max_duration",
+    "agent_type",
+    "parallel",
+    "map",
+    "machine",
+)
+
+
+def _gate_fields_elsewhere(state: StateDefinition, source: str) -> Iterator[Problem]:
+    for field in ("on_approve", "on_reject", "on_timeout"):
+        if field in state.model_fields_set:
+            yield Problem(f"{field} applies to an approval state", source, state.name, field)
+
+
+def _gate_problems(
+    state: StateDefinition, approval: Approval, names: set[str], source: str
+) -> Iterator[Problem]:
+    name = state.name
+    for field in NOT_AT_A_GATE:
+        if field in state.model_fields_set:
+            yield Problem(
+                f"an approval state has no {field}: people decide it", source, name, field
+            )
+    for field in ("on_approve", "on_reject"):
+        edges: tuple[Edge, ...] = getattr(state, field)
+        if not edges:
+            yield Problem(f"an approval state needs {field}", source, name, field)
+        elif edges[-1].when is not None:
+            yield Problem(
+                f"the last {field} edge must have no guard (it is the default)",
+                source,
+                name,
+                field,
+            )
+    yield from _edge_problems(state, names, source)
+    if isinstance(approval.quorum, int) and approval.quorum < 1:
+        yield Problem(
+            f"quorum must be at least 1, or all; got {approval.quorum}",
+            source,
+            name,
+            "approval.quorum",
+        )
+    if approval.form is not None:
+        problem = schema_problem(approval.form)
+        if problem is not None:
+            yield Problem(
+                problem.replace("a context", "a decision"), source, name, "approval.schema"
+            )
+
+
 def _edge_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
     for field, edge in _labelled_edges(state):
         if edge.target not in names:
@@ -804,6 +892,11 @@ def _labelled_edges(state: StateDefinition) -> Iterator[tuple[str, Edge]]:
         yield f"on_success[{i}]", edge
     if state.on_failure is not None:
         yield "on_failure", state.on_failure
+    for field in ("on_approve", "on_reject"):
+        for i, edge in enumerate(getattr(state, field)):
+            yield f"{field}[{i}]", edge
+    for edge in state.escalation:
+        yield "on_timeout", edge
 
 
 def _graph_problems(d: MachineDefinition, source: str) -> Iterator[Problem]:
@@ -943,6 +1036,9 @@ def _merged_keys(d: MachineDefinition, state: StateDefinition) -> frozenset[str]
 def _ways_out(
     d: MachineDefinition, state: StateDefinition, succeeded: frozenset[str], failed: frozenset[str]
 ) -> Iterator[tuple[str, frozenset[str]]]:
+    if state.approval is not None:
+        yield from _ways_out_of_gate(d, state, state.approval, failed)
+        return
     for edge in state.on_success:
         yield edge.target, succeeded
         if edge.loop:
@@ -951,3 +1047,21 @@ def _ways_out(
         yield state.on_failure.target, failed
         if state.on_failure.loop:
             yield d.on_loop_exhausted, failed
+
+
+def _ways_out_of_gate(
+    d: MachineDefinition, state: StateDefinition, approval: Approval, entered: frozenset[str]
+) -> Iterator[tuple[str, frozenset[str]]]:
+    """An approval's verdict adds its summary, and an approval its form's required fields
+    (unless its deadline may approve, with none); an escalation adds nothing."""
+    decided = entered | {gate.SUMMARY_KEY}
+    approved = decided
+    if state.on_timeout != gate.APPROVE:
+        approved |= set((approval.form or {}).get("required", ()))
+    for edges, keys in ((state.on_approve, approved), (state.on_reject, decided)):
+        for edge in edges:
+            yield edge.target, keys
+            if edge.loop:
+                yield d.on_loop_exhausted, keys
+    for edge in state.escalation:
+        yield edge.target, entered

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,60 @@ def decide(
     else:
         return Ignored(f"issues action {str(action)[:50]!r} starts nothing")
     return Trigger(machine_type, name, number, _context(payload, issue, name, number))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A person's `/approve` or `/reject` comment on an issue: a decision at the approval gate
+    of the machine running for it, by the approver whose GitHub login wrote it."""
+
+    repository: str
+    issue: int
+    login: str
+    choice: str  # approve, reject
+    fields: dict[str, str]
+    comment: str
+
+
+COMMAND = re.compile(r"^/(approve|reject)(?:\s+(.*))?$")
+FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]{0,49})=(\S{1,200})$")
+COMMENT_CHARS = 2000
+
+
+def comment_decision(event: str, payload: Any) -> Decision | Ignored:
+    """The decision an `issue_comment` delivery carries: its first line `/approve` or
+    `/reject`, then `key=value` words filling in the gate's form, then a comment
+    (`/approve target=production staging looks right`); or why it carries none."""
+    if event != "issue_comment" or not isinstance(payload, dict):
+        return Ignored(f"event {event[:50]!r} decides nothing")
+    if payload.get("action") != "created":
+        return Ignored("only a new comment decides")
+    problem = unstorable(payload, "payload")
+    if problem is not None:
+        return Ignored(problem)
+    issue, repository, comment = (payload.get(k) for k in ("issue", "repository", "comment"))
+    if not (isinstance(issue, dict) and isinstance(repository, dict) and isinstance(comment, dict)):
+        return Ignored("the payload has no issue, repository or comment")
+    number, name = issue.get("number"), repository.get("full_name")
+    if not isinstance(number, int) or isinstance(number, bool) or not 0 < number <= INT32_MAX:
+        return Ignored("issue.number is not an issue number")
+    if not isinstance(name, str) or not 0 < len(name) <= NAME_CHARS:
+        return Ignored("repository.full_name is not a repository name")
+    login = _login(comment.get("user"))
+    body = comment.get("body")
+    if login is None or not isinstance(body, str):
+        return Ignored("the comment has no author or body")
+    first = body.strip().split("\n", 1)[0].strip()
+    found = COMMAND.match(first)
+    if found is None:
+        return Ignored("the comment is not /approve or /reject")
+    words = (found.group(2) or "").split()
+    fields: dict[str, str] = {}
+    while words and (pair := FIELD.match(words[0])) is not None:
+        fields[pair.group(1)] = pair.group(2)
+        words.pop(0)
+    text = " ".join(words)[:COMMENT_CHARS]
+    return Decision(name, number, login[:NAME_CHARS], found.group(1), fields, text)
 
 
 def _labels(issue: dict[str, Any]) -> set[str]:

@@ -12,7 +12,7 @@ from typing import Any
 from fsm_celery.core.definition import AtLeast, MachineDefinition, StateDefinition
 
 SUCCESS, GUARDED, FAILURE, LOOP_EXHAUSTED = "success", "guarded", "failure", "loop_exhausted"
-TASK, PARALLEL, MAP, MACHINE = "task", "parallel", "map", "machine"
+TASK, PARALLEL, MAP, MACHINE, APPROVAL = "task", "parallel", "map", "machine", "approval"
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,9 @@ class Node:
     timeout_seconds: float
     max_retries: int
     required_output: tuple[str, ...]
-    kind: str = TASK  # task, parallel, map, machine
-    detail: str = ""  # a parallel state's join, a map's items, a child machine's type
+    kind: str = TASK  # task, parallel, map, machine, approval
+    detail: str = ""  # a parallel state's join, a map's items, a child machine's type, a gate's
+    # quorum and groups
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ def graph(definition: MachineDefinition) -> Graph:
             links.append(Link(state.name, edge.target, kind, label))
         if state.on_failure is not None:
             links.append(Link(state.name, state.on_failure.target, FAILURE, "failure"))
+        links += _gate_links(state)
         if any(e.loop for e in state.edges):  # past the loop bound the machine goes here
             links.append(
                 Link(state.name, definition.on_loop_exhausted, LOOP_EXHAUSTED, "loops spent")
@@ -109,7 +111,24 @@ def graph(definition: MachineDefinition) -> Graph:
     return Graph(nodes, tuple(links), branches)
 
 
+def _gate_links(state: StateDefinition) -> list[Link]:
+    """An approval state's ways out: approved (guarded or not), rejected, and escalated."""
+    links = []
+    for verdict, edges in (("approved", state.on_approve), ("rejected", state.on_reject)):
+        for edge in edges:
+            label = f"{verdict}: {edge.when}" if edge.when else verdict
+            if edge.loop:
+                label += " (loop)"
+            kind = FAILURE if verdict == "rejected" else GUARDED if edge.when else SUCCESS
+            links.append(Link(state.name, edge.target, kind, label))
+    for edge in state.escalation:
+        links.append(Link(state.name, edge.target, FAILURE, "no decision: escalate"))
+    return links
+
+
 def _kind(state: StateDefinition) -> str:
+    if state.approval is not None:
+        return APPROVAL
     if state.parallel is not None:
         return PARALLEL
     if state.map is not None:
@@ -125,6 +144,9 @@ def _detail(state: StateDefinition) -> str:
     if state.map is not None:
         body = f" → {state.map.machine}" if state.map.machine is not None else ""
         return f"map over {state.map.items}{body}"
+    if state.approval is not None:
+        quorum = state.approval.quorum
+        return f"{quorum} of {', '.join(state.approval.approvers)}"
     return f"→ {state.machine}" if state.machine is not None else ""
 
 
@@ -143,7 +165,7 @@ def _dot_lines(g: Graph, prefix: str, indent: str) -> list[str]:
         if node.terminal is not None:
             style.append("bold")
         shape = f'style="{",".join(style)}"' + (", penwidth=2" if node.initial else "")
-        text = f"{node.id}\n{node.detail}" if node.kind in (MAP, MACHINE) else node.id
+        text = f"{node.id}\n{node.detail}" if node.kind in (MAP, MACHINE, APPROVAL) else node.id
         label = f", label={_quote(text)}" if prefix or text != node.id else ""
         declared = f"{indent}{_quote(prefix + node.id)} [{shape}{label}];"
         branches = g.branches.get(node.id)

@@ -20,6 +20,8 @@ from fsm_celery.core.definition import Backoff, Jitter, Notify
 from fsm_celery.core.retry import retry_delay
 
 ENDED = ("completed", "failed", "cancelled")
+APPROVAL = "approval"  # a machine waits for people at an approval gate (fsm_celery.core.gate)
+EVENTS = (*ENDED, APPROVAL)
 BACKOFF = Backoff(
     delay=timedelta(seconds=5), rate=2.0, max_delay=timedelta(hours=1), jitter=Jitter.FULL
 )
@@ -27,9 +29,9 @@ ERROR_CHARS = 1000
 
 
 def targets(notify: Notify | None, default_url: str, status: str) -> list[str]:
-    """The URLs a machine ending with this status notifies: its definition's (for the endings
-    it names) and the global one, each once."""
-    if status not in ENDED:
+    """The URLs a machine ending with this status (or waiting at an approval gate: APPROVAL)
+    notifies: its definition's (for the events it names) and the global one, each once."""
+    if status not in EVENTS:
         return []
     urls = []
     if notify is not None and status in notify.on:
@@ -62,6 +64,33 @@ def payload(
         "error": error[:ERROR_CHARS] if error else None,
         "githubIssue": github_issue,
         "context": context,
+        "at": at.isoformat(),
+    }
+
+
+def approval_payload(
+    *,
+    machine_id: UUID,
+    machine_type: str,
+    state: str,
+    attempt: int,
+    approvers: list[str],
+    deadline: datetime,
+    github_issue: int | None,
+    decide_url: str | None,
+    at: datetime,
+) -> dict[str, Any]:
+    """The body of a notification that people are waited for at an approval gate."""
+    return {
+        "type": "approval_waiting",
+        "machineId": str(machine_id),
+        "machineType": machine_type,
+        "state": state,
+        "attempt": attempt,
+        "approvers": approvers,
+        "deadline": deadline.isoformat(),
+        "githubIssue": github_issue,
+        "decideUrl": decide_url,
         "at": at.isoformat(),
     }
 

@@ -10,6 +10,7 @@ from uuid import UUID
 
 from pydantic_core import to_json
 
+from fsm_celery.core import gate
 from fsm_celery.core.definition import (
     Edge,
     FailureKind,
@@ -128,7 +129,18 @@ class Joined:
     error: str | None = None
 
 
-Event = Ack | Timeout | HandBack | DispatchFailed | Joined
+@dataclass(frozen=True)
+class GateDecided:
+    """The people deciding an approval state reached its verdict (fsm_celery.core.gate):
+    approved or rejected, with the closing decision's fields and the gate's summary."""
+
+    state: str
+    attempt: int
+    approved: bool
+    output: Mapping[str, Any] = field(default_factory=dict)
+
+
+Event = Ack | Timeout | HandBack | DispatchFailed | Joined | GateDecided
 
 
 @dataclass(frozen=True)
@@ -227,6 +239,10 @@ def _decide(
     if rejected is not None:
         return rejected
     state = definition.state(machine.current_state)
+    if state.approval is not None:
+        return _decide_gate(definition, machine, state, event, limits)
+    if isinstance(event, GateDecided):
+        return Rejected(RejectReason.WRONG_STATE, f"{state.name} is not an approval state")
     if isinstance(event, Timeout):
         return _fail(definition, machine, state, FailureKind.TIMEOUT, "timed out", None)
     if isinstance(event, HandBack):
@@ -286,21 +302,86 @@ def _decide_ack(
             "missing required output: " + ", ".join(missing),
             output,
         )
+    context = _merged(machine, output)
+    too_big = _context_too_big(context, limits)
+    if too_big is not None:
+        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, too_big, output)
+    try:
+        edge = _chosen_edge(state.on_success, output, context)
+    except GuardFailed as exc:
+        error = f"guard {exc.guard!r} failed on the output: {exc.error}"
+        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, error, output)
+    return _take(definition, machine, edge, context, output, None, None)
+
+
+def _merged(machine: Machine, output: Mapping[str, Any]) -> dict[str, Any]:
+    """The machine's context with the output merged in; the loop counters stay the engine's."""
     context = {**machine.context, **output}
     for counter in (LOOP_COUNT, LOOP_LIMIT):  # the loop bound is the engine's, not the agent's
         if counter in machine.context:
             context[counter] = machine.context[counter]
         else:
             context.pop(counter, None)
+    return context
+
+
+def _decide_gate(
+    definition: MachineDefinition,
+    machine: Machine,
+    state: StateDefinition,
+    event: Event,
+    limits: Limits,
+) -> Decision:
+    """An approval state moves on its people's verdict or its deadline; nothing else (no agent
+    was sent anything for it, so no ack can be for it). A rejection is the state's failure, as
+    an agent's success: false is (FAILURE; TIMEOUT when its deadline rejected or escalated)."""
+    if isinstance(event, Timeout):
+        return _gate_timeout(definition, machine, state, limits)
+    if not isinstance(event, GateDecided):
+        return Rejected(
+            RejectReason.WRONG_STATE, f"people decide {state.name}, an approval state, not agents"
+        )
+    output = dict(event.output)
+    context = _merged(machine, output)
     too_big = _context_too_big(context, limits)
     if too_big is not None:
-        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, too_big, output)
+        return Rejected(RejectReason.INVALID_OUTPUT, too_big)
+    edges = state.on_approve if event.approved else state.on_reject
     try:
-        edge = _chosen_edge(state, output, context)
+        edge = _chosen_edge(edges, output, context)
     except GuardFailed as exc:
-        error = f"guard {exc.guard!r} failed on the output: {exc.error}"
-        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, error, output)
-    return _take(definition, machine, edge, context, output, None, None)
+        return Rejected(
+            RejectReason.INVALID_OUTPUT, f"guard {exc.guard!r} failed on the decision: {exc.error}"
+        )
+    if event.approved:
+        return _take(definition, machine, edge, context, output, None, None)
+    error = f"rejected at {state.name}"
+    return _take(definition, machine, edge, context, output, error, FailureKind.FAILURE)
+
+
+def _gate_timeout(
+    definition: MachineDefinition, machine: Machine, state: StateDefinition, limits: Limits
+) -> Transition:
+    """What an approval's deadline decides: its on_timeout (approve, reject, or a state to
+    escalate to; reject by default)."""
+    on_timeout = state.on_timeout or gate.REJECT
+    if on_timeout not in (gate.APPROVE, gate.REJECT):
+        edge = Edge(target=on_timeout)
+        error = f"no decision before the deadline: escalated to {on_timeout}"
+        context = dict(machine.context)
+        return _take(definition, machine, edge, context, None, error, FailureKind.TIMEOUT)
+    approved = on_timeout == gate.APPROVE
+    verdict = gate.Verdict.APPROVED if approved else gate.Verdict.REJECTED
+    output = gate.timed_out(verdict)
+    context = _merged(machine, output)
+    edges = state.on_approve if approved else state.on_reject
+    try:
+        edge = _chosen_edge(edges, output, context)
+    except GuardFailed:  # a guard the summary alone breaks: the default edge
+        edge = edges[-1]
+    why = f"no decision before the deadline: {verdict.value} (its on_timeout)"
+    failure = None if approved else FailureKind.TIMEOUT
+    return _take(definition, machine, edge, context, output, why, failure)
 
 
 def _context_too_big(context: dict[str, Any], limits: Limits) -> str | None:
@@ -387,9 +468,9 @@ class GuardFailed(Exception):
         super().__init__(f"{guard}: {self.error}")
 
 
-def _chosen_edge(state: StateDefinition, output: dict[str, Any], context: dict[str, Any]) -> Edge:
+def _chosen_edge(edges: tuple[Edge, ...], output: dict[str, Any], context: dict[str, Any]) -> Edge:
     data = {"output": output, "context": context}
-    for edge in state.on_success:
+    for edge in edges:
         if edge.when is None:
             return edge
         try:
@@ -398,7 +479,7 @@ def _chosen_edge(state: StateDefinition, output: dict[str, Any], context: dict[s
             raise GuardFailed(edge.when, exc) from exc
         if taken:
             return edge
-    return state.on_success[-1]  # the validator makes the last edge an unguarded default
+    return edges[-1]  # the validator makes the last edge an unguarded default
 
 
 def _count(value: Any, default: int) -> int:

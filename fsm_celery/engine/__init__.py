@@ -5,6 +5,7 @@ definitions). Those that move machines answer with a Next, the states they decid
 not enter themselves (fsm_celery.engine.ports):
 
 - `admin`: start machines, command them, set their budgets (engine/admin.py);
+- `approvals`: people's decisions at approval gates (engine/approvals.py; gates.py opens them);
 - `entry`: enter a state, the one way a state_task is sent (engine/entry.py);
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
@@ -28,6 +29,7 @@ from sqlalchemy import Engine
 
 from fsm_celery.config import Settings
 from fsm_celery.engine.admin import Admin
+from fsm_celery.engine.approvals import Approvals
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
@@ -56,10 +58,11 @@ class MachineEngine:
         self.catalog = self.runtime.catalog
         self.entry = Entry(self.runtime)
         self.admin = Admin(self.runtime, self.entry)
+        self.approvals = Approvals(self.runtime, self.entry)
         self.inbox = Inbox(self.runtime, self.entry)
         self.scan = Scan(self.runtime, self.entry)
         self.schedules = Schedules(self.runtime, self.admin)
-        self.github = GitHub(self.runtime, self.admin)
+        self.github = GitHub(self.runtime, self.admin, self.approvals)
         self.stats = Stats(self.runtime)
         self.notifier = Notifier(self.runtime)
 

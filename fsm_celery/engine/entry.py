@@ -20,6 +20,7 @@ from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import DispatchFailed, Machine, MachineStatus, Rejected, decide
+from fsm_celery.engine import gates
 from fsm_celery.engine.fanout import FanOut, Rows
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
@@ -171,6 +172,9 @@ class Entry:
         state = definition.state(machine.current_state)
         if state.fans_out:
             self._fanout.enter_txn(conn, rows, row, definition, state, writes)
+            return
+        if state.approval is not None:  # people decide it: nothing is sent to an agent
+            gates.open_txn(conn, self._rt, row, state, writes)
             return
         agent_type = definition.agent_type_of(state)
         if not self._slots.take_txn(conn, row.id, agent_type, writes):

@@ -1,18 +1,21 @@
 """A GitHub webhook delivery carried out: at most one machine per delivery, and none for an
 issue that already has one running (fsm_celery.core.github decides what a delivery asks), nor
-for one whose context the machine type refuses (its context_schema asks for more)."""
+for one whose context the machine type refuses (its context_schema asks for more); and an
+approver's `/approve` or `/reject` comment decided at the gate of the issue's machine."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from uuid import UUID
 
-from fsm_celery.core.github import Ignored, Trigger
+from fsm_celery.core.gate import Choice, Vote
+from fsm_celery.core.github import Decision, Ignored, Trigger
 from fsm_celery.engine.admin import Admin
+from fsm_celery.engine.approvals import Approvals, Authority
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import Writes
-from fsm_celery.exceptions import InvalidContext
+from fsm_celery.exceptions import GateClosed, InvalidContext, InvalidDecision, NotAnApprover
 from fsm_celery.store import github as store
 
 
@@ -28,9 +31,55 @@ class Delivered:
 
 
 class GitHub:
-    def __init__(self, runtime: Runtime, admin: Admin) -> None:
+    def __init__(self, runtime: Runtime, admin: Admin, approvals: Approvals) -> None:
         self._rt = runtime
         self._admin = admin
+        self._approvals = approvals
+
+    def comment(
+        self, delivery: str, event: str, wanted: Decision | Ignored, action: str | None
+    ) -> Delivered:
+        """Carry out an `/approve` or `/reject` comment: the decision of the approver whose
+        GitHub login wrote it, at the gate of the machine running for the issue, recorded with
+        the delivery in one transaction (a delivery sent again decides nothing)."""
+        writes = Writes(self._rt.clock())
+        with self._rt.transaction(writes) as conn:
+            if not store.claim_delivery_txn(conn, delivery, event, action):
+                return Delivered("duplicate", detail=f"delivery {delivery} was received before")
+            if isinstance(wanted, Ignored):
+                store.settle_delivery_txn(conn, delivery, "ignored")
+                return Delivered("ignored", detail=wanted.reason)
+            where = (wanted.repository, wanted.issue)
+            person = self._approver(wanted.login)
+            machine_id = store.waiting_for_issue_txn(conn, *where)
+            if person is None or machine_id is None:
+                why = (
+                    f"{wanted.login} is no approver's GitHub login (FSM_APPROVERS)"
+                    if person is None
+                    else f"no machine waits for people on {wanted.repository}#{wanted.issue}"
+                )
+                store.settle_delivery_txn(conn, delivery, "ignored", *where)
+                return Delivered("ignored", detail=why)
+            name, groups = person
+            vote = Vote(name, Choice(wanted.choice), wanted.fields, wanted.comment, "github")
+            try:
+                with conn.begin_nested():  # a refused decision leaves the delivery's row only
+                    decided = self._approvals.decide_txn(
+                        conn, writes, machine_id, vote, Authority(admin=False, groups=groups)
+                    )
+            except (GateClosed, NotAnApprover, InvalidDecision) as exc:
+                store.settle_delivery_txn(conn, delivery, "refused", *where, machine_id)
+                return Delivered("refused", machine_id, str(exc))
+            store.settle_delivery_txn(conn, delivery, "decided", *where, machine_id)
+        said = f"{vote.choice.value} by {name}: {decided.approvals}/{decided.needed} approvals"
+        return Delivered("decided", machine_id, said, writes.next())
+
+    def _approver(self, login: str) -> tuple[str, frozenset[str]] | None:
+        """The approver (name, groups) whose GitHub login it is (GitHub's are case-blind)."""
+        for name, approver in self._rt.settings.approvers.items():
+            if approver.github is not None and approver.github.lower() == login.lower():
+                return name, frozenset(approver.groups)
+        return None
 
     def deliver(
         self, delivery: str, event: str, wanted: Trigger | Ignored, action: str | None

@@ -13,6 +13,7 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.transition import Rejected, Timeout, decide
+from fsm_celery.engine import gates
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Scanned
@@ -99,6 +100,9 @@ class Scan:
         decision = decide(definition, snapshot(row), Timeout(row.current_state, row.attempt))
         assert not isinstance(decision, Rejected)  # the query chose dispatched attempts
         writes.transition(row, decision, "timeout")
+        if definition.state(row.current_state).approval is not None:  # people were waited for
+            gates.close_txn(conn, row.id, "timed_out", writes.now)
+            return
         why = "timed out: no ack or heartbeat before its deadline"
         cancel_in_flight(writes, row, self._rt.settings.token_secrets[0], why)
 

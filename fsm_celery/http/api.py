@@ -18,13 +18,15 @@ from sse_starlette.sse import EventSourceResponse
 from fsm_celery.client import TREE_MOST, TREE_SHOWN, Client
 from fsm_celery.core.admin import Action
 from fsm_celery.core.graph import graph, to_dot
-from fsm_celery.http.auth import Principal, admin, viewer
+from fsm_celery.engine.approvals import Authority
+from fsm_celery.http.auth import Principal, admin, decider, viewer
 from fsm_celery.http.examples import answer
 from fsm_celery.http.hub import MAX_FOLLOWED, RESYNC, EventHub, Interest
 from fsm_celery.http.models import (
     BudgetRequest,
     BulkRequest,
     CommandRequest,
+    DecisionRequest,
     ForceRequest,
     StartRequest,
     decode_cursor,
@@ -38,6 +40,7 @@ from fsm_celery.store.tables import TYPE_CHARS
 router = APIRouter(prefix="/api")
 Viewer = Annotated[Principal, Depends(viewer)]
 Admin = Annotated[Principal, Depends(admin)]
+Decider = Annotated[Principal, Depends(decider)]
 PING_SECONDS = 15
 LINGER_SECONDS = 0.1  # a live page is sent at most ten messages a second
 BATCH = 1000  # events in one message at most
@@ -213,6 +216,49 @@ def set_budget(
     body = body or BudgetRequest()
     info = fsm.set_budget(machine_id, _actor(who, body.actor), body.tokens, body.cost, body.reason)
     return {"machine": info.to_dict()}
+
+
+@router.post(
+    "/machines/{machine_id}/decisions",
+    summary="Decide at a machine's approval gate (an admin, or one of its approvers)",
+    responses=answer("decide"),
+)
+def decide(fsm: Fsm, who: Decider, machine_id: UUID, body: DecisionRequest) -> dict[str, Any]:
+    actor = _actor(who, body.actor) if who.is_admin else who.name
+    decided = fsm.decide(
+        machine_id,
+        body.decision,
+        actor,
+        fields=body.fields,
+        comment=body.comment,
+        via="dashboard" if who.via == "session" else "api",
+        authority=Authority(admin=who.is_admin, groups=who.groups),
+        attempt=body.attempt,
+    )
+    return {"decision": decided}
+
+
+@router.get(
+    "/machines/{machine_id}/decisions",
+    summary="A machine's approval gates and the decisions made at them",
+    responses=answer("decisions"),
+)
+def decisions(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
+    return fsm.decisions(machine_id)
+
+
+@router.get(
+    "/approvals",
+    summary="Approval gates waiting for people, soonest deadline first",
+    responses=answer("approvals"),
+)
+def approvals(
+    fsm: Fsm,
+    _: Viewer,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    type: Annotated[str | None, Query(max_length=TYPE_CHARS)] = None,
+) -> dict[str, Any]:
+    return {"items": fsm.approvals(limit, type)}
 
 
 @router.get(

@@ -32,10 +32,10 @@ from fsm_celery.config import Settings, get_settings
 from fsm_celery.core.messages import events_channel
 from fsm_celery.exceptions import (
     CommandRefused,
-    DefinitionError,
     FsmError,
     InsecureDashboard,
     MachineNotFound,
+    NotAnApprover,
     ScheduleNotFound,
     UnknownMachineType,
 )
@@ -48,6 +48,11 @@ from fsm_celery.http.pages import router as pages_router
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 NOT_FOUND = (MachineNotFound, UnknownMachineType, ScheduleNotFound)
+STATUSES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
+    (NOT_FOUND, 404),
+    (CommandRefused, 409),  # GateClosed too
+    (NotAnApprover, 403),
+)  # the rest (DefinitionError, InvalidContext, ...) 422
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; img-src 'self' data:; "
     "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
@@ -192,13 +197,7 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(FsmError)
     async def refused(request: Request, exc: FsmError) -> Response:
-        status = 422
-        if isinstance(exc, NOT_FOUND):
-            status = 404
-        elif isinstance(exc, CommandRefused):
-            status = 409
-        elif isinstance(exc, DefinitionError):
-            status = 422
+        status = next((code for kinds, code in STATUSES if isinstance(exc, kinds)), 422)
         return _reply(request, status, str(exc).splitlines()[0])
 
     @app.exception_handler(sqlalchemy.exc.OperationalError)

@@ -55,10 +55,25 @@ class Principal:
     role: Role | None
     name: str  # recorded as the actor of what an admin does, unless the request names one
     via: str  # "token", "session" or "public"
+    groups: frozenset[str] = frozenset()  # an approver's (FSM_APPROVERS): gates they decide
 
     @property
     def is_admin(self) -> bool:
         return self.role is Role.ADMIN
+
+    @property
+    def is_approver(self) -> bool:
+        return bool(self.groups)
+
+
+@dataclass(frozen=True)
+class Known:
+    """A token of the settings: its role, and for an approver's, their name and groups."""
+
+    token: str
+    role: Role
+    name: str | None = None
+    groups: frozenset[str] = frozenset()
 
 
 class Sessions:
@@ -91,9 +106,15 @@ class Auth:
     """The tokens of the settings, the keys derived for sessions, and the live sessions."""
 
     def __init__(self, settings: Settings, sessions: Sessions) -> None:
-        self._tokens = [(t, Role.ADMIN) for t in settings.admin_tokens] + [
-            (t, Role.VIEWER) for t in settings.viewer_tokens
-        ]
+        self._known = (
+            [Known(t, Role.ADMIN) for t in settings.admin_tokens]
+            + [Known(t, Role.VIEWER) for t in settings.viewer_tokens]
+            + [
+                Known(a.token, Role.VIEWER, name, frozenset(a.groups))
+                for name, a in settings.approvers.items()
+                if a.token
+            ]
+        )
         self.public_reads = settings.public_reads
         self.sessions = sessions
         self.session_key = (
@@ -103,33 +124,40 @@ class Auth:
             ).hexdigest()
         )
 
-    def role_of(self, token: str) -> Role | None:
-        """The role of the token, or None; every configured token is compared, in constant
+    def identify(self, token: str) -> Known | None:
+        """The settings' token it is, or None; every configured token is compared, in constant
         time, so the answer's timing says nothing about which one nearly matched."""
         given = token.encode()
-        found: Role | None = None
-        for known, role in self._tokens:
-            if hmac.compare_digest(known.encode(), given) and found is None:
-                found = role
+        found: Known | None = None
+        for known in self._known:
+            if hmac.compare_digest(known.token.encode(), given) and found is None:
+                found = known
         return found
+
+    def role_of(self, token: str) -> Role | None:
+        known = self.identify(token)
+        return None if known is None else known.role
 
     def fingerprint(self, token: str) -> str:
         return hmac.new(self.session_key.encode(), token.encode(), hashlib.sha256).hexdigest()
 
-    def session_role(self, fingerprint: str) -> Role | None:
-        """The role of the token a session was opened with, if that token is still valid."""
-        found: Role | None = None
-        for known, role in self._tokens:
-            if hmac.compare_digest(self.fingerprint(known), fingerprint) and found is None:
-                found = role
+    def session_identity(self, fingerprint: str) -> Known | None:
+        """The token a session was opened with, if that token is still valid."""
+        found: Known | None = None
+        for known in self._known:
+            if hmac.compare_digest(self.fingerprint(known.token), fingerprint) and found is None:
+                found = known
         return found
 
     def open_session(self, request: Request, token: str, name: str) -> Role | None:
-        """Sign the session in with the token; its role, or None (the session is cleared)."""
+        """Sign the session in with the token; its role, or None (the session is cleared).
+        An approver's session bears their own name, whatever name was typed."""
         self.close_session(request)
-        role = self.role_of(token)
-        if role is None:
+        known = self.identify(token)
+        if known is None:
             return None
+        role = known.role
+        name = known.name or name
         request.session.update(
             key=self.fingerprint(token),
             sid=self.sessions.open(),
@@ -170,14 +198,14 @@ def principal(request: Request) -> Principal:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise unauthorized("the Authorization header must be: Bearer <token>")
-        role = auth.role_of(token.strip())
-        if role is None:
+        known = auth.identify(token.strip())
+        if known is None:
             raise unauthorized("invalid token")
-        return Principal(role, role.name.lower(), "token")
+        return Principal(known.role, known.name or known.role.name.lower(), "token", known.groups)
     key = request.session.get("key")
     if isinstance(key, str):
-        role = auth.session_role(key)
-        if role is None:
+        found = auth.session_identity(key)
+        if found is None:
             request.session.clear()
             raise unauthorized("the session's token is no longer valid: sign in again")
         if not auth.session_alive(request):
@@ -187,7 +215,9 @@ def principal(request: Request) -> Principal:
             given = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(given.encode(), csrf_token(request).encode()):
                 raise HTTPException(403, "missing or wrong X-CSRF-Token for this session")
-        return Principal(role, str(request.session.get("name") or role.name.lower()), "session")
+        role = found.role
+        name = found.name or str(request.session.get("name") or role.name.lower())
+        return Principal(role, name, "session", found.groups)
     return Principal(None, "anonymous", "public")
 
 
@@ -204,6 +234,15 @@ def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
         raise unauthorized("an admin's token is needed (Authorization: Bearer …)")
     if not who.is_admin:
         raise HTTPException(403, "this needs an admin's token; yours is a viewer's")
+    return who
+
+
+def decider(who: Annotated[Principal, Depends(principal)]) -> Principal:
+    """An admin, or an approver (whose groups the gate's approvers must include)."""
+    if who.role is None:
+        raise unauthorized("an admin's or an approver's token is needed (Authorization: Bearer …)")
+    if not (who.is_admin or who.is_approver):
+        raise HTTPException(403, "deciding at a gate needs an admin's or an approver's token")
     return who
 
 

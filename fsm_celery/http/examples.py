@@ -161,6 +161,10 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
     "CommandRequest": [COMMAND, {}],
     "ForceRequest": [{"state": "RUN_TESTS", "reason": "the tests were fixed by hand"}],
     "BudgetRequest": [{"tokens": 200000, "cost": 5.0, "reason": "the refactor needs more room"}],
+    "DecisionRequest": [
+        {"decision": "approve", "fields": {"target": "production"}, "comment": "tests green"},
+        {"decision": "reject", "comment": "the migration needs a rollback plan", "attempt": 7},
+    ],
     "BulkRequest": [
         {
             "action": "pause",
@@ -200,6 +204,73 @@ ANSWERS: dict[str, Any] = {
     "command": {"machine": MACHINE | {"status": "paused"}},
     "force": {"machine": MACHINE | {"current_state": "RUN_TESTS"}},
     "set_budget": {"machine": MACHINE},
+    "decide": {
+        "decision": {
+            "machine_id": MACHINE_ID,
+            "state": "APPROVE_DEPLOY",
+            "attempt": 7,
+            "recorded": True,
+            "decision": "approve",
+            "approvals": 2,
+            "rejections": 0,
+            "needed": 2,
+            "verdict": "approved",
+            "moved_to": "DEPLOY",
+        }
+    },
+    "approvals": {
+        "items": [
+            {
+                "id": 12,
+                "machine_id": MACHINE_ID,
+                "state": "APPROVE_DEPLOY",
+                "attempt": 7,
+                "opened_at": "2026-11-25T13:40:00+00:00",
+                "deadline_at": "2026-11-26T13:40:00+00:00",
+                "approvals": 1,
+                "rejections": 0,
+                "needed": 2,
+                "verdict": "pending",
+                "closed_at": None,
+                "type": "cto_build_project",
+                "status": "running",
+                "github_issue": 726,
+                "parent_id": None,
+            }
+        ]
+    },
+    "decisions": {
+        "gates": [
+            {
+                "id": 12,
+                "machine_id": MACHINE_ID,
+                "state": "APPROVE_DEPLOY",
+                "attempt": 7,
+                "opened_at": "2026-11-25T13:40:00+00:00",
+                "deadline_at": "2026-11-26T13:40:00+00:00",
+                "approvals": 1,
+                "rejections": 0,
+                "needed": 2,
+                "verdict": "pending",
+                "closed_at": None,
+            }
+        ],
+        "decisions": [
+            {
+                "id": 31,
+                "gate_id": 12,
+                "machine_id": MACHINE_ID,
+                "actor": "alice",
+                "decision": "approve",
+                "fields": {"target": "production"},
+                "comment": "tests green",
+                "via": "dashboard",
+                "created_at": WHEN,
+                "state": "APPROVE_DEPLOY",
+                "attempt": 7,
+            }
+        ],
+    },
     "list_agents": {
         "items": [
             {

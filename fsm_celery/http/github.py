@@ -19,7 +19,7 @@ DELIVERY_CHARS = 64
 
 @router.post(
     "/webhooks/github",
-    summary="GitHub webhook: issues start machines",
+    summary="GitHub webhook: issues start machines, approvers' comments decide at gates",
     response_model=None,
     responses={422: {"description": "refused: the delivery's context does not match the schema"}},
 )

@@ -77,6 +77,18 @@ class BudgetRequest(_Body):
     reason: Reason = ""
 
 
+class DecisionRequest(_Body):
+    decision: Literal["approve", "reject"]
+    fields: dict[str, Any] = Field(default_factory=dict, description="the gate's form, filled in")
+    comment: Reason = ""
+    attempt: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = Field(
+        default=None, description="the gate's visit decided on; another visit's refuses it"
+    )
+    actor: Actor | None = Field(
+        default=None, description="an admin's only: who decided (an approver is themself)"
+    )
+
+
 class FilterBody(_Body):
     status: MachineStatus | None = None
     type: MachineType | None = None

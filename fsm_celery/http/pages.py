@@ -32,7 +32,7 @@ from fsm_celery.http.auth import (
     principal,
 )
 from fsm_celery.http.models import decode_cursor, encode_cursor, machine_filter
-from fsm_celery.records import FanOutProgress, definition_view
+from fsm_celery.records import FanOutProgress, MachineInfo, definition_view
 from fsm_celery.store.reads import MachineFilter
 from fsm_celery.views import more_text
 
@@ -155,7 +155,75 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
         retries=_retries(definition.definition),
         drawing=json.dumps(drawing),
         context=json.dumps(info.context, indent=2, sort_keys=True),
+        **_gate(fsm, info, definition.definition, who),
     )
+
+
+@router.get("/approvals", response_class=HTMLResponse)
+def approvals_page(request: Request, who: Reader) -> HTMLResponse:
+    return _render(request, "approvals.html", who, waiting=_client(request).approvals(PAGE))
+
+
+def _gate(
+    fsm: Client, info: MachineInfo, definition: MachineDefinition, who: Principal
+) -> dict[str, Any]:
+    """The machine's approval gates and their decisions; the one open now, with its form, and
+    whether the reader may decide at it (an admin, or one of its groups)."""
+    state = definition.state(info.current_state)
+    made = fsm.decisions(info.id) if any(s.approval for s in definition.states) else None
+    gates = made["gates"] if made else []
+    open_now = next(
+        (
+            g
+            for g in gates
+            if g["closed_at"] is None
+            and g["state"] == info.current_state
+            and g["attempt"] == info.attempt
+            and info.status in ("running", "paused")
+        ),
+        None,
+    )
+    approval = state.approval if open_now is not None else None
+    return {
+        "gate": open_now,
+        "approval": approval,
+        "form": form_fields(approval.form) if approval is not None else [],
+        "may_decide": approval is not None
+        and (who.is_admin or not who.groups.isdisjoint(approval.approvers)),
+        "decisions": made["decisions"] if made else [],
+    }
+
+
+def form_fields(schema: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A decision form's inputs, from its JSON Schema: a choice for an enum, a checkbox for a
+    boolean, a number, or text (a text area past 200 characters)."""
+    if not schema:
+        return []
+    required = set(schema.get("required", []))
+    fields = []
+    for name, spec in (schema.get("properties") or {}).items():
+        spec = spec if isinstance(spec, dict) else {}
+        kind = spec.get("type", "string")
+        if "enum" in spec:
+            widget = "choice"
+        elif kind == "boolean":
+            widget = "checkbox"
+        elif kind in ("integer", "number"):
+            widget = "number"
+        else:
+            widget = "area" if (spec.get("maxLength") or 0) > 200 else "text"
+        fields.append(
+            {
+                "name": name,
+                "widget": widget,
+                "type": kind if isinstance(kind, str) else "string",
+                "options": [str(o) for o in spec.get("enum", [])],
+                "required": name in required,
+                "description": str(spec.get("description", "")),
+                "max_length": spec.get("maxLength"),
+            }
+        )
+    return fields
 
 
 def _latest_per_state(fan_outs: list[FanOutProgress]) -> dict[str, dict[str, Any]]:

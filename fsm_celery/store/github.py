@@ -8,7 +8,7 @@ from uuid import UUID
 from sqlalchemy import Connection, select, update
 
 from fsm_celery.store import dialects
-from fsm_celery.store.tables import github_deliveries, machines
+from fsm_celery.store.tables import approval_gates, github_deliveries, machines
 
 UNFINISHED = ("running", "paused")
 
@@ -63,6 +63,30 @@ def running_for_issue_txn(
             machines.c.type == machine_type,
             machines.c.status.in_(UNFINISHED),
         )
+        .limit(1)
+    ).scalar()
+    return found
+
+
+def waiting_for_issue_txn(conn: Connection, repository: str, issue: int) -> UUID | None:
+    """A running machine a delivery started for the repository's issue that waits at an
+    approval gate (the oldest, if several do)."""
+    found: UUID | None = conn.execute(
+        select(machines.c.id)
+        .select_from(
+            github_deliveries.join(machines, machines.c.id == github_deliveries.c.machine_id).join(
+                approval_gates,
+                (approval_gates.c.machine_id == machines.c.id)
+                & approval_gates.c.closed_at.is_(None)
+                & (approval_gates.c.attempt == machines.c.attempt),
+            )
+        )
+        .where(
+            github_deliveries.c.repository == repository,
+            github_deliveries.c.issue == issue,
+            machines.c.status == "running",
+        )
+        .order_by(approval_gates.c.opened_at)
         .limit(1)
     ).scalar()
     return found

@@ -425,3 +425,50 @@ rollups = Table(
     Column("pending_snapshot", String(200)),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
 )
+
+# Approval gates (fsm_celery.core.gate): one row per visit of a machine to an approval state,
+# open until its verdict, its deadline, or the machine's leaving the state; a machine paused
+# and resumed there keeps its gate (and the decisions made). Its counters are written by the
+# transaction that records a decision, with the machine's row locked: a quorum is met once.
+approval_gates = Table(
+    "approval_gates",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("machine_id", Uuid, ForeignKey("state_machines.id", ondelete="CASCADE"), nullable=False),
+    Column("state", String(50), nullable=False),
+    Column("attempt", Integer, nullable=False),  # the machine's, while the gate is open
+    Column("opened_at", DateTime(timezone=True), nullable=False),
+    Column("deadline_at", DateTime(timezone=True), nullable=False),
+    Column("approvals", Integer, nullable=False, server_default="0"),
+    Column("rejections", Integer, nullable=False, server_default="0"),
+    Column("needed", Integer, nullable=False),  # approvals that open it, when last counted
+    # pending, approved, rejected, timed_out, left (forced, cancelled or rewound away)
+    Column("verdict", String(10), nullable=False, server_default="pending"),
+    Column("closed_at", DateTime(timezone=True)),
+    Index(
+        "idx_approval_gates_open",
+        "machine_id",
+        unique=True,
+        postgresql_where=OPEN,
+        sqlite_where=OPEN,
+    ),
+    Index("idx_approval_gates_machine", "machine_id", "id"),
+)
+
+# Each person's decision at a gate: who, through which door, what, and why. One per person and
+# gate (the unique key): a decision sent twice is the one decision.
+approval_decisions = Table(
+    "approval_decisions",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("gate_id", BigId, ForeignKey("approval_gates.id", ondelete="CASCADE"), nullable=False),
+    Column("machine_id", Uuid, nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("decision", String(10), nullable=False),  # approve, reject
+    Column("fields", Json, nullable=False),
+    Column("comment", Text, nullable=False, server_default=""),
+    Column("via", String(20), nullable=False),  # api, dashboard, cli, client, github
+    _created(),
+    UniqueConstraint("gate_id", "actor", name="uq_approval_decisions_gate_actor"),
+    Index("idx_approval_decisions_machine", "machine_id"),
+)

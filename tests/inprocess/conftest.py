@@ -35,9 +35,17 @@ from tests.support import FIXTURE_DEFINITIONS
 from tests.support.credentials import TEST_SECRET
 from tests.support.databases import copy_database, create_template, drop_database
 from tests.support.messages import Reply, ack_for
+from tests.support.receiver import receiver  # noqa: F401 (a fixture)
 from tests.support.services import Services, require_services
 
 TEMPLATE = f"fsm_inprocess_template_{os.getpid()}"
+# the people of the approval gates (tests/fixtures/definitions/test_gate.yaml)
+APPROVERS = {
+    "alice": {"groups": ["release"]},
+    "bob": {"groups": ["release"]},
+    "carol": {"groups": ["release", "ops"]},
+    "dave": {"groups": ["ops"]},
+}
 _numbers = itertools.count()
 
 
@@ -162,6 +170,7 @@ def fsm(services: Services, template: str) -> Iterator[Fsm]:
         channel_prefix=f"inprocess{tag}:{uuid.uuid4().hex[:6]}:",
         task_token_secret=TEST_SECRET,
         definitions_path=str(SHIPPED_DEFINITIONS),
+        approvers=APPROVERS,
     )
     clock = Clock()
     engine = wiring.machine_engine(settings, clock=clock)

@@ -7,13 +7,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import pytest
 from sqlalchemy import select
 
 from fsm_celery import wiring
@@ -22,46 +17,9 @@ from fsm_celery.core.loader import parse_definition
 from fsm_celery.engine import MachineEngine
 from fsm_celery.store.tables import notifications
 from tests.inprocess.conftest import Fsm, ack
+from tests.support.receiver import Receiver
 
 SECRET = "notify-secret"
-
-
-@dataclass
-class Receiver:
-    """An HTTP server that records what it is sent and answers with the statuses it is given."""
-
-    answers: list[int] = field(default_factory=list)  # consumed in order; then 200
-    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
-    server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    found = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            data = self.rfile.read(int(self.headers["content-length"]))
-            found.received.append(({k.lower(): v for k, v in self.headers.items()}, data))
-            status = found.answers.pop(0) if found.answers else 200
-            self.send_response(status)
-            self.end_headers()
-            self.wfile.write(b"nope" if status >= 300 else b"ok")
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    found.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=found.server.serve_forever, daemon=True)
-    thread.start()
-    yield found
-    found.server.shutdown()
-    found.server.server_close()
 
 
 def _engine(fsm: Fsm, **settings: Any) -> MachineEngine:

@@ -11,6 +11,7 @@ import redis
 from tests.integration.browser import browser, context, dashboard, page  # noqa: F401 (fixtures)
 from tests.support.databases import create_template, drop_database
 from tests.support.processes import FsmEnv, database_name, make_env
+from tests.support.receiver import receiver  # noqa: F401 (a fixture)
 from tests.support.services import Services, require_services
 
 TEMPLATE = f"fsm_test_template_{os.getpid()}"

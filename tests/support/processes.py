@@ -5,6 +5,7 @@ LOGS (a folder per test process)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -90,7 +91,7 @@ class FsmEnv:
     def env(self) -> dict[str, str]:
         """The environment of this deployment's processes: every setting as FSM_*."""
         fields = self.settings.model_dump(exclude_none=True)
-        return {**os.environ, **{f"FSM_{k.upper()}": str(v) for k, v in fields.items()}}
+        return {**os.environ, **{f"FSM_{k.upper()}": _env_value(v) for k, v in fields.items()}}
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         _open_logs()
@@ -307,6 +308,11 @@ class FsmEnv:
     def visited(self, machine_id: uuid.UUID) -> list[str]:
         """The states the machine entered, in order, from its history."""
         return [row.to_state for row in self.client.history(machine_id)]
+
+
+def _env_value(value: Any) -> str:
+    """A setting as an environment variable holds it: a mapping or a list as JSON."""
+    return json.dumps(value) if isinstance(value, dict | list | tuple) else str(value)
 
 
 def _open_logs() -> None:

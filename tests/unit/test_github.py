@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fsm_celery.core import github
 from fsm_celery.core.context import context_problem
 from fsm_celery.core.github import Ignored, Trigger, decide, signature_matches
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
@@ -388,3 +389,47 @@ def test_deciding_leaves_the_payload_as_it_was() -> None:
     before = copy.deepcopy(payload)
     decided("issues", payload)
     assert payload == before
+
+
+def _commented(body: object, login: object = "monalisa", action: str = "created") -> object:
+    return {
+        "action": action,
+        "issue": {"number": 7},
+        "repository": {"full_name": "octo-org/hello-world"},
+        "comment": {"body": body, "user": {"login": login}},
+    }
+
+
+def test_an_approve_comment_fills_the_form_with_its_key_value_words() -> None:
+    found = github.comment_decision(
+        "issue_comment", _commented("/approve target=production note=ok ship it\nmore text")
+    )
+    assert found == github.Decision(
+        "octo-org/hello-world",
+        7,
+        "monalisa",
+        "approve",
+        {"target": "production", "note": "ok"},
+        "ship it",
+    )
+    rejected = github.comment_decision("issue_comment", _commented("  /reject   not yet  "))
+    assert isinstance(rejected, github.Decision)
+    assert (rejected.choice, rejected.fields, rejected.comment) == ("reject", {}, "not yet")
+
+
+@pytest.mark.parametrize(
+    ("event", "payload", "why"),
+    [
+        ("issues", _commented("/approve"), "decides nothing"),
+        ("issue_comment", _commented("/approve", action="edited"), "only a new comment"),
+        ("issue_comment", _commented("please /approve"), "not /approve or /reject"),
+        ("issue_comment", _commented("/approved"), "not /approve or /reject"),
+        ("issue_comment", _commented(None), "no author or body"),
+        ("issue_comment", _commented("/approve", login=5), "no author or body"),
+        ("issue_comment", _commented("/approve \x00"), "NUL"),
+        ("issue_comment", [], "decides nothing"),
+    ],
+)
+def test_what_a_comment_decides_nothing_with(event: str, payload: object, why: str) -> None:
+    found = github.comment_decision(event, payload)
+    assert isinstance(found, github.Ignored) and why in found.reason

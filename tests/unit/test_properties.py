@@ -14,11 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fsm_celery.core import gate
 from fsm_celery.core.definition import MachineDefinition, Terminal
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.transition import (
     Ack,
     Event,
+    GateDecided,
     Machine,
     MachineStatus,
     Rejected,
@@ -78,6 +80,10 @@ def fitting_event(data: st.DataObject, d: MachineDefinition, m: Machine, kinds: 
     kind = data.draw(st.sampled_from(kinds))
     if kind == "timeout":
         return Timeout(state, attempt)
+    if d.state(state).approval is not None:  # people decide it: approve, or reject
+        verdict = gate.Verdict.APPROVED if kind == "success" else gate.Verdict.REJECTED
+        summary = gate.summary(verdict, [("someone", verdict.value, "")])
+        return GateDecided(state, attempt, kind == "success", summary)
     if kind == "failure":
         return Ack(state, attempt, False, {}, data.draw(st.none() | st.just("boom")))
     guarded = guard_keys(d)

@@ -97,6 +97,8 @@ function machinePage(section) {
   const retries = JSON.parse(section.dataset.retries || "{}");
 
   if (isAdmin()) wireActions(id);
+  const gate = document.getElementById("decide");
+  if (gate) wireDecision(id, gate);
   const family = document.getElementById("family");
   const refresh = family ? familyRefresher(id, family, graph) : () => {};
 
@@ -113,7 +115,46 @@ function machinePage(section) {
     if (event.fromState) visited.push([event.fromState, event.toState]);
     graph.update(event.toState, event.status, visited);
     document.getElementById("timeline").prepend(historyItem(event));
+    // the gate this page shows was decided, or left: the page as it is now
+    if (gate && event.attempt >= Number(gate.dataset.attempt)) location.reload();
   };
+}
+
+// -- a decision at an approval gate ------------------------------------------------------
+
+function formValue(input) {
+  if (input.dataset.type === "boolean") return input.checked;
+  if (input.value === "") return undefined;
+  if (input.dataset.type === "integer") return parseInt(input.value, 10);
+  if (input.dataset.type === "number") return Number(input.value);
+  return input.value;
+}
+
+function wireDecision(id, gate) {
+  const form = document.getElementById("decision");
+  if (!form) return;
+  const error = document.getElementById("decision-error");
+  form.addEventListener("submit", async (submit) => {
+    submit.preventDefault();
+    const decision = submit.submitter ? submit.submitter.value : "approve";
+    const fields = {};
+    for (const input of form.querySelectorAll("[data-type]")) {
+      const value = formValue(input);
+      if (value !== undefined) fields[input.name] = value;
+    }
+    const body = {
+      decision, fields, comment: form.elements.__comment.value, attempt: Number(gate.dataset.attempt),
+    };
+    for (const button of form.querySelectorAll("button")) button.disabled = true;
+    try {
+      await send("POST", `/api/machines/${id}/decisions`, body);
+      location.reload();
+    } catch (failed) {
+      error.textContent = failed.message;
+      error.hidden = false;
+      for (const button of form.querySelectorAll("button")) button.disabled = false;
+    }
+  });
 }
 
 // The children panel and the graph's fan-out marks, read again at most once a second while

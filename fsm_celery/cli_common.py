@@ -1,0 +1,59 @@
+"""What the command line's modules share: the client, the actor option, JSON in and out."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from fsm_celery.client import Client
+
+F = TypeVar("F", bound=Callable[..., Any])
+ACTOR_CHARS = 100  # the history's and the audit's column
+
+
+def client() -> Client:
+    from fsm_celery.api import default_client
+
+    return default_client()
+
+
+def json_object(_ctx: click.Context, _param: click.Parameter, value: str) -> dict[str, Any]:
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise click.BadParameter("JSON nested too deeply") from None
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def actor(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    if len(value) > ACTOR_CHARS:
+        raise click.BadParameter(f"{len(value)} characters long: at most {ACTOR_CHARS}")
+    return value
+
+
+def actor_option() -> Callable[[F], F]:
+    return click.option(
+        "--actor",
+        default=lambda: os.environ.get("USER", "cli"),
+        show_default="$USER",
+        callback=actor,
+    )
+
+
+def echo_lines(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+def echo_json(data: Any) -> None:
+    """Data as JSON: every control and non-ASCII character escaped (\\u001b), so that what an
+    agent wrote cannot reach the terminal as an escape sequence."""
+    click.echo(json.dumps(data, indent=2, default=str, ensure_ascii=True))

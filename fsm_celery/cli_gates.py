@@ -1,0 +1,115 @@
+"""The command line's approval gates: `approve`, `reject` and `approvals`.
+
+The CLI holds the database's credentials, so it decides as an admin may, at any gate; the name
+it records is --actor's ($USER).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from fsm_celery.cli_common import actor_option, client, echo_json, echo_lines, json_object
+from fsm_celery.terminal import safe, table
+
+
+def _fields(
+    _ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, Any]:
+    """--field k=v, repeated: v as JSON when it is JSON (42, true, "x", [1]), else as text."""
+    fields: dict[str, Any] = {}
+    for pair in values:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE")
+        try:
+            fields[key] = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            fields[key] = value
+    return fields
+
+
+def _decision(choice: str, doc: str) -> click.Command:
+    @click.command(choice, help=doc)
+    @click.argument("machine_id")
+    @click.option(
+        "--field", "field", multiple=True, callback=_fields, help="A form field: KEY=VALUE."
+    )
+    @click.option(
+        "--fields", "fields_json", default="{}", callback=json_object, help="Form fields (JSON)."
+    )
+    @click.option("--comment", default="", help="Why; kept with the decision.")
+    @click.option("--attempt", type=click.IntRange(min=1), help="Only at this visit's gate.")
+    @click.option("--json", "as_json", is_flag=True)
+    @actor_option()
+    def command(
+        machine_id: str,
+        field: dict[str, Any],
+        fields_json: dict[str, Any],
+        comment: str,
+        attempt: int | None,
+        as_json: bool,
+        actor: str,
+    ) -> None:
+        decided = client().decide(
+            machine_id,
+            choice,
+            actor,
+            fields={**fields_json, **field},
+            comment=comment,
+            via="cli",
+            attempt=attempt,
+        )
+        if as_json:
+            echo_json(decided)
+            return
+        click.echo(_said(decided, actor))
+
+    return command
+
+
+def _said(decided: dict[str, Any], actor: str) -> str:
+    where = f"{decided['machine_id']}  {decided['state']}"
+    if not decided["recorded"]:
+        return f"{where}  {safe(actor)} decided already ({decided['decision']}): unchanged"
+    count = f"{decided['approvals']}/{decided['needed']} approvals"
+    if decided["rejections"]:
+        count += f", {decided['rejections']} rejected"
+    if decided["moved_to"] is None:
+        return f"{where}  {decided['decision']} recorded: {count}, waiting"
+    return f"{where}  {decided['verdict']} ({count}): moved to {decided['moved_to']}"
+
+
+@click.command("approvals")
+@click.option("--type", "machine_type", default=None, help="Of machines of this type only.")
+@click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def approvals(machine_type: str | None, limit: int, as_json: bool) -> None:
+    """The approval gates waiting for people, soonest deadline first."""
+    pending = client().approvals(limit, machine_type)
+    if as_json:
+        echo_json(pending)
+        return
+    rows = [
+        (
+            str(p["machine_id"])[:8],
+            p["type"],
+            p["state"],
+            f"{p['approvals']}/{p['needed']}",
+            p["rejections"],
+            p["status"],
+            str(p["deadline_at"])[:19],
+        )
+        for p in pending
+    ]
+    header = ("MACHINE", "TYPE", "STATE", "APPROVED", "REJECTED", "STATUS", "DEADLINE (UTC)")
+    echo_lines(table(header, rows) if rows else ["no approval is waiting"])
+
+
+COMMANDS = (
+    _decision("approve", "Approve at a machine's approval gate (fill its form with --field)."),
+    _decision("reject", "Reject at a machine's approval gate."),
+    approvals,
+)

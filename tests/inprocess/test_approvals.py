@@ -1,0 +1,191 @@
+"""Approval gates against real PostgreSQL and Redis: people's decisions counted once, in the
+transaction that records them; deadlines that approve, reject or escalate; a gate kept across a
+pause (tests/fixtures/definitions/test_gate.yaml: two of `release` approve, one rejects)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from fsm_celery.core.admin import Action, Command
+from fsm_celery.core.gate import Choice, Vote
+from fsm_celery.engine.approvals import ADMIN, Authority, Decided
+from fsm_celery.exceptions import GateClosed, InvalidDecision, NotAnApprover
+from fsm_celery.store import gates as gate_store
+from tests.inprocess.conftest import Fsm, ack
+
+RELEASE = Authority(admin=False, groups=frozenset({"release"}))
+OPS = Authority(admin=False, groups=frozenset({"ops"}))
+
+
+def _at_review(fsm: Fsm) -> UUID:
+    mid = fsm.start("test_gate")
+    fsm.receive(ack(fsm.agent("tester").task()))
+    assert fsm.machine(mid).current_state == "REVIEW"
+    return mid
+
+
+def _sent(fsm: Fsm) -> list[str]:
+    """The states whose tasks were sent to the test's agents, in order."""
+    return [task["state"] for task in fsm.agent("tester").tasks()]
+
+
+def _ack_last(fsm: Fsm) -> None:
+    fsm.receive(ack(fsm.agent("tester").tasks()[-1]))
+
+
+def _decide(
+    fsm: Fsm,
+    mid: UUID,
+    actor: str,
+    choice: str = "approve",
+    authority: Authority = RELEASE,
+    **fields: Any,
+) -> Decided:
+    vote = Vote(actor, Choice(choice), fields, comment=f"{actor} says {choice}", via="test")
+    return fsm.engine.approvals.decide(mid, vote, authority)
+
+
+def _gates(fsm: Fsm, mid: UUID) -> list[Any]:
+    with fsm.engine.db.connect() as conn:
+        return list(gate_store.machine_gates_txn(conn, mid))
+
+
+def test_entering_a_gate_sends_no_task_and_waits_for_people_until_its_deadline(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    assert _sent(fsm) == ["BUILD"]  # people decide REVIEW: nothing went to an agent
+    [gate] = _gates(fsm, mid)
+    assert (gate.state, gate.verdict, gate.needed, gate.closed_at) == ("REVIEW", "pending", 2, None)
+    machine = fsm.machine(mid)
+    assert machine.deadline_at is not None
+    assert abs((machine.deadline_at - fsm.clock.now).total_seconds() - 3600) < 1
+    with fsm.engine.db.connect() as conn:
+        [pending] = gate_store.pending_txn(conn, 10)
+    assert (pending.machine_id, pending.type, pending.status) == (mid, "test_gate", "running")
+
+
+def test_a_quorum_of_two_moves_the_machine_once_and_guards_read_the_form(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    first = _decide(fsm, mid, "alice", target="production")
+    assert (first.recorded, first.verdict, first.approvals, first.needed) == (
+        True,
+        "pending",
+        1,
+        2,
+    )
+    again = _decide(fsm, mid, "alice", "reject")  # a second decision by the same person
+    assert (again.recorded, again.decision, again.approvals, again.rejections) == (
+        False,
+        "approve",
+        1,
+        0,
+    )
+    assert fsm.machine(mid).current_state == "REVIEW"
+    closing = _decide(fsm, mid, "bob", target="production")
+    assert (closing.verdict, closing.moved_to) == ("approved", "SHIP_PROD")
+    machine = fsm.machine(mid)
+    assert machine.current_state == "SHIP_PROD" and machine.context["target"] == "production"
+    decisions = machine.context["approval"]["decisions"]
+    assert [(d["actor"], d["decision"]) for d in decisions] == [
+        ("alice", "approve"),
+        ("bob", "approve"),
+    ]
+    assert _sent(fsm) == ["BUILD", "SHIP_PROD"]
+    last = fsm.history(mid)[-1]
+    assert (last.event, last.actor, last.from_state, last.to_state) == (
+        "approval",
+        "bob",
+        "REVIEW",
+        "SHIP_PROD",
+    )
+    [gate] = _gates(fsm, mid)
+    assert (gate.verdict, gate.approvals) == ("approved", 2) and gate.closed_at is not None
+    with pytest.raises(GateClosed, match="SHIP_PROD, which no person decides"):
+        _decide(fsm, mid, "carol", target="staging")  # too late: the gate closed
+
+
+def test_one_rejection_sends_the_work_back_and_a_new_visit_opens_a_new_gate(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")
+    rejected = _decide(fsm, mid, "carol", "reject")  # a rejection fills in no required field
+    assert (rejected.verdict, rejected.moved_to) == ("rejected", "BUILD")
+    machine = fsm.machine(mid)
+    assert machine.context["retryCount"] == 1  # the loop edge counted
+    _ack_last(fsm)
+    second = _gates(fsm, mid)[-1]
+    assert (second.verdict, second.approvals) == ("pending", 0)
+    assert _decide(fsm, mid, "alice", target="staging").recorded  # her decision is the gate's
+
+
+def test_who_may_decide_and_what_they_must_fill_in(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    with pytest.raises(NotAnApprover, match="dave may not decide at REVIEW"):
+        _decide(fsm, mid, "dave", authority=OPS, target="staging")
+    with pytest.raises(InvalidDecision, match="target"):
+        _decide(fsm, mid, "alice")  # an approval must say where to deploy
+    with pytest.raises(InvalidDecision, match="'moon' is not one of"):
+        _decide(fsm, mid, "alice", target="moon")
+    with pytest.raises(InvalidDecision, match="Additional properties"):
+        _decide(fsm, mid, "alice", target="staging", extra=1)
+    with pytest.raises(InvalidDecision, match="comment is 2001 characters"):
+        vote = Vote("alice", Choice.APPROVE, {"target": "staging"}, "x" * 2001)
+        fsm.engine.approvals.decide(mid, vote, RELEASE)
+    assert _gates(fsm, mid)[0].approvals == 0  # nothing refused was counted
+    admin = _decide(fsm, mid, "root", authority=ADMIN, target="staging")  # an admin may
+    assert admin.recorded and admin.approvals == 1
+
+
+def test_a_decision_for_an_earlier_visit_is_refused(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    seen = fsm.machine(mid).attempt
+    _decide(fsm, mid, "alice", "reject")
+    _ack_last(fsm)
+    assert fsm.machine(mid).current_state == "REVIEW"
+    vote = Vote("bob", Choice.APPROVE, {"target": "staging"})
+    with pytest.raises(GateClosed, match=f"attempt {seen}"):
+        fsm.engine.approvals.decide(mid, vote, RELEASE, attempt=seen)
+
+
+def test_the_deadline_escalates_then_rejects(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    fsm.clock.advance(3601)
+    fsm.scan()
+    machine = fsm.machine(mid)
+    assert (machine.current_state, machine.status) == ("ESCALATE", "running")
+    first, second = _gates(fsm, mid)
+    assert (first.verdict, second.state, second.verdict) == ("timed_out", "ESCALATE", "pending")
+    timeout = fsm.history(mid)[-1]
+    assert timeout.event == "timeout" and "escalated to ESCALATE" in (timeout.error_message or "")
+    with pytest.raises(NotAnApprover):
+        _decide(fsm, mid, "alice")  # release is not ops
+    fsm.clock.advance(601)
+    fsm.scan()
+    machine = fsm.machine(mid)
+    assert (machine.current_state, machine.status) == ("FAILED", "failed")
+    assert machine.context["approval"] == {"verdict": "rejected", "decisions": [], "timedOut": True}
+    assert _sent(fsm) == ["BUILD"]  # no agent was sent anything for either gate
+
+
+def test_a_paused_gate_refuses_decisions_and_keeps_them_when_resumed(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")
+    fsm.enter_all(fsm.engine.admin.command(mid, Command(Action.PAUSE, "ops")))
+    with pytest.raises(GateClosed, match="paused"):
+        _decide(fsm, mid, "bob", target="staging")
+    fsm.enter_all(fsm.engine.admin.command(mid, Command(Action.RESUME, "ops")))
+    [gate] = _gates(fsm, mid)  # the same gate, at the machine's new attempt
+    assert gate.attempt == fsm.machine(mid).attempt and gate.approvals == 1
+    assert _decide(fsm, mid, "bob", target="staging").moved_to == "SHIP"
+
+
+def test_a_forced_machine_leaves_its_gate_and_a_later_visit_opens_another(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")
+    fsm.enter_all(fsm.engine.admin.command(mid, Command(Action.FORCE, "ops", target="BUILD")))
+    with fsm.engine.db.connect() as conn:
+        assert gate_store.pending_txn(conn, 10) == []  # left: no longer waiting for anyone
+    _ack_last(fsm)
+    first, second = _gates(fsm, mid)
+    assert (first.verdict, second.verdict, second.approvals) == ("left", "pending", 0)
