@@ -1,7 +1,8 @@
-"""The command line's approval gates: `approve`, `reject` and `approvals`.
+"""The command line's people and outside events: `approve`, `reject`, `approvals`, and
+`send-event`, `events`.
 
-The CLI holds the database's credentials, so it decides as an admin may, at any gate; the name
-it records is --actor's ($USER).
+The CLI holds the database's credentials, so it decides as an admin may, at any gate, and may
+send any event; the name it records is --actor's ($USER).
 """
 
 from __future__ import annotations
@@ -108,8 +109,46 @@ def approvals(machine_type: str | None, limit: int, as_json: bool) -> None:
     echo_lines(table(header, rows) if rows else ["no approval is waiting"])
 
 
+@click.command("send-event")
+@click.argument("machine_id")
+@click.argument("name")
+@click.option("--payload", default="{}", callback=json_object, help="The payload (JSON object).")
+@click.option("--key", default=None, help="Your id for it: sent again, it is one event.")
+@click.option("--json", "as_json", is_flag=True)
+@actor_option()
+def send_event(
+    machine_id: str, name: str, payload: dict[str, Any], key: str | None, as_json: bool, actor: str
+) -> None:
+    """Send a machine an outside event: applied when it waits for it, else kept until it does."""
+    done = client().send_event(machine_id, name, payload, actor, via="cli", key=key)
+    if as_json:
+        echo_json(done)
+        return
+    moved = f": moved to {done['moved_to']}" if done["moved_to"] else ""
+    click.echo(f"{done['machine_id']}  {done['name']}  {done['outcome']}  {done['state']}{moved}")
+
+
+@click.command("events")
+@click.argument("machine_id")
+@click.option("--json", "as_json", is_flag=True)
+def events(machine_id: str, as_json: bool) -> None:
+    """The outside events sent to a machine, oldest first: kept, applied or refused."""
+    found = client().events(machine_id)
+    if as_json:
+        echo_json(found)
+        return
+    rows = [
+        (str(e["received_at"])[:19], e["name"], e["outcome"], safe(e["sender"]), e["via"])
+        for e in found
+    ]
+    header = ("RECEIVED (UTC)", "EVENT", "OUTCOME", "SENDER", "VIA")
+    echo_lines(table(header, rows) if rows else ["no event was sent to it"])
+
+
 COMMANDS = (
     _decision("approve", "Approve at a machine's approval gate (fill its form with --field)."),
     _decision("reject", "Reject at a machine's approval gate."),
     approvals,
+    send_event,
+    events,
 )

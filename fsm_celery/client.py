@@ -51,6 +51,7 @@ from fsm_celery.store import gates as gate_store
 from fsm_celery.store import notify as notify_store
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
+from fsm_celery.store import signals as signal_store
 from fsm_celery.store import slots as slot_store
 from fsm_celery.store.reads import Cursor, MachineFilter
 
@@ -61,6 +62,7 @@ CANDIDATES = 10  # ids an ambiguous prefix's error lists at most
 TREE_SHOWN = 10  # children a tree lists of each machine; the others it counts by status
 TREE_MOST = 200  # machines a tree lists at most
 FAN_OUTS = 20  # a machine's latest fan-outs shown (a loop may enter a fan-out state often)
+OUTSIDE_EVENTS = ("pull_request", "check_suite", "workflow_run")  # core.github.outside_event
 
 
 class Client:
@@ -118,6 +120,10 @@ class Client:
         if event == "issue_comment":  # an approver's /approve or /reject
             decision = github.comment_decision(event, payload)
             done = self.engine.github.comment(delivery, event, decision, action)
+        elif event in OUTSIDE_EVENTS:  # an event for machines waiting for it
+            outside = github.outside_event(event, payload)
+            signals = self.engine.signals
+            done = self.engine.github.outside(delivery, event, outside, action, signals)
         else:
             wanted = github.decide(
                 event,
@@ -250,6 +256,30 @@ class Client:
             "gates": [jsonable(dict(r._mapping)) for r in gates],
             "decisions": [jsonable(dict(r._mapping)) for r in made],
         }
+
+    def send_event(
+        self,
+        machine_id: UUID | str,
+        name: str,
+        payload: Mapping[str, Any] | None = None,
+        sender: str = "client",
+        *,
+        via: str = "client",
+        key: str | None = None,
+    ) -> dict[str, Any]:
+        """Send the machine an outside event: applied at once when it waits for it, else kept
+        until it enters the state that does (`outcome`: applied, kept, or duplicate, when
+        `key` was sent before)."""
+        mid = self.full_id(machine_id)
+        done = self.engine.signals.send(mid, name, dict(payload or {}), sender, via, key)
+        self._hand_on(done.next)
+        return jsonable({k: v for k, v in asdict(done).items() if k != "next"})
+
+    def events(self, machine_id: UUID | str) -> list[dict[str, Any]]:
+        """The outside events sent to the machine, oldest first: kept, applied or refused."""
+        with self.engine.db.connect() as conn:
+            rows = signal_store.machine_events_txn(conn, _full_id_txn(conn, machine_id))
+        return [jsonable(dict(r._mapping)) for r in rows]
 
     def agents(self) -> list[dict[str, Any]]:
         """Every agent that ever reported, with its status and when it was last seen."""

@@ -217,6 +217,20 @@ class Settings(BaseSettings):
         "GitHub login}}. A definition's approval names groups; admins may decide at any gate.",
         max_length=1000,
     )
+    event_secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per machine type, the secret (32+ bytes) that signs outside events sent to "
+        "its machines over HTTP (X-FSM-Signature-256: sha256=HMAC of the body), as JSON "
+        "{type: secret}; an admin's token may send any.",
+        max_length=200,
+    )
+    max_kept_events: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="Events of one name kept for a machine not yet waiting for them; more are "
+        "refused.",
+    )
     dashboard_url: str = Field(
         default="",
         description="The dashboard's address as people reach it (https://fsm.example.com): "
@@ -380,6 +394,10 @@ class Settings(BaseSettings):
     def dashboard_problem(self) -> str | None:
         """Why the HTTP API and dashboard cannot be served with these settings, or None."""
         approver_tokens = tuple(a.token for a in self.approvers.values() if a.token)
+        for machine_type, secret in self.event_secrets.items():
+            problem = weak_secret(secret, MIN_SECRET_BYTES)
+            if problem is not None:
+                return f"FSM_EVENT_SECRETS holds a secret for {machine_type} that {problem}"
         for name, tokens in (
             ("FSM_ADMIN_TOKEN", self.admin_tokens),
             ("FSM_VIEWER_TOKEN", self.viewer_tokens),

@@ -17,9 +17,11 @@ FsmError                      root of everything this package raises
     │   └── ContextMismatch   … or does not match its definition's context_schema
     ├── InvalidAgentId        the agent id given at start is not a UUID
     ├── CommandRefused        an admin command does not apply to the machine as it is
-    │   └── GateClosed        a decision came for a gate that is not open (or not this one)
+    │   ├── GateClosed        a decision came for a gate that is not open (or not this one)
+    │   └── EventRefused      an event for a machine that waits for nothing more, or too many
     ├── NotAnApprover         the person deciding is in none of the gate's groups
     ├── InvalidDecision       a decision's fields do not fill in its gate's form
+    ├── InvalidEvent          an event no state of the machine waits for, or a payload unfit
     └── Unstorable            what a transition would write does not fit its columns
 """
 
@@ -197,6 +199,23 @@ class GateClosed(CommandRefused):
 
     def __init__(self, machine_id: str, detail: str) -> None:
         super().__init__("decision", machine_id, detail)
+
+
+class EventRefused(CommandRefused):
+    """An outside event for a machine that has ended, or of which enough are kept already."""
+
+    def __init__(self, machine_id: str, detail: str) -> None:
+        super().__init__("event", machine_id, detail)
+
+
+class InvalidEvent(MachineError):
+    """An outside event no state of the machine waits for, or whose payload does not match the
+    waiting state's schema, or is too large."""
+
+    def __init__(self, machine_id: str, detail: str) -> None:
+        self.machine_id = machine_id
+        self.detail = detail
+        super().__init__(f"event for machine {machine_id}: {detail}")
 
 
 class NotAnApprover(MachineError):

@@ -21,6 +21,7 @@ from fsm_celery.core.context import context_problem, schema_problem
 from fsm_celery.core.gate import Approval
 from fsm_celery.core.prompt import TEMPLATES, variables
 from fsm_celery.core.schedule import Schedule
+from fsm_celery.core.signal import Wait
 from fsm_celery.core.usage import Budget
 from fsm_celery.exceptions import DefinitionError, Problem
 
@@ -181,16 +182,22 @@ class StateDefinition(BaseModel):
     on_approve: tuple[Edge, ...] = ()
     on_reject: tuple[Edge, ...] = ()
     on_timeout: str | None = None
+    # an outside event decides it (fsm_celery.core.signal): where its payload leads
+    wait: Wait | None = None
+    on_event: tuple[Edge, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
     def _gate_timeout(cls, data: Any) -> Any:
-        """An approval waits a day unless its definition says how long: people take hours."""
-        if isinstance(data, dict) and data.get("approval") is not None and "timeout" not in data:
+        """An approval or a wait lasts a day unless its definition says how long: people and
+        outside systems take hours."""
+        if not isinstance(data, dict) or "timeout" in data:
+            return data
+        if data.get("approval") is not None or data.get("wait") is not None:
             return {**data, "timeout": gate.DEFAULT_TIMEOUT}
         return data
 
-    @field_validator("on_success", "on_approve", "on_reject", mode="before")
+    @field_validator("on_success", "on_approve", "on_reject", "on_event", mode="before")
     @classmethod
     def _success_edges(cls, value: Any) -> Any:
         if isinstance(value, str | dict):
@@ -212,14 +219,20 @@ class StateDefinition(BaseModel):
     @property
     def edges(self) -> tuple[Edge, ...]:
         failure = (self.on_failure,) if self.on_failure else ()
-        return self.on_success + failure + self.on_approve + self.on_reject + self.escalation
+        people = self.on_approve + self.on_reject + self.on_event
+        return self.on_success + failure + people + self.escalation
 
     @property
     def escalation(self) -> tuple[Edge, ...]:
-        """An approval's edge to the state its deadline escalates to, if it names one."""
+        """An approval's or a wait's edge to the state its deadline leads to, if it names one."""
         if self.on_timeout is None or self.on_timeout in (gate.APPROVE, gate.REJECT):
             return ()
         return (Edge(target=self.on_timeout),)
+
+    @property
+    def awaits(self) -> bool:
+        """Whether people or an outside event decide the state, not an agent or children."""
+        return self.approval is not None or self.wait is not None
 
     @property
     def fans_out(self) -> bool:
@@ -783,8 +796,8 @@ def _timing_problems(state: StateDefinition, source: str) -> Iterator[Problem]:
 def _state_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
     name = state.name
     yield from _timing_problems(state, source)
-    if state.approval is not None:
-        yield from _gate_problems(state, state.approval, names, source)
+    if state.awaits:
+        yield from _awaiting_problems(state, names, source)
         return
     yield from _gate_fields_elsewhere(state, source)
     if state.terminal is not None:
@@ -829,17 +842,62 @@ NOT_AT_A_GATE = (
 )
 
 
+def _awaiting_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
+    """What is wrong with a state people or an outside event decide."""
+    if state.approval is not None and state.wait is not None:
+        yield Problem(
+            "a state waits for people or for an event, not both", source, state.name, "wait"
+        )
+    elif state.approval is not None:
+        yield from _gate_problems(state, state.approval, names, source)
+    elif state.wait is not None:
+        yield from _wait_problems(state, state.wait, names, source)
+
+
 def _gate_fields_elsewhere(state: StateDefinition, source: str) -> Iterator[Problem]:
-    for field in ("on_approve", "on_reject", "on_timeout"):
+    for field in ("on_approve", "on_reject", "on_timeout", "on_event"):
         if field in state.model_fields_set:
-            yield Problem(f"{field} applies to an approval state", source, state.name, field)
+            kind = "a waiting" if field == "on_event" else "an approval or a waiting"
+            yield Problem(f"{field} applies to {kind} state", source, state.name, field)
+
+
+def _wait_problems(
+    state: StateDefinition, wait: Wait, names: set[str], source: str
+) -> Iterator[Problem]:
+    name = state.name
+    for field in (*NOT_AT_A_GATE, "on_approve", "on_reject"):
+        if field in state.model_fields_set:
+            yield Problem(
+                f"a waiting state has no {field}: an event decides it", source, name, field
+            )
+    if not state.on_event:
+        yield Problem("a waiting state needs on_event", source, name, "on_event")
+    elif state.on_event[-1].when is not None:
+        yield Problem(
+            "the last on_event edge must have no guard (it is the default)",
+            source,
+            name,
+            "on_event",
+        )
+    if state.on_timeout is None or state.on_timeout in (gate.APPROVE, gate.REJECT):
+        yield Problem(
+            "a waiting state needs on_timeout: the state it goes to when no event came",
+            source,
+            name,
+            "on_timeout",
+        )
+    yield from _edge_problems(state, names, source)
+    if wait.form is not None:
+        problem = schema_problem(wait.form)
+        if problem is not None:
+            yield Problem(problem.replace("a context", "a payload"), source, name, "wait.schema")
 
 
 def _gate_problems(
     state: StateDefinition, approval: Approval, names: set[str], source: str
 ) -> Iterator[Problem]:
     name = state.name
-    for field in NOT_AT_A_GATE:
+    for field in (*NOT_AT_A_GATE, "on_event"):
         if field in state.model_fields_set:
             yield Problem(
                 f"an approval state has no {field}: people decide it", source, name, field
@@ -892,7 +950,7 @@ def _labelled_edges(state: StateDefinition) -> Iterator[tuple[str, Edge]]:
         yield f"on_success[{i}]", edge
     if state.on_failure is not None:
         yield "on_failure", state.on_failure
-    for field in ("on_approve", "on_reject"):
+    for field in ("on_approve", "on_reject", "on_event"):
         for i, edge in enumerate(getattr(state, field)):
             yield f"{field}[{i}]", edge
     for edge in state.escalation:
@@ -1038,6 +1096,15 @@ def _ways_out(
 ) -> Iterator[tuple[str, frozenset[str]]]:
     if state.approval is not None:
         yield from _ways_out_of_gate(d, state, state.approval, failed)
+        return
+    if state.wait is not None:  # the payload's required keys; nothing when it times out
+        arrived = failed | set((state.wait.form or {}).get("required", ()))
+        for edge in state.on_event:
+            yield edge.target, arrived
+            if edge.loop:
+                yield d.on_loop_exhausted, arrived
+        for edge in state.escalation:
+            yield edge.target, failed
         return
     for edge in state.on_success:
         yield edge.target, succeeded

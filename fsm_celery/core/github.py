@@ -136,6 +136,94 @@ def comment_decision(event: str, payload: Any) -> Decision | Ignored:
     return Decision(name, number, login[:NAME_CHARS], found.group(1), fields, text)
 
 
+@dataclass(frozen=True)
+class Outside:
+    """An outside event a delivery carries (fsm_celery.core.signal), for the machines the
+    webhook started in its repository: those for the issues a merged pull request closes
+    (`pr_merged`), or those whose context's `branch` a finished check ran on
+    (`checks_completed`)."""
+
+    repository: str
+    name: str
+    payload: dict[str, Any]
+    issues: tuple[int, ...] = ()
+    branch: str | None = None
+
+
+# GitHub's closing keywords ("Linking a pull request to an issue"): fixes #12, closes #7, ...
+CLOSES = re.compile(r"\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\s*:?\s+#(\d{1,10})\b", re.I)
+MOST_ISSUES = 20
+
+
+def outside_event(event: str, payload: Any) -> Outside | Ignored:
+    """The outside event a `pull_request`, `check_suite` or `workflow_run` delivery carries, or
+    why it carries none: a pull request closed and merged is `pr_merged` for the issues its
+    title and body close; a check suite or a workflow run completed is `checks_completed` for
+    its head branch."""
+    if not isinstance(payload, dict):
+        return Ignored("the payload is not a JSON object")
+    problem = unstorable(payload, "payload")
+    if problem is not None:
+        return Ignored(problem)
+    repository = payload.get("repository")
+    name = repository.get("full_name") if isinstance(repository, dict) else None
+    if not isinstance(name, str) or not 0 < len(name) <= NAME_CHARS:
+        return Ignored("repository.full_name is not a repository name")
+    if event == "pull_request":
+        return _merged(payload, name)
+    if event in ("check_suite", "workflow_run"):
+        return _checked(payload, event, name)
+    return Ignored(f"event {event[:50]!r} carries no event")
+
+
+def _merged(payload: dict[str, Any], repository: str) -> Outside | Ignored:
+    pull = payload.get("pull_request")
+    if payload.get("action") != "closed" or not isinstance(pull, dict):
+        return Ignored("only a pull request closed is an event")
+    if pull.get("merged") is not True:
+        return Ignored("the pull request was closed without being merged")
+    text = " ".join(str(pull.get(k) or "") for k in ("title", "body"))[:BODY_CHARS]
+    issues = tuple(dict.fromkeys(int(n) for n in CLOSES.findall(text) if 0 < int(n) <= INT32_MAX))[
+        :MOST_ISSUES
+    ]
+    if not issues:
+        return Ignored("the pull request closes no issue (Fixes #N in its title or body)")
+    head, base = _object(pull.get("head")), _object(pull.get("base"))
+    fields = {
+        "merged": True,
+        "number": pull.get("number") if isinstance(pull.get("number"), int) else None,
+        "title": str(pull.get("title") or "")[:TITLE_CHARS],
+        "url": str(pull.get("html_url") or "")[: NAME_CHARS * 2],
+        "branch": str(head.get("ref") or "")[:NAME_CHARS],
+        "base": str(base.get("ref") or "")[:NAME_CHARS],
+        "mergeCommitSha": str(pull.get("merge_commit_sha") or "")[:64],
+        "mergedBy": _login(pull.get("merged_by")),
+    }
+    return Outside(repository, "pr_merged", fields, issues=issues)
+
+
+def _checked(payload: dict[str, Any], event: str, repository: str) -> Outside | Ignored:
+    run = payload.get(event)
+    if payload.get("action") != "completed" or not isinstance(run, dict):
+        return Ignored(f"only a {event} completed is an event")
+    branch = run.get("head_branch")
+    if not isinstance(branch, str) or not 0 < len(branch) <= NAME_CHARS:
+        return Ignored(f"the {event} has no head branch")
+    app = _object(run.get("app"))
+    fields = {
+        "conclusion": str(run.get("conclusion") or "")[:50],
+        "branch": branch,
+        "sha": str(run.get("head_sha") or "")[:64],
+        "check": str(run.get("name") or app.get("name") or event)[:NAME_CHARS],
+        "url": str(run.get("html_url") or run.get("url") or "")[: NAME_CHARS * 2],
+    }
+    return Outside(repository, "checks_completed", fields, branch=branch)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _labels(issue: dict[str, Any]) -> set[str]:
     labels = issue.get("labels")
     if not isinstance(labels, list):

@@ -12,7 +12,8 @@ from typing import Any
 from fsm_celery.core.definition import AtLeast, MachineDefinition, StateDefinition
 
 SUCCESS, GUARDED, FAILURE, LOOP_EXHAUSTED = "success", "guarded", "failure", "loop_exhausted"
-TASK, PARALLEL, MAP, MACHINE, APPROVAL = "task", "parallel", "map", "machine", "approval"
+TASK, PARALLEL, MAP, MACHINE = "task", "parallel", "map", "machine"
+APPROVAL, WAIT = "approval", "wait"
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,15 @@ def graph(definition: MachineDefinition) -> Graph:
 
 
 def _gate_links(state: StateDefinition) -> list[Link]:
-    """An approval state's ways out: approved (guarded or not), rejected, and escalated."""
+    """An approval's or a wait's ways out: approved (guarded or not), rejected, the event
+    arrived, and its deadline's."""
     links = []
-    for verdict, edges in (("approved", state.on_approve), ("rejected", state.on_reject)):
+    event = state.wait.event if state.wait is not None else "event"
+    for verdict, edges in (
+        ("approved", state.on_approve),
+        ("rejected", state.on_reject),
+        (event, state.on_event),
+    ):
         for edge in edges:
             label = f"{verdict}: {edge.when}" if edge.when else verdict
             if edge.loop:
@@ -122,13 +129,16 @@ def _gate_links(state: StateDefinition) -> list[Link]:
             kind = FAILURE if verdict == "rejected" else GUARDED if edge.when else SUCCESS
             links.append(Link(state.name, edge.target, kind, label))
     for edge in state.escalation:
-        links.append(Link(state.name, edge.target, FAILURE, "no decision: escalate"))
+        what = "no event" if state.wait is not None else "no decision"
+        links.append(Link(state.name, edge.target, FAILURE, f"{what}: timeout"))
     return links
 
 
 def _kind(state: StateDefinition) -> str:
     if state.approval is not None:
         return APPROVAL
+    if state.wait is not None:
+        return WAIT
     if state.parallel is not None:
         return PARALLEL
     if state.map is not None:
@@ -147,6 +157,8 @@ def _detail(state: StateDefinition) -> str:
     if state.approval is not None:
         quorum = state.approval.quorum
         return f"{quorum} of {', '.join(state.approval.approvers)}"
+    if state.wait is not None:
+        return f"waits for {state.wait.event}"
     return f"→ {state.machine}" if state.machine is not None else ""
 
 
@@ -165,7 +177,9 @@ def _dot_lines(g: Graph, prefix: str, indent: str) -> list[str]:
         if node.terminal is not None:
             style.append("bold")
         shape = f'style="{",".join(style)}"' + (", penwidth=2" if node.initial else "")
-        text = f"{node.id}\n{node.detail}" if node.kind in (MAP, MACHINE, APPROVAL) else node.id
+        text = (
+            f"{node.id}\n{node.detail}" if node.kind in (MAP, MACHINE, APPROVAL, WAIT) else node.id
+        )
         label = f", label={_quote(text)}" if prefix or text != node.id else ""
         declared = f"{indent}{_quote(prefix + node.id)} [{shape}{label}];"
         branches = g.branches.get(node.id)

@@ -140,7 +140,18 @@ class GateDecided:
     output: Mapping[str, Any] = field(default_factory=dict)
 
 
-Event = Ack | Timeout | HandBack | DispatchFailed | Joined | GateDecided
+@dataclass(frozen=True)
+class EventArrived:
+    """The outside event a waiting state waits for arrived, with its payload
+    (fsm_celery.core.signal)."""
+
+    state: str
+    attempt: int
+    name: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+Event = Ack | Timeout | HandBack | DispatchFailed | Joined | GateDecided | EventArrived
 
 
 @dataclass(frozen=True)
@@ -241,8 +252,12 @@ def _decide(
     state = definition.state(machine.current_state)
     if state.approval is not None:
         return _decide_gate(definition, machine, state, event, limits)
-    if isinstance(event, GateDecided):
-        return Rejected(RejectReason.WRONG_STATE, f"{state.name} is not an approval state")
+    if state.wait is not None:
+        return _decide_wait(definition, machine, state, event, limits)
+    if isinstance(event, GateDecided | EventArrived):
+        return Rejected(
+            RejectReason.WRONG_STATE, f"{state.name} waits for neither people nor an event"
+        )
     if isinstance(event, Timeout):
         return _fail(definition, machine, state, FailureKind.TIMEOUT, "timed out", None)
     if isinstance(event, HandBack):
@@ -357,6 +372,46 @@ def _decide_gate(
         return _take(definition, machine, edge, context, output, None, None)
     error = f"rejected at {state.name}"
     return _take(definition, machine, edge, context, output, error, FailureKind.FAILURE)
+
+
+def _decide_wait(
+    definition: MachineDefinition,
+    machine: Machine,
+    state: StateDefinition,
+    event: Event,
+    limits: Limits,
+) -> Decision:
+    """A waiting state moves on the event it waits for, its payload read as the output, or on
+    its deadline, to its on_timeout state (a timeout failure, not retried: the wait is one)."""
+    assert state.wait is not None
+    if isinstance(event, Timeout):
+        assert state.on_timeout is not None  # the validator requires it of a waiting state
+        error = f"no {state.wait.event} event before the deadline"
+        context = dict(machine.context)
+        edge = Edge(target=state.on_timeout)
+        return _take(definition, machine, edge, context, None, error, FailureKind.TIMEOUT)
+    if not isinstance(event, EventArrived):
+        return Rejected(
+            RejectReason.WRONG_STATE,
+            f"{state.name} waits for a {state.wait.event} event, not for agents",
+        )
+    if event.name != state.wait.event:
+        return Rejected(
+            RejectReason.WRONG_STATE,
+            f"{state.name} waits for a {state.wait.event} event, not {event.name}",
+        )
+    output = dict(event.payload)
+    context = _merged(machine, output)
+    too_big = _context_too_big(context, limits)
+    if too_big is not None:
+        return Rejected(RejectReason.INVALID_OUTPUT, too_big)
+    try:
+        edge = _chosen_edge(state.on_event, output, context)
+    except GuardFailed as exc:
+        return Rejected(
+            RejectReason.INVALID_OUTPUT, f"guard {exc.guard!r} failed on the event: {exc.error}"
+        )
+    return _take(definition, machine, edge, context, output, None, None)
 
 
 def _gate_timeout(

@@ -20,7 +20,7 @@ from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import DispatchFailed, Machine, MachineStatus, Rejected, decide
-from fsm_celery.engine import gates
+from fsm_celery.engine import gates, waits
 from fsm_celery.engine.fanout import FanOut, Rows
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
@@ -175,6 +175,9 @@ class Entry:
             return
         if state.approval is not None:  # people decide it: nothing is sent to an agent
             gates.open_txn(conn, self._rt, row, state, writes)
+            return
+        if state.wait is not None:  # an outside event decides it (one kept for it, at once)
+            waits.enter_txn(conn, self._rt, row, definition, state, writes)
             return
         agent_type = definition.agent_type_of(state)
         if not self._slots.take_txn(conn, row.id, agent_type, writes):

@@ -8,14 +8,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from uuid import UUID
 
+from fsm_celery.core import signal
 from fsm_celery.core.gate import Choice, Vote
-from fsm_celery.core.github import Decision, Ignored, Trigger
+from fsm_celery.core.github import Decision, Ignored, Outside, Trigger
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.approvals import Approvals, Authority
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.signals import Signals
 from fsm_celery.engine.writes import Writes
-from fsm_celery.exceptions import GateClosed, InvalidContext, InvalidDecision, NotAnApprover
+from fsm_celery.exceptions import (
+    EventRefused,
+    GateClosed,
+    InvalidContext,
+    InvalidDecision,
+    InvalidEvent,
+    NotAnApprover,
+)
 from fsm_celery.store import github as store
 
 
@@ -73,6 +82,57 @@ class GitHub:
             store.settle_delivery_txn(conn, delivery, "decided", *where, machine_id)
         said = f"{vote.choice.value} by {name}: {decided.approvals}/{decided.needed} approvals"
         return Delivered("decided", machine_id, said, writes.next())
+
+    def outside(
+        self,
+        delivery: str,
+        event: str,
+        wanted: Outside | Ignored,
+        action: str | None,
+        signals: Signals,
+    ) -> Delivered:
+        """Send a delivery's outside event (a merged pull request, finished checks) to each
+        machine it concerns whose definition waits for it, each in a transaction of its own,
+        keyed by the delivery: a redelivery, or a retry after a crash part-way, sends none of
+        them twice."""
+        with self._rt.db.begin() as conn:
+            store.claim_delivery_txn(conn, delivery, event, action)  # recorded; keys dedupe
+            if isinstance(wanted, Ignored):
+                store.settle_delivery_txn(conn, delivery, "ignored")
+                return Delivered("ignored", detail=wanted.reason)
+            if wanted.branch is not None:
+                found = store.started_on_branch_txn(conn, wanted.repository, wanted.branch)
+            else:
+                found = store.started_for_issues_txn(conn, wanted.repository, wanted.issues)
+            waiting = [
+                machine_id
+                for machine_id, machine_type, version in found
+                if signal.waiting_for(
+                    self._rt.catalog.version(conn, machine_type, version).states, wanted.name
+                )
+            ]
+        told: list[str] = []
+        next_states: Next = []
+        for machine_id in waiting:
+            try:
+                done = signals.send(
+                    machine_id,
+                    wanted.name,
+                    wanted.payload,
+                    "github",
+                    "github",
+                    f"github:{delivery}",
+                )
+            except (EventRefused, InvalidEvent) as exc:
+                told.append(f"{machine_id}: refused ({exc})")
+                continue
+            told.append(f"{machine_id}: {done.outcome}")
+            next_states += done.next
+        with self._rt.db.begin() as conn:
+            outcome = "signalled" if told else "ignored"
+            store.settle_delivery_txn(conn, delivery, outcome, wanted.repository)
+        detail = "; ".join(told) or f"no machine here waits for {wanted.name}"
+        return Delivered(outcome, detail=detail, next=next_states)
 
     def _approver(self, login: str) -> tuple[str, frozenset[str]] | None:
         """The approver (name, groups) whose GitHub login it is (GitHub's are case-blind)."""

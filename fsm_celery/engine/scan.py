@@ -100,8 +100,10 @@ class Scan:
         decision = decide(definition, snapshot(row), Timeout(row.current_state, row.attempt))
         assert not isinstance(decision, Rejected)  # the query chose dispatched attempts
         writes.transition(row, decision, "timeout")
-        if definition.state(row.current_state).approval is not None:  # people were waited for
+        state = definition.state(row.current_state)
+        if state.approval is not None:
             gates.close_txn(conn, row.id, "timed_out", writes.now)
+        if state.awaits:  # people or an outside event were waited for: no agent to tell
             return
         why = "timed out: no ack or heartbeat before its deadline"
         cancel_in_flight(writes, row, self._rt.settings.token_secrets[0], why)

@@ -11,15 +11,21 @@ from dataclasses import asdict
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
+from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 
 from fsm_celery.client import TREE_MOST, TREE_SHOWN, Client
+from fsm_celery.core import signal
 from fsm_celery.core.admin import Action
+from fsm_celery.core.github import signature_matches
 from fsm_celery.core.graph import graph, to_dot
+from fsm_celery.core.signal import EVENT_PATTERN
 from fsm_celery.engine.approvals import Authority
-from fsm_celery.http.auth import Principal, admin, decider, viewer
+from fsm_celery.http.auth import Principal, admin, decider, principal, unauthorized, viewer
 from fsm_celery.http.examples import answer
 from fsm_celery.http.hub import MAX_FOLLOWED, RESYNC, EventHub, Interest
 from fsm_celery.http.models import (
@@ -27,6 +33,7 @@ from fsm_celery.http.models import (
     BulkRequest,
     CommandRequest,
     DecisionRequest,
+    EventRequest,
     ForceRequest,
     StartRequest,
     decode_cursor,
@@ -245,6 +252,69 @@ def decide(fsm: Fsm, who: Decider, machine_id: UUID, body: DecisionRequest) -> d
 )
 def decisions(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
     return fsm.decisions(machine_id)
+
+
+@router.post(
+    "/machines/{machine_id}/events/{name}",
+    summary="Send a machine an outside event (an admin, or signed with its type's secret)",
+    responses=answer("send_event"),
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": EventRequest.model_json_schema()}}
+        }
+    },
+)
+async def send_event(
+    request: Request,
+    machine_id: UUID,
+    name: Annotated[str, Path(min_length=1, max_length=50, pattern=EVENT_PATTERN)],
+    x_fsm_signature_256: Annotated[str | None, Header(max_length=100)] = None,
+) -> dict[str, Any]:
+    """An admin's token or session may send any event; anyone else signs the body with the
+    machine type's secret (FSM_EVENT_SECRETS): X-FSM-Signature-256: sha256=<HMAC-SHA256>."""
+    fsm = client(request)
+    raw = await request.body()
+    if len(raw) > signal.MAX_PAYLOAD_BYTES + 1024:
+        raise HTTPException(413, f"the body is over {signal.MAX_PAYLOAD_BYTES + 1024} bytes")
+    who = principal(request)
+    sender = who.name
+    if not who.is_admin:
+        if x_fsm_signature_256 is None:
+            raise unauthorized(
+                "an admin's token, or X-FSM-Signature-256 under the machine type's secret"
+            )
+        info = await run_in_threadpool(fsm.get_machine, machine_id)
+        secret = request.app.state.settings.event_secrets.get(info.type.split(".")[0], "")
+        if not signature_matches(secret, raw, x_fsm_signature_256):
+            raise HTTPException(403, f"X-FSM-Signature-256 is not the body's under {info.type}'s")
+        sender = f"signed:{info.type.split('.')[0]}"
+    body = _parsed(raw)
+    done = await run_in_threadpool(
+        fsm.send_event,
+        machine_id,
+        name,
+        body.payload,
+        body.sender or sender,
+        via="api",
+        key=body.key,
+    )
+    return {"event": done}
+
+
+def _parsed(raw: bytes) -> EventRequest:
+    try:
+        return EventRequest.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
+
+
+@router.get(
+    "/machines/{machine_id}/events",
+    summary="The outside events sent to a machine: kept, applied or refused",
+    responses=answer("machine_events"),
+)
+def machine_events(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
+    return {"items": fsm.events(machine_id)}
 
 
 @router.get(

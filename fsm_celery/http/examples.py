@@ -161,6 +161,9 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
     "CommandRequest": [COMMAND, {}],
     "ForceRequest": [{"state": "RUN_TESTS", "reason": "the tests were fixed by hand"}],
     "BudgetRequest": [{"tokens": 200000, "cost": 5.0, "reason": "the refactor needs more room"}],
+    "EventRequest": [
+        {"payload": {"merged": True, "number": 812}, "key": "github-delivery-72d3162e"},
+    ],
     "DecisionRequest": [
         {"decision": "approve", "fields": {"target": "production"}, "comment": "tests green"},
         {"decision": "reject", "comment": "the migration needs a rollback plan", "attempt": 7},
@@ -217,6 +220,32 @@ ANSWERS: dict[str, Any] = {
             "verdict": "approved",
             "moved_to": "DEPLOY",
         }
+    },
+    "send_event": {
+        "event": {
+            "machine_id": MACHINE_ID,
+            "name": "pr_merged",
+            "outcome": "applied",
+            "state": "DEPLOY",
+            "moved_to": "DEPLOY",
+        }
+    },
+    "machine_events": {
+        "items": [
+            {
+                "id": 5,
+                "machine_id": MACHINE_ID,
+                "name": "pr_merged",
+                "payload": {"merged": True, "number": 812},
+                "sender": "github",
+                "via": "github",
+                "key": "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+                "received_at": WHEN,
+                "consumed_at": WHEN,
+                "attempt": 9,
+                "outcome": "applied",
+            }
+        ]
     },
     "approvals": {
         "items": [

@@ -1,5 +1,7 @@
 """POST /webhooks/github: a GitHub webhook (content type application/json), its signature
-(X-Hub-Signature-256 under FSM_GITHUB_WEBHOOK_SECRET) checked before anything is read."""
+(X-Hub-Signature-256 under FSM_GITHUB_WEBHOOK_SECRET) checked before anything is read. What each
+event does is fsm_celery.core.github's: `issues` start machines, `issue_comment` decides at
+approval gates, `pull_request`, `check_suite` and `workflow_run` are outside events."""
 
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ DELIVERY_CHARS = 64
 
 @router.post(
     "/webhooks/github",
-    summary="GitHub webhook: issues start machines, approvers' comments decide at gates",
+    summary=(
+        "GitHub webhook: issues start machines, approvers' comments decide at gates, merged "
+        "pull requests and finished checks are events for the machines waiting for them"
+    ),
     response_model=None,
     responses={422: {"description": "refused: the delivery's context does not match the schema"}},
 )

@@ -3,6 +3,7 @@ Each helper takes the connection and never commits."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from uuid import UUID
 
 from sqlalchemy import Connection, select, update
@@ -90,3 +91,44 @@ def waiting_for_issue_txn(conn: Connection, repository: str, issue: int) -> UUID
         .limit(1)
     ).scalar()
     return found
+
+
+def started_for_issues_txn(
+    conn: Connection, repository: str, issues: Sequence[int]
+) -> list[tuple[UUID, str, int]]:
+    """The unfinished machines (id, type, definition version) deliveries started for the
+    repository's issues."""
+    rows = conn.execute(
+        select(machines.c.id, machines.c.type, machines.c.definition_version)
+        .select_from(
+            github_deliveries.join(machines, machines.c.id == github_deliveries.c.machine_id)
+        )
+        .where(
+            github_deliveries.c.repository == repository,
+            github_deliveries.c.issue.in_(list(issues)),
+            machines.c.status.in_(UNFINISHED),
+        )
+        .order_by(machines.c.created_at)
+    ).all()
+    return list(dict.fromkeys((r.id, r.type, r.definition_version) for r in rows))
+
+
+def started_on_branch_txn(
+    conn: Connection, repository: str, branch: str
+) -> list[tuple[UUID, str, int]]:
+    """The unfinished machines (id, type, definition version) deliveries started in the
+    repository whose context's `branch` is the branch (the agent that pushed it put it
+    there)."""
+    rows = conn.execute(
+        select(machines.c.id, machines.c.type, machines.c.definition_version)
+        .select_from(
+            github_deliveries.join(machines, machines.c.id == github_deliveries.c.machine_id)
+        )
+        .where(
+            github_deliveries.c.repository == repository,
+            machines.c.status.in_(UNFINISHED),
+            machines.c.context["branch"].as_string() == branch,
+        )
+        .order_by(machines.c.created_at)
+    ).all()
+    return list(dict.fromkeys((r.id, r.type, r.definition_version) for r in rows))

@@ -472,3 +472,31 @@ approval_decisions = Table(
     UniqueConstraint("gate_id", "actor", name="uq_approval_decisions_gate_actor"),
     Index("idx_approval_decisions_machine", "machine_id"),
 )
+
+# Outside events sent to machines (fsm_celery.core.signal): applied at once to a machine waiting
+# for one, else kept (a few per machine and name) until it enters a state that waits for it.
+KEPT = text("consumed_at IS NULL")
+machine_events = Table(
+    "machine_events",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("machine_id", Uuid, ForeignKey("state_machines.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(50), nullable=False),
+    Column("payload", Json, nullable=False),
+    Column("sender", String(100), nullable=False),
+    Column("via", String(20), nullable=False),  # api, cli, client, github
+    Column("key", String(100)),  # the sender's id for it: sent twice, it is one event
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("consumed_at", DateTime(timezone=True)),
+    Column("attempt", Integer),  # the machine's attempt it decided, once consumed
+    Column("outcome", String(10), nullable=False, server_default="kept"),  # kept, applied, refused
+    UniqueConstraint("machine_id", "key", name="uq_machine_events_key"),
+    Index(
+        "idx_machine_events_kept",
+        "machine_id",
+        "name",
+        "id",
+        postgresql_where=KEPT,
+        sqlite_where=KEPT,
+    ),
+)

@@ -136,7 +136,7 @@ def test_no_agent_moves_an_approval_state(gated: MachineDefinition) -> None:
     assert isinstance(refused, Rejected) and refused.reason is RejectReason.WRONG_STATE
     at_build = machine_in(gated, "BUILD", attempt=1)
     not_a_gate = decide(gated, at_build, GateDecided("BUILD", 1, True, {}))
-    assert isinstance(not_a_gate, Rejected) and "not an approval state" in not_a_gate.detail
+    assert isinstance(not_a_gate, Rejected) and "neither people nor an event" in not_a_gate.detail
     stale = decide(gated, machine, GateDecided("REVIEW", 2, True, {"target": "staging"}))
     assert isinstance(stale, Rejected) and stale.reason is RejectReason.STALE_ATTEMPT
 

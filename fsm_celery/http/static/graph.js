@@ -50,7 +50,7 @@ class MachineGraph {
   // One state's node: its name, and a second line for what a fan-out state starts.
   addNode(g, id, n, label, parent) {
     const sub = n.kind === "map" ? countsText((this.drawing.fanOuts || {})[n.id]) || n.detail
-      : n.kind === "machine" || n.kind === "approval" ? n.detail : "";
+      : ["machine", "approval", "wait"].includes(n.kind) ? n.detail : "";
     const width = Math.max(textWidth(label, FONT), sub ? textWidth(sub, SMALL) + 40 : 0) + 28;
     g.setNode(id, { label, sub, width, height: sub ? 48 : 34, data: n });
     if (parent) g.setParent(id, parent);

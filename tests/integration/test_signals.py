@@ -1,0 +1,194 @@
+"""Outside events on real processes (a Celery worker with beat, the ack bridge, the HTTP app):
+GitHub's merged pull request and finished checks delivered to the machines waiting for them,
+an event early for its machine kept and consumed, a redelivery applied once; events sent through
+the API (an admin's token, or signed with the type's secret) and the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.test_github_webhook import REPO, issues_event, new_delivery, send, user
+from tests.support import ROOT
+from tests.support.agents import ScriptedAgent
+from tests.support.credentials import ADMIN_TOKEN
+from tests.support.messages import Reply
+from tests.support.processes import FsmEnv
+
+EVENT_SECRET = "test-wait-event-secret-9c1e7b3a5d2f4e6a8b0c"
+
+
+@pytest.fixture(scope="module")
+def waiting(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
+    env = env_factory(
+        "signals",
+        transition_mode="inline",
+        github_build_type="test_wait",
+        event_secrets={"test_wait": EVENT_SECRET},
+    )
+    env.start_worker(beat=True)
+    env.start_bridge()
+    yield env
+
+
+def _merged(number: int, closes: int, merged: bool = True) -> dict[str, Any]:
+    """A `pull_request` `closed` delivery's payload, as GitHub documents it."""
+    repository = issues_event("opened", closes)["repository"]
+    return {
+        "action": "closed",
+        "number": number,
+        "pull_request": {
+            "url": f"https://api.github.com/repos/{REPO}/pulls/{number}",
+            "html_url": f"https://github.com/{REPO}/pull/{number}",
+            "number": number,
+            "state": "closed",
+            "title": "Correct the spelling of commit",
+            "body": f"It was spelled with two t's.\n\nFixes #{closes}",
+            "merged": merged,
+            "merge_commit_sha": "e5bd3914e2e596debea16f433f57875b5b90bcd6" if merged else None,
+            "merged_by": user("monalisa", 2) if merged else None,
+            "head": {"ref": "fix-spelling", "sha": "6dcb09b5b57875f334f61aebed695e2e4193db5e"},
+            "base": {"ref": "main", "sha": "9049f1265b7d61be4a8904a9a27120d2064dab3b"},
+        },
+        "repository": repository,
+        "sender": user("monalisa", 2),
+    }
+
+
+def _checks(branch: str, conclusion: str) -> dict[str, Any]:
+    """A `check_suite` `completed` delivery's payload."""
+    return {
+        "action": "completed",
+        "check_suite": {
+            "id": 118578147,
+            "head_branch": branch,
+            "head_sha": "ec26c3e57ca3a959ca5aad62de7213c562f8c821",
+            "status": "completed",
+            "conclusion": conclusion,
+            "url": f"https://api.github.com/repos/{REPO}/check-suites/118578147",
+            "app": {"id": 29310, "slug": "octoapps", "name": "Octocat App"},
+        },
+        "repository": issues_event("opened", 1)["repository"],
+        "sender": user("octocat"),
+    }
+
+
+def _signals(env: FsmEnv, machine_id: Any) -> int:
+    return [h.event for h in env.client.history(machine_id)].count("signal")
+
+
+def test_a_merged_pull_request_moves_the_issues_machine_once(waiting: FsmEnv) -> None:
+    number = 5150
+    with ScriptedAgent(waiting, agent_id="tester") as agent, waiting.api() as http:
+        started = send(http, "issues", issues_event("assigned", number, assignee="monalisa"))
+        mid = started.json()["machine_id"]
+        waiting.wait_for_state(mid, "WAIT_MERGE")
+        unmerged = send(http, "pull_request", _merged(77, number, merged=False))
+        assert unmerged.json()["outcome"] == "ignored"
+        delivery = new_delivery()
+        first = send(http, "pull_request", _merged(78, number), delivery)
+        assert first.json()["outcome"] == "signalled", first.text
+        again = send(http, "pull_request", _merged(78, number), delivery)  # redelivered
+        assert "applied" not in again.json()["detail"]  # a duplicate, or past waiting
+        info = waiting.wait_until_done(mid)
+    assert info.status == "completed" and info.context["mergeCommitSha"].startswith("e5bd39")
+    assert _signals(waiting, mid) == 1
+    assert list(agent.states()) == ["BUILD", "DEPLOY"]
+
+
+def test_a_merge_before_the_machine_waits_is_kept_and_consumed_when_it_does(
+    waiting: FsmEnv,
+) -> None:
+    number = 5151
+    hold = threading.Event()  # the agent's BUILD ack waits until the pull request is merged
+    with ScriptedAgent(waiting, agent_id="tester", gate=hold) as agent, waiting.api() as http:
+        started = send(http, "issues", issues_event("assigned", number, assignee="monalisa"))
+        mid = started.json()["machine_id"]
+        agent.wait_for_tasks(1)
+        merged = send(http, "pull_request", _merged(79, number))
+        assert "kept" in merged.json()["detail"], merged.text
+        hold.set()
+        info = waiting.wait_until_done(mid)
+    assert info.status == "completed"
+    [event] = waiting.client.events(mid)
+    assert (event["outcome"], event["via"], event["name"]) == ("applied", "github", "pr_merged")
+    assert [h.to_state for h in waiting.client.history(mid)] == [
+        "BUILD",
+        "WAIT_MERGE",
+        "DEPLOY",
+        "DONE",
+    ]
+
+
+def test_finished_checks_reach_the_machine_whose_branch_they_ran_on(waiting: FsmEnv) -> None:
+    number = 5152
+    script = {"PUSH": [Reply(output={"branch": "feature-5152"})]}
+    with ScriptedAgent(waiting, script, agent_id="tester"), waiting.api() as http:
+        waiting.client.load_definitions(str(ROOT / "tests" / "fixtures" / "definitions"))
+        mid = waiting.client.start_machine("test_wait_ci", {})
+        with waiting.client.engine.db.begin() as conn:  # as the webhook records its start
+            from fsm_celery.store.tables import github_deliveries
+
+            conn.execute(
+                github_deliveries.insert().values(
+                    id=new_delivery(),
+                    event="issues",
+                    action="assigned",
+                    repository=REPO,
+                    issue=number,
+                    outcome="started",
+                    machine_id=mid,
+                )
+            )
+        waiting.wait_for_state(mid, "WAIT_CI")
+        other = send(http, "check_suite", _checks("another-branch", "success"))
+        assert other.json()["outcome"] == "ignored"
+        done = send(http, "check_suite", _checks("feature-5152", "success"))
+        assert done.json()["outcome"] == "signalled", done.text
+        info = waiting.wait_until_done(mid)
+    assert info.status == "completed" and info.context["conclusion"] == "success"
+
+
+def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv) -> None:
+    with ScriptedAgent(waiting) as agent, waiting.api() as http:
+        mid = waiting.client.start_machine("test_wait", {}, agent_id=agent.id)
+        waiting.wait_for_state(mid, "WAIT_MERGE")
+        url = f"/api/machines/{mid}/events/pr_merged"
+        body = json.dumps({"payload": {"merged": False}, "key": "ci-run-1"}).encode()
+        unsigned = http.post(url, content=body, headers={"content-type": "application/json"})
+        assert unsigned.status_code == 401
+        forged = "sha256=" + hmac.new(b"not the secret", body, hashlib.sha256).hexdigest()
+        refused = http.post(url, content=body, headers={"x-fsm-signature-256": forged})
+        assert refused.status_code == 403
+        signature = "sha256=" + hmac.new(EVENT_SECRET.encode(), body, hashlib.sha256).hexdigest()
+        signed = http.post(url, content=body, headers={"x-fsm-signature-256": signature})
+        assert signed.status_code == 200, signed.text
+        assert (signed.json()["event"]["outcome"], signed.json()["event"]["moved_to"]) == (
+            "applied",
+            "BUILD",
+        )
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        unknown = http.post(f"/api/machines/{mid}/events/deployed", json={}, headers=admin)
+        assert unknown.status_code == 422 and "waits for no 'deployed' event" in unknown.text
+        unfit = http.post(url, json={"payload": {"merged": "yes"}}, headers=admin)
+        assert unfit.status_code == 422 and "merged" in unfit.text
+        waiting.wait_for_state(mid, "WAIT_MERGE")  # BUILD again, acked by the agent
+        argv = [sys.executable, "-m", "fsm_celery", "send-event", str(mid), "pr_merged"]
+        argv += ["--payload", '{"merged": true}', "--actor", "release-bot"]
+        sent = subprocess.run(argv, env=waiting.env, cwd=ROOT, capture_output=True, text=True)
+        assert sent.returncode == 0 and "applied" in sent.stdout, sent.stdout + sent.stderr
+        info = waiting.wait_until_done(mid)
+        shown = http.get(f"/api/machines/{mid}/events", headers=admin).json()["items"]
+    assert info.status == "completed"
+    assert [(e["sender"], e["via"], e["outcome"]) for e in shown] == [
+        ("signed:test_wait", "api", "applied"),
+        ("release-bot", "cli", "applied"),
+    ]
