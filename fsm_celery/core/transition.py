@@ -356,22 +356,33 @@ def _decide_gate(
         return Rejected(
             RejectReason.WRONG_STATE, f"people decide {state.name}, an approval state, not agents"
         )
-    output = dict(event.output)
-    context = _merged(machine, output)
-    too_big = _context_too_big(context, limits)
-    if too_big is not None:
-        return Rejected(RejectReason.INVALID_OUTPUT, too_big)
     edges = state.on_approve if event.approved else state.on_reject
-    try:
-        edge = _chosen_edge(edges, output, context)
-    except GuardFailed as exc:
-        return Rejected(
-            RejectReason.INVALID_OUTPUT, f"guard {exc.guard!r} failed on the decision: {exc.error}"
-        )
+    chosen = _edge_for(machine, edges, dict(event.output), limits, "the decision")
+    if isinstance(chosen, Rejected):
+        return chosen
+    edge, context, output = chosen
     if event.approved:
         return _take(definition, machine, edge, context, output, None, None)
     error = f"rejected at {state.name}"
     return _take(definition, machine, edge, context, output, error, FailureKind.FAILURE)
+
+
+def _edge_for(
+    machine: Machine, edges: tuple[Edge, ...], output: dict[str, Any], limits: Limits, what: str
+) -> tuple[Edge, dict[str, Any], dict[str, Any]] | Rejected:
+    """The edge people's decision or an outside event takes (its fields, or its payload, merged
+    into the context and read by the guards), with the context and the output; or why it
+    cannot be taken: a context past its limit, a guard it breaks (refused, not a failure: the
+    machine stays where it is)."""
+    context = _merged(machine, output)
+    too_big = _context_too_big(context, limits)
+    if too_big is not None:
+        return Rejected(RejectReason.INVALID_OUTPUT, too_big)
+    try:
+        return _chosen_edge(edges, output, context), context, output
+    except GuardFailed as exc:
+        detail = f"guard {exc.guard!r} failed on {what}: {exc.error}"
+        return Rejected(RejectReason.INVALID_OUTPUT, detail)
 
 
 def _decide_wait(
@@ -400,17 +411,10 @@ def _decide_wait(
             RejectReason.WRONG_STATE,
             f"{state.name} waits for a {state.wait.event} event, not {event.name}",
         )
-    output = dict(event.payload)
-    context = _merged(machine, output)
-    too_big = _context_too_big(context, limits)
-    if too_big is not None:
-        return Rejected(RejectReason.INVALID_OUTPUT, too_big)
-    try:
-        edge = _chosen_edge(state.on_event, output, context)
-    except GuardFailed as exc:
-        return Rejected(
-            RejectReason.INVALID_OUTPUT, f"guard {exc.guard!r} failed on the event: {exc.error}"
-        )
+    chosen = _edge_for(machine, state.on_event, dict(event.payload), limits, "the event")
+    if isinstance(chosen, Rejected):
+        return chosen
+    edge, context, output = chosen
     return _take(definition, machine, edge, context, output, None, None)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from uuid import UUID
 
+from sqlalchemy import Connection
+
 from fsm_celery.core import signal
 from fsm_celery.core.gate import Choice, Vote
 from fsm_celery.core.github import Decision, Ignored, Outside, Trigger
@@ -53,11 +55,10 @@ class GitHub:
         the delivery in one transaction (a delivery sent again decides nothing)."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            if not store.claim_delivery_txn(conn, delivery, event, action):
-                return Delivered("duplicate", detail=f"delivery {delivery} was received before")
-            if isinstance(wanted, Ignored):
-                store.settle_delivery_txn(conn, delivery, "ignored")
-                return Delivered("ignored", detail=wanted.reason)
+            done = _claimed(conn, delivery, event, wanted, action)
+            if done is not None:
+                return done
+            assert not isinstance(wanted, Ignored)
             where = (wanted.repository, wanted.issue)
             person = self._approver(wanted.login)
             machine_id = store.waiting_for_issue_txn(conn, *where)
@@ -148,11 +149,10 @@ class GitHub:
         GitHub sends again finds its row and starts nothing."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            if not store.claim_delivery_txn(conn, delivery, event, action):
-                return Delivered("duplicate", detail=f"delivery {delivery} was received before")
-            if isinstance(wanted, Ignored):
-                store.settle_delivery_txn(conn, delivery, "ignored")
-                return Delivered("ignored", detail=wanted.reason)
+            done = _claimed(conn, delivery, event, wanted, action)
+            if done is not None:
+                return done
+            assert not isinstance(wanted, Ignored)
             store.lock_issue_txn(conn, wanted.repository, wanted.issue)
             running = store.running_for_issue_txn(
                 conn, wanted.machine_type, wanted.repository, wanted.issue
@@ -175,3 +175,16 @@ class GitHub:
                 conn, delivery, "started", wanted.repository, wanted.issue, step.machine_id
             )
         return Delivered("started", step.machine_id, wanted.machine_type, [step])
+
+
+def _claimed(
+    conn: Connection, delivery: str, event: str, wanted: object, action: str | None
+) -> Delivered | None:
+    """Record the delivery; what it did already when it is a duplicate or asks nothing (its
+    row settled), else None: the caller carries it out in the same transaction."""
+    if not store.claim_delivery_txn(conn, delivery, event, action):
+        return Delivered("duplicate", detail=f"delivery {delivery} was received before")
+    if isinstance(wanted, Ignored):
+        store.settle_delivery_txn(conn, delivery, "ignored")
+        return Delivered("ignored", detail=wanted.reason)
+    return None

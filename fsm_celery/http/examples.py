@@ -178,6 +178,20 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
     ],
 }
 
+GATE = {
+    "id": 12,
+    "machine_id": MACHINE_ID,
+    "state": "APPROVE_DEPLOY",
+    "attempt": 7,
+    "opened_at": "2026-11-25T13:40:00+00:00",
+    "deadline_at": "2026-11-26T13:40:00+00:00",
+    "approvals": 1,
+    "rejections": 0,
+    "needed": 2,
+    "verdict": "pending",
+    "closed_at": None,
+}
+
 ANSWERS: dict[str, Any] = {
     "list_machines": {"items": [MACHINE], "next": "WyIyMDI2LTExLTI1VDEzOjUyOjExIiwgIjNmMmIiXQ"},
     "children": {"items": [CHILD], "next": None},
@@ -249,18 +263,8 @@ ANSWERS: dict[str, Any] = {
     },
     "approvals": {
         "items": [
-            {
-                "id": 12,
-                "machine_id": MACHINE_ID,
-                "state": "APPROVE_DEPLOY",
-                "attempt": 7,
-                "opened_at": "2026-11-25T13:40:00+00:00",
-                "deadline_at": "2026-11-26T13:40:00+00:00",
-                "approvals": 1,
-                "rejections": 0,
-                "needed": 2,
-                "verdict": "pending",
-                "closed_at": None,
+            GATE
+            | {
                 "type": "cto_build_project",
                 "status": "running",
                 "github_issue": 726,
@@ -269,21 +273,7 @@ ANSWERS: dict[str, Any] = {
         ]
     },
     "decisions": {
-        "gates": [
-            {
-                "id": 12,
-                "machine_id": MACHINE_ID,
-                "state": "APPROVE_DEPLOY",
-                "attempt": 7,
-                "opened_at": "2026-11-25T13:40:00+00:00",
-                "deadline_at": "2026-11-26T13:40:00+00:00",
-                "approvals": 1,
-                "rejections": 0,
-                "needed": 2,
-                "verdict": "pending",
-                "closed_at": None,
-            }
-        ],
+        "gates": [GATE],
         "decisions": [
             {
                 "id": 31,

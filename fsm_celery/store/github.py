@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from uuid import UUID
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import ColumnElement, Connection, select, update
 
 from fsm_celery.store import dialects
 from fsm_celery.store.tables import approval_gates, github_deliveries, machines
@@ -98,19 +98,7 @@ def started_for_issues_txn(
 ) -> list[tuple[UUID, str, int]]:
     """The unfinished machines (id, type, definition version) deliveries started for the
     repository's issues."""
-    rows = conn.execute(
-        select(machines.c.id, machines.c.type, machines.c.definition_version)
-        .select_from(
-            github_deliveries.join(machines, machines.c.id == github_deliveries.c.machine_id)
-        )
-        .where(
-            github_deliveries.c.repository == repository,
-            github_deliveries.c.issue.in_(list(issues)),
-            machines.c.status.in_(UNFINISHED),
-        )
-        .order_by(machines.c.created_at)
-    ).all()
-    return list(dict.fromkeys((r.id, r.type, r.definition_version) for r in rows))
+    return _started(conn, repository, github_deliveries.c.issue.in_(list(issues)))
 
 
 def started_on_branch_txn(
@@ -119,6 +107,12 @@ def started_on_branch_txn(
     """The unfinished machines (id, type, definition version) deliveries started in the
     repository whose context's `branch` is the branch (the agent that pushed it put it
     there)."""
+    return _started(conn, repository, machines.c.context["branch"].as_string() == branch)
+
+
+def _started(
+    conn: Connection, repository: str, which: ColumnElement[bool]
+) -> list[tuple[UUID, str, int]]:
     rows = conn.execute(
         select(machines.c.id, machines.c.type, machines.c.definition_version)
         .select_from(
@@ -127,7 +121,7 @@ def started_on_branch_txn(
         .where(
             github_deliveries.c.repository == repository,
             machines.c.status.in_(UNFINISHED),
-            machines.c.context["branch"].as_string() == branch,
+            which,
         )
         .order_by(machines.c.created_at)
     ).all()
