@@ -156,7 +156,21 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
         drawing=json.dumps(drawing),
         context=json.dumps(info.context, indent=2, sort_keys=True),
         **_gate(fsm, info, definition.definition, who),
+        **_waits(fsm, info, definition.definition),
     )
+
+
+def _waits(fsm: Client, info: MachineInfo, definition: MachineDefinition) -> dict[str, Any]:
+    """The event the machine waits for now (if its state waits for one), and the events sent
+    to it."""
+    if not any(s.wait for s in definition.states):
+        return {"waiting_for": None, "events": []}
+    state = definition.state(info.current_state)
+    waits_now = state.wait is not None and info.status in ("running", "paused")
+    return {
+        "waiting_for": state.wait.event if waits_now and state.wait else None,
+        "events": fsm.events(info.id),
+    }
 
 
 @router.get("/approvals", response_class=HTMLResponse)

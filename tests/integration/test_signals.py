@@ -161,6 +161,9 @@ def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv)
     with ScriptedAgent(waiting) as agent, waiting.api() as http:
         mid = waiting.client.start_machine("test_wait", {}, agent_id=agent.id)
         waiting.wait_for_state(mid, "WAIT_MERGE")
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        page = http.get(f"/machines/{mid}", headers=admin)
+        assert page.status_code == 200 and "Waiting for a pr_merged event" in page.text
         url = f"/api/machines/{mid}/events/pr_merged"
         body = json.dumps({"payload": {"merged": False}, "key": "ci-run-1"}).encode()
         unsigned = http.post(url, content=body, headers={"content-type": "application/json"})
@@ -175,7 +178,6 @@ def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv)
             "applied",
             "BUILD",
         )
-        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         unknown = http.post(f"/api/machines/{mid}/events/deployed", json={}, headers=admin)
         assert unknown.status_code == 422 and "waits for no 'deployed' event" in unknown.text
         unfit = http.post(url, json={"payload": {"merged": "yes"}}, headers=admin)
@@ -187,6 +189,8 @@ def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv)
         assert sent.returncode == 0 and "applied" in sent.stdout, sent.stdout + sent.stderr
         info = waiting.wait_until_done(mid)
         shown = http.get(f"/api/machines/{mid}/events", headers=admin).json()["items"]
+        page = http.get(f"/machines/{mid}", headers=admin)
+        assert "Outside events" in page.text and "signed:test_wait" in page.text
     assert info.status == "completed"
     assert [(e["sender"], e["via"], e["outcome"]) for e in shown] == [
         ("signed:test_wait", "api", "applied"),
