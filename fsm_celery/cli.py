@@ -126,14 +126,27 @@ def status(machine_id: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("machine_id")
+@click.option(
+    "--context", "with_context", is_flag=True, help="What each step changed in the context."
+)
 @click.option("--json", "as_json", is_flag=True)
-def history(machine_id: str, as_json: bool) -> None:
-    """Show a machine's transitions: who moved it, why, and how long each state took."""
-    records = _client().history(machine_id)
+def history(machine_id: str, with_context: bool, as_json: bool) -> None:
+    """Show a machine's transitions: who moved it, why, and how long each state took; with
+    --context, what each changed in the context (--json: and the context after it)."""
+    records = _client().history(machine_id, context=with_context)
     if as_json:
         _echo_json([r.to_dict() for r in records])
         return
-    _echo_lines(views.history(records))
+    _echo_lines(views.changes(records) if with_context else views.history(records))
+
+
+@main.command()
+@click.argument("machine_id")
+@click.option("--step", type=click.IntRange(min=0), default=None, help="After this step.")
+def context(machine_id: str, step: int | None) -> None:
+    """Print a machine's context (JSON) as it was after a step, or as it is: reconstructed from
+    what each step of its history changed."""
+    _echo_json(_client().context_at(machine_id, step))
 
 
 @main.command()

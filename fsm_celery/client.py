@@ -8,19 +8,21 @@ fsm_celery.api's functions use the process's default client, built from FSM_* se
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
+from itertools import accumulate
 from typing import Any
 from uuid import UUID
 
 from sqlalchemy import Connection
 
-from fsm_celery.core import github
+from fsm_celery.core import github, timeline
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.definition import validate
 from fsm_celery.core.gate import Choice, Vote
 from fsm_celery.core.loader import definition_files, load_all, parse_definition
-from fsm_celery.core.messages import unstorable
+from fsm_celery.core.messages import INT32_MAX, unstorable
 from fsm_celery.core.usage import Budget
 from fsm_celery.engine import Handoff, MachineEngine, Next
 from fsm_celery.engine.approvals import ADMIN, Authority
@@ -34,6 +36,7 @@ from fsm_celery.exceptions import (
     InvalidAgentId,
     InvalidDecision,
     MachineNotFound,
+    StepNotFound,
     UnknownMachineType,
 )
 from fsm_celery.records import (
@@ -460,14 +463,45 @@ class Client:
             machine_type, row.version, row.created_at, definition, problems, versions
         )
 
-    def history(self, machine_id: UUID | str) -> list[TransitionRecord]:
-        """The machine's transitions in attempt order (MachineNotFound if no such machine)."""
+    def history(self, machine_id: UUID | str, *, context: bool = False) -> list[TransitionRecord]:
+        """The machine's transitions in attempt order (MachineNotFound if no such machine);
+        with `context`, each with what it changed in the machine's context and the context
+        after it, reconstructed from the changes the history records (core.timeline)."""
         with self.engine.db.connect() as conn:
             mid = _full_id_txn(conn, machine_id)
             rows = q.history_txn(conn, mid)
             if not rows and q.get_machine_txn(conn, mid) is None:
                 raise MachineNotFound(str(machine_id))
-        return [TransitionRecord.from_row(r) for r in rows]
+        if not context:
+            return [TransitionRecord.from_row(r) for r in rows]
+        deltas = [r.context_delta for r in rows]
+        known = accumulate((d is not None for d in deltas), operator.and_)
+        after = timeline.contexts(deltas)
+        return [
+            TransitionRecord.from_row(row, delta or {}, state if sure else None, sure)
+            for row, delta, state, sure in zip(rows, deltas, after, known, strict=True)
+        ]
+
+    def context_at(self, machine_id: UUID | str, step: int | None = None) -> dict[str, Any]:
+        """The machine's context as it was after a step (its latest when none is given),
+        reconstructed from the changes the history records: the step, its event and states,
+        and the context (None for a machine whose early history kept no changes)."""
+        with self.engine.db.connect() as conn:
+            mid = _full_id_txn(conn, machine_id)
+            rows = q.context_deltas_txn(conn, mid, INT32_MAX if step is None else step)
+            if not rows and q.get_machine_txn(conn, mid) is None:
+                raise MachineNotFound(str(machine_id))
+        if not rows or (step is not None and rows[-1].attempt != step):
+            raise StepNotFound(str(mid), step, rows[-1].attempt if rows else None)
+        last = rows[-1]
+        return {
+            "machine_id": str(mid),
+            "step": last.attempt,
+            "event": last.event,
+            "from_state": last.from_state,
+            "state": last.to_state,
+            "context": timeline.context_at(r.context_delta for r in rows),
+        }
 
     def notifications(self, machine_id: UUID | str, *, admin: bool = False) -> list[dict[str, Any]]:
         """The machine's notifications: where, whether delivered, tries, the last error; the

@@ -13,6 +13,7 @@ FsmError                      root of everything this package raises
     ├── UnknownMachineType    no definition is loaded for that type
     ├── MachineNotFound       no machine has that id
     ├── AmbiguousMachineId    more than one machine's id starts with the prefix given
+    ├── StepNotFound          the machine's history has no such step
     ├── InvalidContext        the context given at start is not a JSON object
     │   └── ContextMismatch   … or does not match its definition's context_schema
     ├── InvalidAgentId        the agent id given at start is not a UUID
@@ -150,6 +151,15 @@ class MachineNotFound(MachineError):
     def __init__(self, machine_id: str, hint: str = "") -> None:
         self.machine_id = machine_id
         super().__init__(f"no machine with id {machine_id!r}{hint}")
+
+
+class StepNotFound(MachineError):
+    """The machine's history has no such step (attempt)."""
+
+    def __init__(self, machine_id: str, step: int | None, last: int | None) -> None:
+        self.machine_id = machine_id
+        last_text = f"its last is {last}" if last is not None else "it has no history"
+        super().__init__(f"machine {machine_id} has no step {step}: {last_text}")
 
 
 class AmbiguousMachineId(MachineError):

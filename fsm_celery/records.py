@@ -105,13 +105,34 @@ class TransitionRecord:
     tokens_used: int
     cost: float
     created_at: datetime
+    # asked for (Client.history(context=True)): what the step changed in the context, and the
+    # context after it (fsm_celery.core.timeline); `known` false for rows recorded before 0014
+    change: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    known: bool | None = None
 
     @classmethod
-    def from_row(cls, row: AnyRow) -> TransitionRecord:
-        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
+    def from_row(
+        cls,
+        row: AnyRow,
+        change: dict[str, Any] | None = None,
+        context: dict[str, Any] | None = None,
+        known: bool | None = None,
+    ) -> TransitionRecord:
+        """The row's record (with its context, when asked for: Client.history)."""
+        fields = {name: getattr(row, name) for name in ROW_FIELDS}
+        return cls(**fields, change=change, context=context, known=known)
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(asdict(self))
+        found = asdict(self)
+        if self.known is None:  # not asked for: the row as it was
+            for name in ASKED:
+                found.pop(name)
+        return jsonable(found)
+
+
+ASKED = ("change", "context", "known")  # a TransitionRecord's context, when asked for
+ROW_FIELDS = tuple(name for name in TransitionRecord.__dataclass_fields__ if name not in ASKED)
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,22 @@ def history(records: Iterable[TransitionRecord]) -> list[str]:
     )
 
 
+def changes(records: Iterable[TransitionRecord]) -> list[str]:
+    """`history --context`: each step, then what it set (+) and unset (-) in the context."""
+    lines = []
+    for r in records:
+        lines.append(f"#{r.attempt} {r.event} {r.from_state or '(start)'} -> {r.to_state}")
+        if r.known is False:
+            lines.append("  (recorded before contexts were: unknown)")
+            continue
+        change = r.change or {}
+        for key, value in sorted((change.get("set") or {}).items()):
+            lines.append(f"  + {safe(key)} = {clip(json.dumps(value, default=str))}")
+        for key in sorted(change.get("unset") or ()):
+            lines.append(f"  - {safe(key)}")
+    return lines
+
+
 def agents(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """`agents list`: one agent a row."""
     return table(

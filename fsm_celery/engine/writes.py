@@ -11,6 +11,7 @@ from uuid import UUID
 
 from sqlalchemy import Connection
 
+from fsm_celery.core import timeline
 from fsm_celery.core.messages import (
     EVENT_ERROR_CHARS,
     INT32_MAX,
@@ -206,6 +207,7 @@ class Writes:
             tokens_used=t.usage.tokens,
             cost=t.usage.cost,
             created_at=self.now,
+            context_delta=timeline.change(machine.context, t.context) or {},  # {}: none
         )
 
     def announce(
@@ -396,4 +398,5 @@ def start_record(
         tokens_used=0,
         cost=0.0,
         created_at=machine.created_at,
+        context_delta=timeline.started(machine.context),
     )

@@ -23,6 +23,7 @@ from fsm_celery.core import signal
 from fsm_celery.core.admin import Action
 from fsm_celery.core.github import signature_matches
 from fsm_celery.core.graph import graph, to_dot
+from fsm_celery.core.messages import INT32_MAX
 from fsm_celery.core.signal import EVENT_PATTERN
 from fsm_celery.engine.approvals import Authority
 from fsm_celery.http.auth import Principal, admin, decider, principal, unauthorized, viewer
@@ -138,6 +139,31 @@ def get_machine(fsm: Fsm, who: Viewer, machine_id: UUID) -> dict[str, Any]:
         "notifications": fsm.notifications(machine_id, admin=who.is_admin),
         "budget_changes": fsm.budget_changes(machine_id),
     }
+
+
+@router.get(
+    "/machines/{machine_id}/history",
+    summary="A machine's steps; with context=true, what each changed and the context after it",
+    responses=answer("history"),
+)
+def history(
+    fsm: Fsm, _: Viewer, machine_id: UUID, context: Annotated[bool, Query()] = False
+) -> dict[str, Any]:
+    return {"items": [h.to_dict() for h in fsm.history(machine_id, context=context)]}
+
+
+@router.get(
+    "/machines/{machine_id}/context",
+    summary="A machine's context as it was after a step (its latest without one)",
+    responses=answer("context_at"),
+)
+def context_at(
+    fsm: Fsm,
+    _: Viewer,
+    machine_id: UUID,
+    step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+) -> dict[str, Any]:
+    return fsm.context_at(machine_id, step)
 
 
 @router.get(

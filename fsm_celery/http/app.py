@@ -37,6 +37,7 @@ from fsm_celery.exceptions import (
     MachineNotFound,
     NotAnApprover,
     ScheduleNotFound,
+    StepNotFound,
     UnknownMachineType,
 )
 from fsm_celery.http.api import router as api_router
@@ -47,7 +48,7 @@ from fsm_celery.http.pages import router as pages_router
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-NOT_FOUND = (MachineNotFound, UnknownMachineType, ScheduleNotFound)
+NOT_FOUND = (MachineNotFound, UnknownMachineType, ScheduleNotFound, StepNotFound)
 STATUSES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
     (NOT_FOUND, 404),
     (CommandRefused, 409),  # GateClosed too

@@ -218,6 +218,24 @@ ANSWERS: dict[str, Any] = {
         "notifications": [NOTIFICATION],
         "budget_changes": [BUDGET_CHANGE],
     },
+    "history": {
+        "items": [
+            HISTORY_ROW
+            | {
+                "change": {"set": {"testsPassed": True}},
+                "context": {"projectName": "sla-api", "githubIssue": 726, "testsPassed": True},
+                "known": True,
+            }
+        ]
+    },
+    "context_at": {
+        "machine_id": MACHINE_ID,
+        "step": 5,
+        "event": "ack",
+        "from_state": "WRITE_CODE",
+        "state": "RUN_TESTS",
+        "context": {"projectName": "sla-api", "githubIssue": 726, "filesCreated": ["api.py"]},
+    },
     "command": {"machine": MACHINE | {"status": "paused"}},
     "force": {"machine": MACHINE | {"current_state": "RUN_TESTS"}},
     "set_budget": {"machine": MACHINE},

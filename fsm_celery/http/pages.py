@@ -125,7 +125,7 @@ def machines_page(
 def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse:
     fsm = _client(request)
     info = fsm.get_machine(_machine_id(machine_id))
-    history = fsm.history(info.id)
+    history = fsm.history(info.id, context=True)
     definition = fsm.definition(info.type, info.definition_version)
     fans_out = any(s.fans_out for s in definition.definition.states)  # else it has no children
     family = fsm.tree(info.id, CHILDREN, CHILDREN + 1) if fans_out else None

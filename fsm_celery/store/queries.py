@@ -160,6 +160,17 @@ def last_transition_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
     ).first()
 
 
+def context_deltas_txn(conn: Connection, machine_id: UUID, upto: int) -> Sequence[AnyRow]:
+    """The machine's history rows up to attempt `upto`, in order: each one's attempt, states
+    and context change only (the context at that step is their fold)."""
+    t = transitions.c
+    return conn.execute(
+        select(t.attempt, t.event, t.from_state, t.to_state, t.context_delta)
+        .where(t.machine_id == machine_id, t.attempt <= upto)
+        .order_by(t.attempt)
+    ).all()
+
+
 def insert_transitions_txn(conn: Connection, history: Sequence[History]) -> None:
     if history:
         conn.execute(insert(transitions), [values(h) for h in history])

@@ -122,6 +122,7 @@ class History:
     tokens_used: int
     cost: float
     created_at: datetime
+    context_delta: dict[str, Any] | None = None  # what the transition changed in the context
 
 
 @dataclass(slots=True)

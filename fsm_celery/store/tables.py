@@ -167,6 +167,9 @@ transitions = Table(
     Column("agent_id", Uuid),
     Column("tokens_used", BigInteger, nullable=False, server_default="0"),
     Column("cost", Float, nullable=False, server_default="0"),
+    # 0014: what the transition changed in the machine's context (fsm_celery.core.timeline),
+    # the start row's its starting context: the context at any step, without a snapshot a row
+    Column("context_delta", Json),
     Index("idx_transitions_machine", "machine_id"),
     Index("idx_transitions_agent", "agent_id"),
     UniqueConstraint("machine_id", "attempt", name="uq_transitions_machine_attempt"),

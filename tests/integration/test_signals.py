@@ -191,6 +191,24 @@ def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv)
         shown = http.get(f"/api/machines/{mid}/events", headers=admin).json()["items"]
         page = http.get(f"/machines/{mid}", headers=admin)
         assert "Outside events" in page.text and "signed:test_wait" in page.text
+        steps = http.get(f"/api/machines/{mid}/history?context=true", headers=admin).json()
+        signalled = [s for s in steps["items"] if s["event"] == "signal"]
+        assert [s["change"] for s in signalled] == [
+            {"set": {"merged": False, "retryCount": 1}},  # its loop edge counted too
+            {"set": {"merged": True}},
+        ]
+        assert steps["items"][-1]["context"]["merged"] is True
+        first_signal = signalled[0]["attempt"]
+        then = http.get(f"/api/machines/{mid}/context?step={first_signal}", headers=admin)
+        assert then.json()["context"]["merged"] is False and then.json()["state"] == "BUILD"
+        missing = http.get(f"/api/machines/{mid}/context?step=999", headers=admin)
+        assert missing.status_code == 404 and "no step 999" in missing.text
+    argv = [sys.executable, "-m", "fsm_celery", "history", str(mid), "--context"]
+    shown_cli = subprocess.run(argv, env=waiting.env, cwd=ROOT, capture_output=True, text=True)
+    assert shown_cli.returncode == 0 and "  + merged = true" in shown_cli.stdout
+    argv = [sys.executable, "-m", "fsm_celery", "context", str(mid), "--step", "0"]
+    start = subprocess.run(argv, env=waiting.env, cwd=ROOT, capture_output=True, text=True)
+    assert json.loads(start.stdout)["context"] == {"retryCount": 0, "maxRetries": 3}
     assert info.status == "completed"
     assert [(e["sender"], e["via"], e["outcome"]) for e in shown] == [
         ("signed:test_wait", "api", "applied"),

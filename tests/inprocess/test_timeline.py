@@ -1,0 +1,69 @@
+"""A machine's context at every step, reconstructed from the changes its history records, is
+the context the machine had after that step: through acks, a failure and its retry, a loop
+back, an operator's force, an approval and an outside event (PostgreSQL and SQLite)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from fsm_celery.core import timeline
+from fsm_celery.core.admin import Action, Command
+from fsm_celery.core.gate import Choice, Vote
+from fsm_celery.store import queries as q
+from tests.inprocess.conftest import Fsm, ack
+
+
+def _reconstructed(fsm: Fsm, mid: UUID) -> list[dict[str, Any]]:
+    with fsm.engine.db.connect() as conn:
+        rows = q.history_txn(conn, mid)
+    assert all(r.context_delta is not None for r in rows)
+    return timeline.contexts(r.context_delta for r in rows)
+
+
+def _step(fsm: Fsm, mid: UUID, seen: list[dict[str, Any]]) -> None:
+    """Note the machine's context after the steps just taken (one per new history row)."""
+    steps = len(fsm.history(mid))
+    while len(seen) < steps - 1:  # a step that entered the next at once: not observable alone
+        seen.append({})
+    seen.append(dict(fsm.machine(mid).context))
+
+
+@pytest.mark.parametrize("database", ["fsm", "fsm_sqlite"])
+def test_every_steps_context_is_the_one_the_machine_had(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    fsm: Fsm = request.getfixturevalue(database)
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_gate", {"ticket": 7, "notes": ["a"]})
+    seen: list[dict[str, Any]] = []
+    _step(fsm, mid, seen)
+    fsm.receive(ack(agent.task(), success=False, error="flaky"))  # BUILD fails: FAILED
+    _step(fsm, mid, seen)
+    fsm.enter_all(fsm.engine.admin.command(mid, Command(Action.RETRY, "ops", "again")))
+    _step(fsm, mid, seen)
+    fsm.receive(ack(agent.tasks()[-1], output={"built": "v1", "notes": ["a", "b"]}))
+    _step(fsm, mid, seen)
+    release = frozenset({"release"})
+    from fsm_celery.engine.approvals import Authority
+
+    vote = Vote("alice", Choice.REJECT, {}, "not yet")
+    fsm.engine.approvals.decide(mid, vote, Authority(admin=False, groups=release))
+    _step(fsm, mid, seen)  # back to BUILD, the loop counted
+    fsm.receive(ack(agent.tasks()[-1], output={"built": "v2"}))
+    _step(fsm, mid, seen)
+    for who in ("alice", "bob"):
+        vote = Vote(who, Choice.APPROVE, {"target": "staging"})
+        fsm.engine.approvals.decide(mid, vote, Authority(admin=False, groups=release))
+    _step(fsm, mid, seen)
+    fsm.enter_all(fsm.engine.admin.command(mid, Command(Action.FORCE, "ops", target="DONE")))
+    _step(fsm, mid, seen)
+    found = _reconstructed(fsm, mid)
+    assert len(found) == len(seen)
+    for step, (mine, theirs) in enumerate(zip(found, seen, strict=True)):
+        if theirs:
+            assert timeline.same(mine, theirs), (step, mine, theirs)
+    assert found[-1]["target"] == "staging" and found[-1]["built"] == "v2"
+    assert found[-1]["retryCount"] == 1 and found[0]["notes"] == ["a"]
