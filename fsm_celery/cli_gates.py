@@ -1,5 +1,5 @@
-"""The command line's people and outside events: `approve`, `reject`, `approvals`, and
-`send-event`, `events`.
+"""The command line's people, outside events and time travel: `approve`, `reject`,
+`approvals`, `send-event`, `events`, and `rewind`.
 
 The CLI holds the database's credentials, so it decides as an admin may, at any gate, and may
 send any event; the name it records is --actor's ($USER).
@@ -145,10 +145,24 @@ def events(machine_id: str, as_json: bool) -> None:
     echo_lines(table(header, rows) if rows else ["no event was sent to it"])
 
 
+@click.command("rewind")
+@click.argument("machine_id")
+@click.option("--to", "step", type=click.IntRange(min=0), required=True, help="The step.")
+@click.option("--set", "edits", multiple=True, callback=_fields, help="An edit: KEY=VALUE.")
+@click.option("--reason", default="", help="Why; kept in the history.")
+@actor_option()
+def rewind(machine_id: str, step: int, edits: dict[str, Any], reason: str, actor: str) -> None:
+    """Put a machine back at the state it was in after a step (`history --context` shows them),
+    with the context it had then and the edits over it, as a new attempt."""
+    info = client().rewind(machine_id, step, actor, reason, edits)
+    click.echo(f"{info.id}  {info.status}  {info.current_state}  step {info.attempt}")
+
+
 COMMANDS = (
     _decision("approve", "Approve at a machine's approval gate (fill its form with --field)."),
     _decision("reject", "Reject at a machine's approval gate."),
     approvals,
     send_event,
     events,
+    rewind,
 )

@@ -482,6 +482,22 @@ class Client:
             for row, delta, state, sure in zip(rows, deltas, after, known, strict=True)
         ]
 
+    def rewind(
+        self,
+        machine_id: UUID | str,
+        step: int,
+        actor: str,
+        reason: str = "",
+        edits: Mapping[str, Any] | None = None,
+    ) -> MachineInfo:
+        """Put the machine back at the state it was in after `step`, with the context it had
+        then and `edits` over it, as a new attempt (whatever its status); recorded as a
+        `rewind` with who and why, the history before it kept."""
+        _check_actor(actor)
+        mid = self.full_id(machine_id)
+        self.enqueue(self.engine.rewind.rewind(mid, step, actor, reason, edits))
+        return self.get_machine(mid)
+
     def context_at(self, machine_id: UUID | str, step: int | None = None) -> dict[str, Any]:
         """The machine's context as it was after a step (its latest when none is given),
         reconstructed from the changes the history records: the step, its event and states,

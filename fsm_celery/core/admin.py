@@ -125,3 +125,30 @@ def _force(
         )
     status = status_in(definition, target)
     return replace(base, to_state=target, status=status, state_retries=0)
+
+
+def decide_rewind(
+    definition: MachineDefinition, machine: Machine, state: str, context: dict[str, object]
+) -> Transition | Rejected:
+    """Back to a state the machine was in, with the context it had there (and an operator's
+    edits): a new attempt of that state, whatever the machine's status (a finished one runs
+    again). A state that ends the machine is no place to go back to."""
+    if definition.state(state).terminal is not None:
+        return Rejected(
+            RejectReason.REFUSED_COMMAND,
+            f"that step ended the machine in {state}: rewind to a step before it",
+        )
+    return typed(
+        definition,
+        Transition(
+            from_state=machine.current_state,
+            to_state=state,
+            success=True,
+            status=MachineStatus.RUNNING,
+            context=dict(context),
+            attempt=machine.attempt + 1,
+            state_retries=0,
+            output=None,
+            error=None,
+        ),
+    )

@@ -71,7 +71,7 @@ class Admin:
     ) -> Step:
         """start, in the caller's transaction (a schedule's tick is recorded in the same): the
         machine is written at once, its start event queued on writes."""
-        context = _checked_context(context, self._rt.settings.max_context_bytes)
+        context = checked_context(context, self._rt.settings.max_context_bytes)
         agent = _agent_uuid(agent_id)
         now = writes.now
         machine_id = uuid.uuid4()
@@ -174,7 +174,7 @@ def _cancel_reason(command: Command) -> str:
     return f"{why}: {command.reason}" if command.reason else why
 
 
-def _checked_context(context: Mapping[str, Any] | None, max_bytes: int) -> dict[str, Any]:
+def checked_context(context: Mapping[str, Any] | None, max_bytes: int) -> dict[str, Any]:
     if context is None:
         return {}
     if not isinstance(context, Mapping):

@@ -36,6 +36,7 @@ from fsm_celery.http.models import (
     DecisionRequest,
     EventRequest,
     ForceRequest,
+    RewindRequest,
     StartRequest,
     decode_cursor,
     encode_cursor,
@@ -235,6 +236,16 @@ for _action in (Action.PAUSE, Action.RESUME, Action.CANCEL, Action.RETRY):
 )
 def force(fsm: Fsm, who: Admin, machine_id: UUID, body: ForceRequest) -> dict[str, Any]:
     info = fsm.force(machine_id, body.state, _actor(who, body.actor), body.reason)
+    return {"machine": info.to_dict()}
+
+
+@router.post(
+    "/machines/{machine_id}/rewind",
+    summary="Put a machine back at a past step, with that step's context and edits",
+    responses=answer("rewind"),
+)
+def rewind(fsm: Fsm, who: Admin, machine_id: UUID, body: RewindRequest) -> dict[str, Any]:
+    info = fsm.rewind(machine_id, body.step, _actor(who, body.actor), body.reason, body.set)
     return {"machine": info.to_dict()}
 
 

@@ -161,6 +161,9 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
     "CommandRequest": [COMMAND, {}],
     "ForceRequest": [{"state": "RUN_TESTS", "reason": "the tests were fixed by hand"}],
     "BudgetRequest": [{"tokens": 200000, "cost": 5.0, "reason": "the refactor needs more room"}],
+    "RewindRequest": [
+        {"step": 5, "set": {"testCommand": "pytest -x"}, "reason": "the tests ran the wrong suite"}
+    ],
     "EventRequest": [
         {"payload": {"merged": True, "number": 812}, "key": "github-delivery-72d3162e"},
     ],
@@ -238,6 +241,7 @@ ANSWERS: dict[str, Any] = {
     },
     "command": {"machine": MACHINE | {"status": "paused"}},
     "force": {"machine": MACHINE | {"current_state": "RUN_TESTS"}},
+    "rewind": {"machine": MACHINE | {"current_state": "RUN_TESTS", "attempt": 12}},
     "set_budget": {"machine": MACHINE},
     "decide": {
         "decision": {

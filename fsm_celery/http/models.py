@@ -101,6 +101,13 @@ class EventRequest(_Body):
     )
 
 
+class RewindRequest(_Body):
+    step: Annotated[int, Field(ge=0, le=INT32_MAX)]
+    set: dict[str, Any] = Field(default_factory=dict, description="edits over that step's context")
+    reason: Reason = ""
+    actor: Actor | None = Field(default=None, description="who; by default the signed-in name")
+
+
 class FilterBody(_Body):
     status: MachineStatus | None = None
     type: MachineType | None = None

@@ -67,3 +67,66 @@ def test_every_steps_context_is_the_one_the_machine_had(
             assert timeline.same(mine, theirs), (step, mine, theirs)
     assert found[-1]["target"] == "staging" and found[-1]["built"] == "v2"
     assert found[-1]["retryCount"] == 1 and found[0]["notes"] == ["a"]
+
+
+def test_rewind_puts_the_machine_back_with_that_steps_context_and_edits(fsm: Fsm) -> None:
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_linear", {"ticket": 7})
+    fsm.receive(ack(agent.task(), output={"one": 1, "draft": "first"}))  # step 1: ONE -> TWO
+    fsm.receive(ack(agent.task(), output={"two": 2, "draft": "second"}))  # step 2: TWO -> THREE
+    abandoned = agent.task()  # THREE's, in flight
+    fsm.enter_all(
+        fsm.engine.rewind.rewind(mid, 1, "ops", "redo TWO with a fix", {"hint": "use v2"})
+    )
+    machine = fsm.machine(mid)
+    assert (machine.current_state, machine.status, machine.attempt) == ("TWO", "running", 4)
+    assert machine.context == {
+        "ticket": 7,
+        "one": 1,
+        "draft": "first",
+        "hint": "use v2",
+        "retryCount": 0,
+        "maxRetries": 3,
+    }
+    rewound = fsm.history(mid)[-1]
+    assert (rewound.event, rewound.from_state, rewound.to_state, rewound.actor) == (
+        "rewind",
+        "THREE",
+        "TWO",
+        "ops",
+    )
+    assert rewound.reason == "to step 1: redo TWO with a fix"
+    again = agent.task()
+    assert (again["state"], again["context"]["hint"]) == ("TWO", "use v2")
+    [cancel] = agent.cancels  # THREE's agent is told its attempt was taken away
+    assert cancel["attempt"] == abandoned["attempt"] and "rewound by ops" in cancel["reason"]
+    fsm.receive(ack(abandoned, output={"three": 3}))  # its late ack: refused, recorded
+    assert fsm.rejections(mid)[-1] == "stale_attempt"
+    fsm.receive(ack(again, output={"two": 22}))
+    fsm.receive(ack(agent.task()))
+    assert fsm.machine(mid).status == "completed"
+    events = [h.event for h in fsm.history(mid)]  # nothing before the rewind is lost
+    assert events == ["start", "ack", "ack", "rewind", "ack", "ack"]
+
+
+def test_a_finished_machine_rewinds_and_what_cannot_be_rewound_is_refused(fsm: Fsm) -> None:
+    from fsm_celery.exceptions import CommandRefused, InvalidContext, StepNotFound
+
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_linear")
+    for _ in range(3):
+        fsm.receive(ack(agent.task()))
+    assert fsm.machine(mid).status == "completed"
+    with pytest.raises(CommandRefused, match="ended the machine in DONE"):
+        fsm.engine.rewind.rewind(mid, 3, "ops", "")
+    with pytest.raises(CommandRefused, match="step 9 is not in its past"):
+        fsm.engine.rewind.rewind(mid, 9, "ops", "")
+    with pytest.raises(InvalidContext, match="maxRetries must be a whole number"):
+        fsm.engine.rewind.rewind(mid, 2, "ops", "", {"maxRetries": "many"})
+    assert fsm.machine(mid).status == "completed"  # refused: nothing changed
+    fsm.enter_all(fsm.engine.rewind.rewind(mid, 2, "ops", "the deploy was rolled back"))
+    machine = fsm.machine(mid)
+    assert (machine.current_state, machine.status) == ("THREE", "running")
+    assert agent.task()["state"] == "THREE"
+    with pytest.raises(StepNotFound):
+        fsm.engine.rewind.rewind(mid, -1, "ops", "")

@@ -1,0 +1,63 @@
+"""Rewind on real processes (a Celery worker with beat, the ack bridge): through the HTTP API and
+the CLI, a machine goes back to a past step with that step's context and edits, its agent gets
+the state again, and the abandoned attempt's late ack is refused and recorded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.support import ROOT
+from tests.support.agents import ScriptedAgent
+from tests.support.credentials import ADMIN_TOKEN
+from tests.support.messages import SILENT, Reply
+from tests.support.processes import FsmEnv
+
+
+@pytest.fixture(scope="module")
+def rewinding(env_factory: Callable[..., FsmEnv]) -> Iterator[FsmEnv]:
+    env = env_factory("rewind")
+    env.start_worker(beat=True)
+    env.start_bridge()
+    yield env
+
+
+def test_rewind_through_the_api_and_the_cli(rewinding: FsmEnv) -> None:
+    env = rewinding
+    script = {
+        "ONE": [Reply(output={"one": 1, "plan": "a"})],
+        "TWO": [Reply(output={"two": 2, "plan": "b"}), Reply(output={"two": 22})],
+        "THREE": [SILENT, Reply(output={"three": 3})],  # the first THREE never answers
+    }
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with ScriptedAgent(env, script) as agent, env.api() as http:
+        mid = env.client.start_machine("test_linear", {}, agent_id=agent.id)
+        env.wait_for_state(mid, "THREE")
+        answer = http.post(
+            f"/api/machines/{mid}/rewind",
+            json={"step": 1, "set": {"plan": "c"}, "reason": "plan b was wrong"},
+            headers=admin,
+        )
+        assert answer.status_code == 200, answer.text
+        assert env.wait_until_done(mid).status == "completed"  # TWO and THREE again
+        refused = http.post(f"/api/machines/{mid}/rewind", json={"step": 99}, headers=admin)
+        assert refused.status_code == 409 and "not in its past" in refused.text
+        # steps: 0 start, 1 ONE, 2 TWO, 3 the rewind, 4 TWO again, 5 THREE (DONE)
+        argv = [sys.executable, "-m", "fsm_celery", "rewind", str(mid), "--to", "4"]
+        argv += ["--set", "retried=true", "--reason", "once more", "--actor", "ops"]
+        done = subprocess.run(argv, env=env.env, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        info = env.wait_until_done(mid)
+    assert info.status == "completed"
+    history = env.client.history(mid)
+    rewinds = [h for h in history if h.event == "rewind"]
+    assert [(h.actor, h.reason) for h in rewinds] == [
+        ("admin", "to step 1: plan b was wrong"),
+        ("ops", "to step 4: once more"),
+    ]
+    assert info.context["plan"] == "c" and info.context["retried"] is True
+    assert info.context["two"] == 22
+    assert [t["state"] for t in agent.tasks] == ["ONE", "TWO", "THREE", "TWO", "THREE", "THREE"]
