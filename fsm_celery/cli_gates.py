@@ -1,5 +1,5 @@
 """The command line's people, outside events and time travel: `approve`, `reject`,
-`approvals`, `send-event`, `events`, and `rewind`.
+`approvals`, `send-event`, `events`, `rewind` and `fork`.
 
 The CLI holds the database's credentials, so it decides as an admin may, at any gate, and may
 send any event; the name it records is --actor's ($USER).
@@ -158,6 +158,18 @@ def rewind(machine_id: str, step: int, edits: dict[str, Any], reason: str, actor
     click.echo(f"{info.id}  {info.status}  {info.current_state}  step {info.attempt}")
 
 
+@click.command("fork")
+@click.argument("machine_id")
+@click.option("--from", "step", type=click.IntRange(min=0), required=True, help="The step.")
+@click.option("--set", "edits", multiple=True, callback=_fields, help="An edit: KEY=VALUE.")
+@click.option("--reason", default="", help="Why; kept in its history.")
+@actor_option()
+def fork(machine_id: str, step: int, edits: dict[str, Any], reason: str, actor: str) -> None:
+    """Start a new machine at the state a machine was in after a step, with the context it had
+    then and the edits over it; the source is untouched. Prints the new machine's id."""
+    click.echo(client().fork(machine_id, step, actor, reason, edits))
+
+
 COMMANDS = (
     _decision("approve", "Approve at a machine's approval gate (fill its form with --field)."),
     _decision("reject", "Reject at a machine's approval gate."),
@@ -165,4 +177,5 @@ COMMANDS = (
     send_event,
     events,
     rewind,
+    fork,
 )

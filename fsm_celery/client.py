@@ -498,6 +498,28 @@ class Client:
         self.enqueue(self.engine.rewind.rewind(mid, step, actor, reason, edits))
         return self.get_machine(mid)
 
+    def fork(
+        self,
+        machine_id: UUID | str,
+        step: int,
+        actor: str,
+        reason: str = "",
+        edits: Mapping[str, Any] | None = None,
+    ) -> UUID:
+        """Start a new machine at the state `machine_id` was in after `step`, with the context
+        it had then and `edits` over it, linked to it (forked_from, forked_at); the source is
+        untouched. Returns the new machine's id once its first state is enqueued."""
+        _check_actor(actor)
+        first = self.engine.fork.fork(self.full_id(machine_id), step, actor, reason, edits)
+        self._hand_on([first])
+        return first.machine_id
+
+    def forks(self, machine_id: UUID | str) -> list[MachineInfo]:
+        """The machines forked from this one, oldest first."""
+        with self.engine.db.connect() as conn:
+            rows = q.forks_txn(conn, _full_id_txn(conn, machine_id))
+        return [MachineInfo.from_row(r) for r in rows]
+
     def context_at(self, machine_id: UUID | str, step: int | None = None) -> dict[str, Any]:
         """The machine's context as it was after a step (its latest when none is given),
         reconstructed from the changes the history records: the step, its event and states,

@@ -66,6 +66,9 @@ class MachineInfo:
     # agent_types), and its place in that queue (1: next; read for one machine, not in lists)
     queued_at: datetime | None = None
     queue_position: int | None = None
+    # a fork: the machine and the step it was started from (its earlier steps are that one's)
+    forked_from: UUID | None = None
+    forked_at: int | None = None
 
     @classmethod
     def from_row(cls, row: AnyRow, queue_position: int | None = None) -> MachineInfo:

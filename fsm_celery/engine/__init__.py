@@ -7,7 +7,7 @@ not enter themselves (fsm_celery.engine.ports):
 - `admin`: start machines, command them, set their budgets (engine/admin.py);
 - `approvals`: people's decisions at approval gates (engine/approvals.py; gates.py opens them);
 - `signals`: outside events, applied to a waiting machine or kept for it (engine/signals.py);
-- `rewind`: a machine back at a past step, with that step's context (engine/rewind.py);
+- `rewind`, `fork`: a machine back at a past step, or a new one from it (engine/travel.py);
 - `entry`: enter a state, the one way a state_task is sent (engine/entry.py);
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
@@ -37,12 +37,12 @@ from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
 from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Scanned, Step
-from fsm_celery.engine.rewind import Rewind
 from fsm_celery.engine.runtime import Runtime, utcnow
 from fsm_celery.engine.scan import Scan
 from fsm_celery.engine.schedules import Schedules
 from fsm_celery.engine.signals import Signals
 from fsm_celery.engine.stats import Stats
+from fsm_celery.engine.travel import Fork, Rewind
 
 __all__ = ["Dispatcher", "Handoff", "Inbound", "MachineEngine", "Next", "Scanned", "Step"]
 
@@ -65,6 +65,7 @@ class MachineEngine:
         self.approvals = Approvals(self.runtime, self.entry)
         self.signals = Signals(self.runtime, self.entry)
         self.rewind = Rewind(self.runtime, self.entry)
+        self.fork = Fork(self.runtime)
         self.inbox = Inbox(self.runtime, self.entry)
         self.scan = Scan(self.runtime, self.entry)
         self.schedules = Schedules(self.runtime, self.admin)

@@ -137,6 +137,7 @@ def get_machine(fsm: Fsm, who: Viewer, machine_id: UUID) -> dict[str, Any]:
     return {
         "machine": info.to_dict(),
         "history": [h.to_dict() for h in fsm.history(machine_id)],
+        "forks": [f.to_dict() for f in fsm.forks(machine_id)],
         "notifications": fsm.notifications(machine_id, admin=who.is_admin),
         "budget_changes": fsm.budget_changes(machine_id),
     }
@@ -247,6 +248,16 @@ def force(fsm: Fsm, who: Admin, machine_id: UUID, body: ForceRequest) -> dict[st
 def rewind(fsm: Fsm, who: Admin, machine_id: UUID, body: RewindRequest) -> dict[str, Any]:
     info = fsm.rewind(machine_id, body.step, _actor(who, body.actor), body.reason, body.set)
     return {"machine": info.to_dict()}
+
+
+@router.post(
+    "/machines/{machine_id}/fork",
+    summary="Start a new machine from a past step of this one (which is untouched)",
+    responses=answer("fork"),
+)
+def fork(fsm: Fsm, who: Admin, machine_id: UUID, body: RewindRequest) -> dict[str, Any]:
+    forked = fsm.fork(machine_id, body.step, _actor(who, body.actor), body.reason, body.set)
+    return {"machine": fsm.get_machine(forked).to_dict()}
 
 
 @router.put(

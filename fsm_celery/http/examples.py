@@ -38,6 +38,8 @@ MACHINE: dict[str, Any] = {
     "depth": 0,
     "queued_at": None,
     "queue_position": None,
+    "forked_from": None,
+    "forked_at": None,
     "commands": ["pause", "retry", "force", "budget", "cancel"],
 }
 CHILD_ID = "9a4e7d21-0c3b-4f5a-8e6d-1b2c3d4e5f60"
@@ -220,6 +222,7 @@ ANSWERS: dict[str, Any] = {
         "history": [HISTORY_ROW],
         "notifications": [NOTIFICATION],
         "budget_changes": [BUDGET_CHANGE],
+        "forks": [],
     },
     "history": {
         "items": [
@@ -242,6 +245,16 @@ ANSWERS: dict[str, Any] = {
     "command": {"machine": MACHINE | {"status": "paused"}},
     "force": {"machine": MACHINE | {"current_state": "RUN_TESTS"}},
     "rewind": {"machine": MACHINE | {"current_state": "RUN_TESTS", "attempt": 12}},
+    "fork": {
+        "machine": MACHINE
+        | {
+            "id": AGENT_ID,
+            "current_state": "RUN_TESTS",
+            "attempt": 1,
+            "forked_from": MACHINE_ID,
+            "forked_at": 5,
+        }
+    },
     "set_budget": {"machine": MACHINE},
     "decide": {
         "decision": {

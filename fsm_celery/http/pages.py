@@ -155,6 +155,7 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
         retries=_retries(definition.definition),
         drawing=json.dumps(drawing),
         context=json.dumps(info.context, indent=2, sort_keys=True),
+        forks=fsm.forks(info.id),
         **_gate(fsm, info, definition.definition, who),
         **_waits(fsm, info, definition.definition),
     )

@@ -160,6 +160,16 @@ def last_transition_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
     ).first()
 
 
+def forks_txn(conn: Connection, machine_id: UUID, limit: int = 100) -> Sequence[AnyRow]:
+    """The machines forked from this one, oldest first."""
+    return conn.execute(
+        select(machines)
+        .where(machines.c.forked_from == machine_id)
+        .order_by(machines.c.created_at)
+        .limit(limit)
+    ).all()
+
+
 def context_deltas_txn(conn: Connection, machine_id: UUID, upto: int) -> Sequence[AnyRow]:
     """The machine's history rows up to attempt `upto`, in order: each one's attempt, states
     and context change only (the context at that step is their fold)."""

@@ -50,6 +50,9 @@ class NewMachine:
     root_id: UUID | None = None
     depth: int = 0
     on_parent_cancel: str | None = None
+    # a fork: the machine it was started from, and the step of it (fsm_celery.engine.travel)
+    forked_from: UUID | None = None
+    forked_at: int | None = None
 
 
 @dataclass(slots=True)

@@ -57,6 +57,7 @@ definitions = Table(
 TYPE_CHARS = 120  # a child's type names its place: research_fanout.research (0009: 50)
 OPEN = text("closed_at IS NULL")
 QUEUED = text("queued_at IS NOT NULL")
+FORKED = text("forked_from IS NOT NULL")
 
 machines = Table(
     "state_machines",
@@ -119,6 +120,10 @@ machines = Table(
     Index("idx_machines_status_created", "status", "created_at"),
     Index("idx_machines_agent_id_created", "agent_id", "created_at"),
     Index("idx_machines_at_work", "agent_id", postgresql_where=AT_WORK, sqlite_where=AT_WORK),
+    # 0015: a fork, the machine and step it was started from (fsm_celery.engine.travel)
+    Column("forked_from", Uuid),
+    Column("forked_at", Integer),
+    Index("idx_machines_forked_from", "forked_from", postgresql_where=FORKED, sqlite_where=FORKED),
 )
 
 # What the scan looks machines up by: a running machine's deadline, or when its next state is

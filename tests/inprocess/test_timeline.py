@@ -130,3 +130,31 @@ def test_a_finished_machine_rewinds_and_what_cannot_be_rewound_is_refused(fsm: F
     assert agent.task()["state"] == "THREE"
     with pytest.raises(StepNotFound):
         fsm.engine.rewind.rewind(mid, -1, "ops", "")
+
+
+def test_a_fork_starts_from_a_past_step_and_leaves_its_source_alone(fsm: Fsm) -> None:
+    from fsm_celery.exceptions import CommandRefused
+
+    agent = fsm.agent("tester")
+    source = fsm.start("test_linear", {"ticket": 9})
+    fsm.receive(ack(agent.task(), output={"one": 1, "draft": "a"}))  # step 1: -> TWO
+    fsm.receive(ack(agent.task(), output={"two": 2}))  # step 2: -> THREE
+    three = agent.task()
+    before = fsm.machine(source)
+    first = fsm.engine.fork.fork(source, 1, "ops", "try another draft", {"draft": "b"})
+    fsm.enter_all([first])
+    fork = fsm.machine(first.machine_id)
+    assert (fork.current_state, fork.status, fork.attempt) == ("TWO", "running", 1)
+    assert fork.context["draft"] == "b" and fork.context["one"] == 1 and "two" not in fork.context
+    assert (fork.forked_from, fork.forked_at) == (source, 1)
+    [started] = fsm.history(first.machine_id)
+    assert (started.event, started.actor, started.to_state) == ("fork", "ops", "TWO")
+    assert started.reason == f"from {source} step 1: try another draft"
+    tasks = agent.tasks()
+    assert [(t["machineId"], t["state"]) for t in tasks] == [(str(first.machine_id), "TWO")]
+    assert fsm.machine(source) == before  # untouched
+    fsm.receive(ack(three))  # the source's THREE: DONE
+    with pytest.raises(CommandRefused, match="ended it in DONE"):
+        fsm.engine.fork.fork(source, 3, "ops", "")
+    completed = fsm.engine.fork.fork(source, 2, "ops", "again from THREE")  # a finished one
+    assert fsm.machine(completed.machine_id).current_state == "THREE"

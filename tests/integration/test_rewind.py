@@ -51,6 +51,18 @@ def test_rewind_through_the_api_and_the_cli(rewinding: FsmEnv) -> None:
         done = subprocess.run(argv, env=env.env, cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
         info = env.wait_until_done(mid)
+        argv = [sys.executable, "-m", "fsm_celery", "fork", str(mid), "--from", "1"]
+        argv += ["--set", "plan=d", "--reason", "try plan d beside it", "--actor", "ops"]
+        forked = subprocess.run(argv, env=env.env, cwd=ROOT, capture_output=True, text=True)
+        assert forked.returncode == 0, forked.stdout + forked.stderr
+        fork_id = forked.stdout.strip()
+        fork_info = env.wait_until_done(fork_id)  # type: ignore[arg-type]
+        shown = http.get(f"/api/machines/{mid}", headers=admin).json()
+        assert [f["id"] for f in shown["forks"]] == [fork_id]
+        page = http.get(f"/machines/{fork_id}", headers=admin)
+        assert "forked from" in page.text and str(mid)[:8] in page.text
+    assert fork_info.status == "completed" and fork_info.context["plan"] == "d"
+    assert (str(fork_info.forked_from), fork_info.forked_at) == (str(mid), 1)
     assert info.status == "completed"
     history = env.client.history(mid)
     rewinds = [h for h in history if h.event == "rewind"]
@@ -60,4 +72,5 @@ def test_rewind_through_the_api_and_the_cli(rewinding: FsmEnv) -> None:
     ]
     assert info.context["plan"] == "c" and info.context["retried"] is True
     assert info.context["two"] == 22
-    assert [t["state"] for t in agent.tasks] == ["ONE", "TWO", "THREE", "TWO", "THREE", "THREE"]
+    states = [t["state"] for t in agent.tasks]
+    assert states == ["ONE", "TWO", "THREE", "TWO", "THREE", "THREE", "TWO", "THREE"]
