@@ -13,6 +13,8 @@ from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
+from sqlalchemy import Connection
+
 from fsm_celery.core import timeline
 from fsm_celery.core.admin import decide_rewind
 from fsm_celery.core.transition import MachineStatus, Rejected
@@ -54,19 +56,11 @@ class Rewind:
                 refused = "its children are at work: cancel them (or the machine) first"
             if refused is not None:
                 raise CommandRefused("rewind", str(machine_id), refused)
-            steps = q.context_deltas_txn(conn, machine_id, step)
-            if not steps or steps[-1].attempt != step:
-                raise StepNotFound(str(machine_id), step, steps[-1].attempt if steps else None)
-            then = timeline.context_at(r.context_delta for r in steps)
-            if then is None:
-                raise CommandRefused(
-                    "rewind", str(machine_id), "its history before that step kept no contexts"
-                )
-            context = checked_context(
-                {**then, **dict(edits or {})}, self._rt.settings.max_context_bytes
+            state, context = _after_step(
+                conn, "rewind", machine_id, step, edits, self._rt.settings.max_context_bytes
             )
             definition = self._rt.catalog.version(conn, row.type, row.definition_version)
-            decision = decide_rewind(definition, snapshot(row), steps[-1].to_state, context)
+            decision = decide_rewind(definition, snapshot(row), state, context)
             if isinstance(decision, Rejected):
                 raise CommandRefused("rewind", str(machine_id), decision.detail)
             why = f"to step {step}" + (f": {reason}" if reason else "")
@@ -79,6 +73,28 @@ class Rewind:
             self._entry.enter_due_txn(conn, rows, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()
+
+
+def _after_step(
+    conn: Connection,
+    action: str,
+    machine_id: UUID,
+    step: int,
+    edits: Mapping[str, Any] | None,
+    max_bytes: int,
+) -> tuple[str, dict[str, Any]]:
+    """The state the machine was in after `step` and the context it had then, the edits over it
+    (checked as a starting context is); StepNotFound, or CommandRefused when its history kept
+    no contexts that far back."""
+    steps = q.context_deltas_txn(conn, machine_id, step)
+    if not steps or steps[-1].attempt != step:
+        raise StepNotFound(str(machine_id), step, steps[-1].attempt if steps else None)
+    then = timeline.context_at(r.context_delta for r in steps)
+    if then is None:
+        raise CommandRefused(
+            action, str(machine_id), "its history before that step kept no contexts"
+        )
+    return steps[-1].to_state, checked_context({**then, **dict(edits or {})}, max_bytes)
 
 
 def _why_not(row: q.AnyRow, step: int) -> str | None:
@@ -113,19 +129,11 @@ class Fork:
                 raise CommandRefused(
                     "fork", str(source_id), "it is a fan-out's child: fork its root"
                 )
-            steps = q.context_deltas_txn(conn, source_id, step)
-            if not steps or steps[-1].attempt != step:
-                raise StepNotFound(str(source_id), step, steps[-1].attempt if steps else None)
-            then = timeline.context_at(r.context_delta for r in steps)
-            if then is None:
-                raise CommandRefused(
-                    "fork", str(source_id), "its history before that step kept no contexts"
-                )
-            context = checked_context(
-                {**then, **dict(edits or {})}, self._rt.settings.max_context_bytes
+            name, context = _after_step(
+                conn, "fork", source_id, step, edits, self._rt.settings.max_context_bytes
             )
             definition = self._rt.catalog.version(conn, source.type, source.definition_version)
-            state = definition.state(steps[-1].to_state)
+            state = definition.state(name)
             if state.terminal is not None:
                 raise CommandRefused(
                     "fork",
