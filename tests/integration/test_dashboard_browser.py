@@ -353,3 +353,44 @@ def test_screenshots_of_the_machines_list_and_a_machines_page_are_kept_as_artifa
     for shot in (listing, machine):
         data = shot.read_bytes()
         assert len(data) > 1000 and data.startswith(PNG_MAGIC), shot
+
+
+def test_an_admin_rewinds_and_forks_from_the_timeline_with_the_contexts_preview(
+    dashboard: Dashboard, page: Page
+) -> None:
+    env = dashboard.env
+    mid = waiting_machine(env)
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada Lovelace", then=f"/machines/{mid}")
+    start = page.locator("#timeline li").last  # the start row: step 0, FIRST
+    start.locator("button[data-travel=rewind]").click()
+    dialog = page.locator("dialog#confirm")
+    expect(dialog).to_be_visible()
+    expect(dialog.locator("#confirm-title")).to_have_text("Rewind to step 0 (FIRST)?")
+    expect(dialog.locator("#travel-context")).to_contain_text('"retryCount": 0')
+    page.fill("#travel-edits", '{"hint": "try the other door"}')
+    page.fill("#confirm-reason", "a hint for the agent (browser test)")
+    page.click("#confirm-ok")
+    expect(page.locator("#timeline li").first).to_contain_text("rewind", timeout=WAIT_MS)
+    expect(page.locator("#timeline li").first).to_contain_text("by Ada Lovelace")
+    info = env.client.get_machine(mid)
+    assert (info.current_state, info.attempt, info.context["hint"]) == (
+        "FIRST",
+        2,
+        "try the other door",
+    )
+    rewound = env.client.history(mid)[-1]
+    assert (rewound.event, rewound.reason) == (
+        "rewind",
+        "to step 0: a hint for the agent (browser test)",
+    )
+
+    page.locator("#timeline li").last.locator("button[data-travel=fork]").click()
+    page.fill("#travel-edits", "not json")
+    page.click("#confirm-ok")
+    expect(page.locator("#confirm-error")).to_contain_text("edits")
+    page.fill("#travel-edits", "")
+    page.click("#confirm-ok")
+    expect(page.locator("#m-forked")).to_contain_text(str(mid)[:8], timeout=WAIT_MS)
+    [fork] = env.client.forks(mid)
+    assert (fork.forked_from, fork.forked_at, fork.current_state) == (mid, 0, "FIRST")
+    assert "hint" not in fork.context  # the context after step 0, as it was

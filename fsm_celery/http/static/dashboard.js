@@ -97,6 +97,7 @@ function machinePage(section) {
   const retries = JSON.parse(section.dataset.retries || "{}");
 
   if (isAdmin()) wireActions(id);
+  if (isAdmin()) wireTravel(id);
   const gate = document.getElementById("decide");
   if (gate) wireDecision(id, gate);
   const family = document.getElementById("family");
@@ -118,6 +119,37 @@ function machinePage(section) {
     // the gate this page shows was decided, or left: the page as it is now
     if (gate && event.attempt >= Number(gate.dataset.attempt)) location.reload();
   };
+}
+
+// -- rewind and fork from a step of the timeline -----------------------------------------
+
+function wireTravel(id) {
+  document.getElementById("timeline").addEventListener("click", async (click) => {
+    const button = click.target.closest("[data-travel]");
+    if (!button) return;
+    const { travel, step, state } = button.dataset;
+    const preview = el("pre", { class: "context", id: "travel-context" }, "…");
+    const edits = el("textarea", { name: "edits", id: "travel-edits", placeholder: '{"key": "value"}' });
+    confirmAction({
+      title: travel === "rewind" ? `Rewind to step ${step} (${state})?` : `Fork from step ${step} (${state})?`,
+      text: travel === "rewind"
+        ? "The machine goes back to this state with the context below (and your edits), as a new attempt; its attempt in flight is cancelled."
+        : "A new machine starts in this state with the context below (and your edits); this one is untouched.",
+      fields: [el("label", {}, "Context after this step", preview), el("label", {}, "Edits (a JSON object)", edits)],
+      run: async (reason) => {
+        let set = {};
+        if (edits.value.trim()) {
+          try { set = JSON.parse(edits.value); } catch (bad) { throw new Error(`edits: ${bad.message}`); }
+        }
+        const done = await send("POST", `/api/machines/${id}/${travel}`, { step: Number(step), set, reason });
+        if (travel === "fork") location.assign(`/machines/${done.machine.id}`);
+        else location.reload();
+      },
+    });
+    const response = await fetch(`/api/machines/${id}/context?step=${step}`, { credentials: "same-origin" });
+    const found = await response.json().catch(() => ({}));
+    preview.textContent = JSON.stringify(found.context, null, 2);
+  });
 }
 
 // -- a decision at an approval gate ------------------------------------------------------
