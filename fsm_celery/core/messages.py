@@ -215,6 +215,18 @@ def unstorable(value: object, path: str = "message") -> str | None:
     return None
 
 
+def json_problem(value: object, path: str, most: int) -> str | None:
+    """Why the value cannot be stored as JSON of at most `most` bytes: not JSON, too large, or
+    holding what PostgreSQL refuses (unstorable); or None."""
+    try:
+        size = len(json.dumps(value, allow_nan=False).encode())
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"{path}: not JSON ({exc})"
+    if size > most:
+        return f"{path}: {size} bytes, over {most}"
+    return unstorable(value, path)
+
+
 def _walk(value: object, path: str) -> Iterable[tuple[str, object]]:
     stack = [(path, value)]
     while stack:

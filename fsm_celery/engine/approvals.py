@@ -7,7 +7,6 @@ opening a gate, fsm_celery.engine.gates'.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from uuid import UUID
 
@@ -15,8 +14,8 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import gate
 from fsm_celery.core.definition import StateDefinition
-from fsm_celery.core.gate import Approval, Choice, Verdict, Vote
-from fsm_celery.core.messages import unstorable
+from fsm_celery.core.gate import Approval, Verdict, Vote
+from fsm_celery.core.messages import json_problem, unstorable
 from fsm_celery.core.transition import GateDecided, MachineStatus, Rejected, decide
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Next
@@ -180,21 +179,12 @@ def _check_vote(machine_id: UUID, vote: Vote, max_bytes: int) -> None:
             str(machine_id),
             f"comment is {len(vote.comment)} characters long, over {gate.COMMENT_CHARS}",
         )
-    try:
-        size = len(json.dumps(dict(vote.fields), allow_nan=False).encode())
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidDecision(str(machine_id), f"fields are not JSON: {exc}") from exc
-    most = min(gate.MAX_FIELDS_BYTES, max_bytes)
-    if size > most:
-        raise InvalidDecision(str(machine_id), f"fields are {size} bytes, over {most}")
-    for text, where in ((vote.actor, "actor"), (vote.comment, "comment")):
-        if "\x00" in text:
-            raise InvalidDecision(str(machine_id), f"{where} holds a NUL character (\\u0000)")
-    problem = unstorable(dict(vote.fields), "fields")
+    problem = unstorable({"actor": vote.actor, "comment": vote.comment}, "decision")
+    problem = problem or json_problem(
+        dict(vote.fields), "fields", min(gate.MAX_FIELDS_BYTES, max_bytes)
+    )
     if problem is not None:
         raise InvalidDecision(str(machine_id), problem)
-    if vote.choice not in (Choice.APPROVE, Choice.REJECT):
-        raise InvalidDecision(str(machine_id), "a decision is approve or reject")
 
 
 def _check_open(

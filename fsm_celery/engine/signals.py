@@ -7,7 +7,6 @@ fsm_celery.core.transition's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,7 +15,7 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core import signal
-from fsm_celery.core.messages import unstorable
+from fsm_celery.core.messages import json_problem, unstorable
 from fsm_celery.core.transition import (
     MachineStatus,
 )
@@ -26,10 +25,9 @@ from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import EventRefused, InvalidEvent, MachineNotFound
+from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
 from fsm_celery.store import signals as store
-
-AT_WORK = (MachineStatus.RUNNING.value, MachineStatus.PAUSED.value)
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ class Signals:
             raise InvalidEvent(
                 str(machine_id), f"a {row.type} machine waits for no {name!r} event ({known})"
             )
-        if row.status not in AT_WORK:
+        if row.status not in fanouts.AT_WORK:
             raise EventRefused(str(machine_id), f"the machine is {row.status}: it waits no more")
         state = definition.state(row.current_state)
         here = state in waiting and row.status == MachineStatus.RUNNING.value
@@ -149,16 +147,8 @@ def _check(
         raise InvalidEvent(where, f"the sender must be 1 to {signal.SENDER_CHARS} characters")
     if key is not None and not 0 < len(key) <= signal.KEY_CHARS:
         raise InvalidEvent(where, f"the key must be 1 to {signal.KEY_CHARS} characters")
-    try:
-        size = len(json.dumps(dict(payload), allow_nan=False).encode())
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidEvent(where, f"the payload is not JSON: {exc}") from exc
+    problem = unstorable({"name": name, "sender": sender, "key": key or ""}, "event")
     most = min(signal.MAX_PAYLOAD_BYTES, max_bytes)
-    if size > most:
-        raise InvalidEvent(where, f"the payload is {size} bytes, over {most}")
-    for text in (name, sender, key or ""):
-        if "\x00" in text:
-            raise InvalidEvent(where, "a NUL character (\\u0000) in the name, sender or key")
-    problem = unstorable(dict(payload), "payload")
+    problem = problem or json_problem(dict(payload), "the payload", most)
     if problem is not None:
         raise InvalidEvent(where, problem)

@@ -8,13 +8,11 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, insert, select, update
 
-from fsm_celery.store import dialects
+from fsm_celery.store import dialects, fanouts
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.tables import approval_decisions, approval_gates, machines
-
-AT_WORK = ("running", "paused")
 
 
 def open_gate_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
@@ -66,15 +64,6 @@ def record_txn(conn: Connection, gate_id: int, machine_id: UUID, **decision: Any
     return conn.execute(statement).rowcount == 1
 
 
-def decision_txn(conn: Connection, gate_id: int, actor: str) -> AnyRow | None:
-    """The decision the person made at the gate."""
-    return conn.execute(
-        select(approval_decisions).where(
-            approval_decisions.c.gate_id == gate_id, approval_decisions.c.actor == actor
-        )
-    ).first()
-
-
 def decisions_txn(conn: Connection, gate_id: int) -> Sequence[AnyRow]:
     """The gate's decisions, oldest first."""
     return conn.execute(
@@ -119,7 +108,7 @@ def pending_txn(conn: Connection, limit: int, machine_type: str | None = None) -
             approval_gates.c.closed_at.is_(None),
             machines.c.attempt == approval_gates.c.attempt,
             machines.c.current_state == approval_gates.c.state,
-            machines.c.status.in_(AT_WORK),
+            machines.c.status.in_(fanouts.AT_WORK),
         )
         .order_by(approval_gates.c.deadline_at, approval_gates.c.id)
         .limit(limit)
@@ -127,13 +116,3 @@ def pending_txn(conn: Connection, limit: int, machine_type: str | None = None) -
     if machine_type is not None:
         query = query.where(machines.c.type == machine_type)
     return conn.execute(query).all()
-
-
-def count_pending_txn(conn: Connection) -> int:
-    return int(
-        conn.execute(
-            select(func.count())
-            .select_from(approval_gates)
-            .where(approval_gates.c.closed_at.is_(None))
-        ).scalar_one()
-    )

@@ -72,11 +72,3 @@ def machine_events_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
         .where(machine_events.c.machine_id == machine_id)
         .order_by(machine_events.c.id)
     ).all()
-
-
-def by_key_txn(conn: Connection, machine_id: UUID, key: str) -> AnyRow | None:
-    return conn.execute(
-        select(machine_events).where(
-            machine_events.c.machine_id == machine_id, machine_events.c.key == key
-        )
-    ).first()
