@@ -100,6 +100,7 @@ class TransitionRecord:
     success: bool
     output: dict[str, Any] | None
     error_message: str | None
+    failure: str | None  # its kind, when the attempt failed (recorded since migration 0016)
     duration_ms: int | None
     actor: str | None
     reason: str | None

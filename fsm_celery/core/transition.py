@@ -322,7 +322,7 @@ def _decide_ack(
     if too_big is not None:
         return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, too_big, output)
     try:
-        edge = _chosen_edge(state.on_success, output, context)
+        edge = chosen_edge(state.on_success, output, context)
     except GuardFailed as exc:
         error = f"guard {exc.guard!r} failed on the output: {exc.error}"
         return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, error, output)
@@ -379,7 +379,7 @@ def _edge_for(
     if too_big is not None:
         return Rejected(RejectReason.INVALID_OUTPUT, too_big)
     try:
-        return _chosen_edge(edges, output, context), context, output
+        return chosen_edge(edges, output, context), context, output
     except GuardFailed as exc:
         detail = f"guard {exc.guard!r} failed on {what}: {exc.error}"
         return Rejected(RejectReason.INVALID_OUTPUT, detail)
@@ -435,7 +435,7 @@ def _gate_timeout(
     context = _merged(machine, output)
     edges = state.on_approve if approved else state.on_reject
     try:
-        edge = _chosen_edge(edges, output, context)
+        edge = chosen_edge(edges, output, context)
     except GuardFailed:  # a guard the summary alone breaks: the default edge
         edge = edges[-1]
     why = f"no decision before the deadline: {verdict.value} (its on_timeout)"
@@ -527,16 +527,20 @@ class GuardFailed(Exception):
         super().__init__(f"{guard}: {self.error}")
 
 
-def _chosen_edge(edges: tuple[Edge, ...], output: dict[str, Any], context: dict[str, Any]) -> Edge:
-    data = {"output": output, "context": context}
+def guard_holds(when: str, output: Mapping[str, Any], context: Mapping[str, Any]) -> bool:
+    """Whether the guard is true of the output and the context (GuardFailed if it raises)."""
+    try:
+        return _truthy(compile_guard(when).search({"output": output, "context": context}))
+    except Exception as exc:  # whatever an agent's output makes a guard raise
+        raise GuardFailed(when, exc) from exc
+
+
+def chosen_edge(
+    edges: tuple[Edge, ...], output: Mapping[str, Any], context: Mapping[str, Any]
+) -> Edge:
+    """The first edge whose guard holds (or that has none); GuardFailed if a guard raises."""
     for edge in edges:
-        if edge.when is None:
-            return edge
-        try:
-            taken = _truthy(compile_guard(edge.when).search(data))
-        except Exception as exc:  # whatever an agent's output makes a guard raise
-            raise GuardFailed(edge.when, exc) from exc
-        if taken:
+        if edge.when is None or guard_holds(edge.when, output, context):
             return edge
     return edges[-1]  # the validator makes the last edge an unguarded default
 

@@ -208,6 +208,7 @@ class Writes:
             cost=t.usage.cost,
             created_at=self.now,
             context_delta=timeline.change(machine.context, t.context) or {},  # {}: none
+            failure=t.failure.value if t.failure is not None else None,
         )
 
     def announce(

@@ -126,6 +126,7 @@ class History:
     cost: float
     created_at: datetime
     context_delta: dict[str, Any] | None = None  # what the transition changed in the context
+    failure: str | None = None  # the kind of a failed transition (FailureKind)
 
 
 @dataclass(slots=True)

@@ -175,6 +175,9 @@ transitions = Table(
     # 0014: what the transition changed in the machine's context (fsm_celery.core.timeline),
     # the start row's its starting context: the context at any step, without a snapshot a row
     Column("context_delta", Json),
+    # 0016: the kind of a failed transition (core.definition.FailureKind): an agent's failure
+    # told from an answer the definition refused, which replay needs (fsm_celery.core.replay)
+    Column("failure", String(20)),
     Index("idx_transitions_machine", "machine_id"),
     Index("idx_transitions_agent", "agent_id"),
     UniqueConstraint("machine_id", "attempt", name="uq_transitions_machine_attempt"),
