@@ -92,6 +92,9 @@ def definitions_validate(path: str | None) -> None:
         click.echo(f"ok  {d.type}  ({len(d.states)} states, agent {d.agent_type})")
 
 
+definitions.add_command(cli_gates.definitions_check)
+
+
 @definitions.command("load")
 @click.argument("path", required=False)
 def definitions_load(path: str | None) -> None:

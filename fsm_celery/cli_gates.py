@@ -1,5 +1,5 @@
 """The command line's people, outside events and time travel: `approve`, `reject`,
-`approvals`, `send-event`, `events`, `rewind` and `fork`.
+`approvals`, `send-event`, `events`, `rewind`, `fork`, `replay` and `definitions check`.
 
 The CLI holds the database's credentials, so it decides as an admin may, at any gate, and may
 send any event; the name it records is --actor's ($USER).
@@ -8,11 +8,15 @@ send any event; the name it records is --actor's ($USER).
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
 
+from fsm_celery import views
 from fsm_celery.cli_common import actor_option, client, echo_json, echo_lines, json_object
+from fsm_celery.core.replay import Outcome
+from fsm_celery.exits import Exit
 from fsm_celery.terminal import safe, table
 
 
@@ -170,6 +174,60 @@ def fork(machine_id: str, step: int, edits: dict[str, Any], reason: str, actor: 
     click.echo(client().fork(machine_id, step, actor, reason, edits))
 
 
+@click.command("replay")
+@click.argument("machine_id")
+@click.option(
+    "--definition",
+    "path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Replay against this file's definition (not loaded).",
+)
+@click.option("--version", type=click.IntRange(min=1), help="Against this stored version.")
+@click.option("--json", "as_json", is_flag=True)
+def replay(machine_id: str, path: str | None, version: int | None, as_json: bool) -> None:
+    """Run a machine's recorded history again against a definition (its type's newest by
+    default), calling no agent: step by step, whether it takes the same path, and where and
+    why it diverges. Exit status 1 when it diverges."""
+    if path is not None and version is not None:
+        raise click.UsageError("give --definition or --version, not both")
+    found = client().replay(machine_id, definition=path, version=version)
+    if as_json:
+        echo_json(found.to_dict())
+    else:
+        echo_lines(views.replay(found))
+    if found.replay.outcome is Outcome.DIVERGED:
+        sys.exit(Exit.FAILED)
+
+
+@click.command("check")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--replay-last",
+    "count",
+    type=click.IntRange(min=0, max=10_000),
+    default=0,
+    help="Replay the last N ended machines of its type against it.",
+)
+@click.option("--json", "as_json", is_flag=True)
+def definitions_check(path: str, count: int, as_json: bool) -> None:
+    """Check a definition file before it is loaded: its problems, and with --replay-last N
+    what it would do to the last N machines of its type that ended (the same path, or where
+    and why they diverge). Exit status 1 when one diverges, 3 when the file is invalid."""
+    from fsm_celery.core.loader import load_file
+
+    definition = load_file(path)  # DefinitionError: every problem, exit 3
+    if not count:
+        click.echo(f"ok  {definition.type}  ({len(definition.states)} states)")
+        return
+    found = client().replay_last(definition, count)
+    if as_json:
+        echo_json([f.to_dict() for f in found])
+    else:
+        echo_lines(views.replays(found, path, definition.type))
+    if any(f.replay.outcome is Outcome.DIVERGED for f in found):
+        sys.exit(Exit.FAILED)
+
+
 COMMANDS = (
     _decision("approve", "Approve at a machine's approval gate (fill its form with --field)."),
     _decision("reject", "Reject at a machine's approval gate."),
@@ -178,4 +236,5 @@ COMMANDS = (
     events,
     rewind,
     fork,
+    replay,
 )

@@ -12,6 +12,7 @@ import operator
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from itertools import accumulate
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -19,14 +20,15 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import github, timeline
 from fsm_celery.core.admin import Action, Command
-from fsm_celery.core.definition import validate
+from fsm_celery.core.definition import MachineDefinition, validate
 from fsm_celery.core.gate import Choice, Vote
-from fsm_celery.core.loader import definition_files, load_all, parse_definition
+from fsm_celery.core.loader import definition_files, load_all, load_file, parse_definition
 from fsm_celery.core.messages import INT32_MAX, unstorable
 from fsm_celery.core.usage import Budget
 from fsm_celery.engine import Handoff, MachineEngine, Next
 from fsm_celery.engine.approvals import ADMIN, Authority
 from fsm_celery.engine.github import Delivered
+from fsm_celery.engine.replays import MachineReplay
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import (
     AmbiguousMachineId,
@@ -514,6 +516,31 @@ class Client:
         self._hand_on([first])
         return first.machine_id
 
+    def replay(
+        self,
+        machine_id: UUID | str,
+        *,
+        definition: MachineDefinition | str | Path | None = None,
+        version: int | None = None,
+    ) -> MachineReplay:
+        """Run the machine's recorded history again through the core against a definition (a
+        file's, one given, or its type's stored `version`; its type's newest by default),
+        calling no agent: step by step, whether it takes the same path, where it diverges and
+        why (fsm_celery.core.replay). Only reads."""
+        mid = self.full_id(machine_id)
+        if definition is None:
+            return self.engine.replays.machine(mid, version=version)
+        found, against = _definition_of(definition)
+        return self.engine.replays.machine(mid, found, against=against)
+
+    def replay_last(
+        self, definition: MachineDefinition | str | Path, count: int
+    ) -> list[MachineReplay]:
+        """Replay the last `count` machines of the definition's type that ended (newest first)
+        against it: what a new version would do to real runs before it is loaded."""
+        found, against = _definition_of(definition)
+        return self.engine.replays.last(found, count, against)
+
     def forks(self, machine_id: UUID | str) -> list[MachineInfo]:
         """The machines forked from this one, oldest first."""
         with self.engine.db.connect() as conn:
@@ -610,6 +637,14 @@ def _full_id_txn(conn: Connection, value: UUID | str) -> UUID:
         shown = [str(mid) for mid in found[:CANDIDATES]]
         raise AmbiguousMachineId(given, shown, more=len(found) > CANDIDATES)
     return found[0]
+
+
+def _definition_of(definition: MachineDefinition | str | Path) -> tuple[MachineDefinition, str]:
+    """A definition given, or read from its file (DefinitionError naming what is wrong), and
+    how a replay names it."""
+    if isinstance(definition, MachineDefinition):
+        return definition, f"{definition.type} (given)"
+    return load_file(definition), str(definition)
 
 
 def _check_actor(actor: str) -> None:

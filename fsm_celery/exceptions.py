@@ -11,6 +11,8 @@ FsmError                      root of everything this package raises
 ├── InvalidActor              who acted does not fit the history's column
 └── MachineError              an operation on a machine instance was refused
     ├── UnknownMachineType    no definition is loaded for that type
+    ├── VersionNotFound       the machine type has no such version
+    ├── WrongDefinition       a definition given for a machine is of another type
     ├── MachineNotFound       no machine has that id
     ├── AmbiguousMachineId    more than one machine's id starts with the prefix given
     ├── StepNotFound          the machine's history has no such step
@@ -142,6 +144,25 @@ class UnknownMachineType(MachineError):
         super().__init__(
             f"unknown machine type {machine_type!r} ({types}): load its definition first "
             "(fsm-celery definitions load)"
+        )
+
+
+class VersionNotFound(MachineError):
+    """The machine type has no such stored version."""
+
+    def __init__(self, machine_type: str, version: int, versions: Sequence[int]) -> None:
+        self.machine_type = machine_type
+        known = ", ".join(map(str, versions)) or "none"
+        super().__init__(f"{machine_type} has no version {version} (its versions: {known})")
+
+
+class WrongDefinition(MachineError):
+    """A definition given to replay a machine is of another type than the machine's."""
+
+    def __init__(self, machine_id: str, machine_type: str, given: str) -> None:
+        self.machine_id = machine_id
+        super().__init__(
+            f"machine {machine_id} is a {machine_type}; the definition given is a {given}"
         )
 
 

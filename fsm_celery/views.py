@@ -4,10 +4,13 @@ statistics as tables (pure; fsm_celery.terminal makes every cell safe and aligns
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fsm_celery.core.replay import Outcome
 from fsm_celery.core.transition import MachineStatus
+from fsm_celery.engine.replays import MachineReplay
 from fsm_celery.records import MachineInfo, TransitionRecord, TreeNode
 from fsm_celery.terminal import duration, safe, table
 
@@ -215,3 +218,63 @@ def _usage(by: Mapping[str, Mapping[str, Any]], what: str) -> list[str]:
 
 def _percent(rate: float | None) -> str:
     return "" if rate is None else f"{rate * 100:.1f}"
+
+
+def replay(found: MachineReplay) -> list[str]:
+    """`replay`: each step, where the run went and where the definition goes now, then the
+    verdict."""
+    r = found.replay
+    head = (
+        f"machine {found.machine_id} ({found.machine_type} v{found.version}, {found.status}) "
+        f"replayed against {safe(found.against)}"
+    )
+    rows = [
+        [
+            s.attempt,
+            s.event,
+            s.state or "(start)",
+            s.recorded,
+            s.replayed if s.replayed is not None else "(refused)",
+            "" if s.same else "<- differs",
+        ]
+        for s in r.steps
+    ]
+    lines = [head, *table(["STEP", "EVENT", "FROM", "THE RUN ->", "NOW ->", ""], rows)]
+    return [*lines, verdict(found)]
+
+
+def verdict(found: MachineReplay) -> str:
+    r = found.replay
+    if r.outcome is Outcome.SAME:
+        return f"same path: {len(r.steps)} steps, ends {r.status}"
+    if r.outcome is Outcome.DIVERGED:
+        return f"diverges at step {r.at}: {safe(r.why or '')}"
+    return f"cannot be replayed: {safe(r.why or '')}"
+
+
+def replays(found: list[MachineReplay], against: str, machine_type: str) -> list[str]:
+    """`definitions check --replay-last`: how many take the same path, and the divergences
+    grouped by where they happen (state, where the run went, where it goes now)."""
+    outcomes = Counter(f.replay.outcome for f in found)
+    lines = [
+        f"replayed the last {len(found)} ended {machine_type} machines against {safe(against)}: "
+        f"{outcomes[Outcome.SAME]} same path, {outcomes[Outcome.DIVERGED]} diverge, "
+        f"{outcomes[Outcome.UNREPLAYABLE]} cannot be replayed"
+    ]
+    groups: dict[tuple[str | None, str, str | None], list[MachineReplay]] = {}
+    for f in found:
+        step = f.replay.diverged
+        if step is not None:
+            groups.setdefault((step.state, step.recorded, step.replayed), []).append(f)
+    for (state, recorded, now), these in sorted(groups.items(), key=lambda g: -len(g[1])):
+        ids = ", ".join(str(f.machine_id)[:8] for f in these[:3])
+        more = ", ..." if len(these) > 3 else ""
+        lines.append(
+            f"  {len(these)} at {state or '(start)'}: the run -> {recorded}, now -> "
+            f"{now or '(refused)'} (e.g. {ids}{more})"
+        )
+        lines.append(f"      {safe(these[0].replay.why or '')}")
+    unreplayable = Counter(f.replay.why for f in found if f.replay.outcome is Outcome.UNREPLAYABLE)
+    for why, count in unreplayable.most_common():
+        lines.append(f"  {count} cannot be replayed: {safe(why or '')}")
+    return lines

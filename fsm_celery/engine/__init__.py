@@ -8,6 +8,7 @@ not enter themselves (fsm_celery.engine.ports):
 - `approvals`: people's decisions at approval gates (engine/approvals.py; gates.py opens them);
 - `signals`: outside events, applied to a waiting machine or kept for it (engine/signals.py);
 - `rewind`, `fork`: a machine back at a past step, or a new one from it (engine/travel.py);
+- `replays`: recorded histories run again against a definition, read only (engine/replays.py);
 - `entry`: enter a state, the one way a state_task is sent (engine/entry.py);
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
@@ -37,6 +38,7 @@ from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
 from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Scanned, Step
+from fsm_celery.engine.replays import Replays
 from fsm_celery.engine.runtime import Runtime, utcnow
 from fsm_celery.engine.scan import Scan
 from fsm_celery.engine.schedules import Schedules
@@ -66,6 +68,7 @@ class MachineEngine:
         self.signals = Signals(self.runtime, self.entry)
         self.rewind = Rewind(self.runtime, self.entry)
         self.fork = Fork(self.runtime)
+        self.replays = Replays(self.runtime)
         self.inbox = Inbox(self.runtime, self.entry)
         self.scan = Scan(self.runtime, self.entry)
         self.schedules = Schedules(self.runtime, self.admin)

@@ -169,6 +169,21 @@ def context_at(
 
 
 @router.get(
+    "/machines/{machine_id}/replay",
+    summary="A machine's recorded history run again against a stored version of its type "
+    "(its newest without one), calling no agent: the same path, or where and why it diverges",
+    responses=answer("replay"),
+)
+def replay(
+    fsm: Fsm,
+    _: Viewer,
+    machine_id: UUID,
+    version: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
+) -> dict[str, Any]:
+    return fsm.replay(machine_id, version=version).to_dict()
+
+
+@router.get(
     "/machines/{machine_id}/children",
     summary="The machines a machine's fan-out states started, newest first; a page at a time",
     responses=answer("children"),

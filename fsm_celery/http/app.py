@@ -39,6 +39,7 @@ from fsm_celery.exceptions import (
     ScheduleNotFound,
     StepNotFound,
     UnknownMachineType,
+    VersionNotFound,
 )
 from fsm_celery.http.api import router as api_router
 from fsm_celery.http.auth import Auth, SessionCookies, Sessions
@@ -48,7 +49,13 @@ from fsm_celery.http.pages import router as pages_router
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-NOT_FOUND = (MachineNotFound, UnknownMachineType, ScheduleNotFound, StepNotFound)
+NOT_FOUND = (
+    MachineNotFound,
+    UnknownMachineType,
+    ScheduleNotFound,
+    StepNotFound,
+    VersionNotFound,
+)
 STATUSES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
     (NOT_FOUND, 404),
     (CommandRefused, 409),  # GateClosed too

@@ -96,12 +96,13 @@ TREE: dict[str, Any] = _node(MACHINE_ID, "research_fanout", None, "RESEARCH") | 
 }
 HISTORY_ROW: dict[str, Any] = {
     "attempt": 2,
-    "event": "success",
+    "event": "ack",
     "from_state": "DESIGN",
     "to_state": "WRITE_CODE",
     "success": True,
     "output": {"design": "three endpoints behind one service"},
     "error_message": None,
+    "failure": None,
     "duration_ms": 84211,
     "actor": None,
     "reason": None,
@@ -241,6 +242,37 @@ ANSWERS: dict[str, Any] = {
         "from_state": "WRITE_CODE",
         "state": "RUN_TESTS",
         "context": {"projectName": "sla-api", "githubIssue": 726, "filesCreated": ["api.py"]},
+    },
+    "replay": {
+        "machine_id": MACHINE_ID,
+        "machine_type": "cto_fix_bug",
+        "version": 2,
+        "against": "v3",
+        "status": "completed",
+        "outcome": "diverged",
+        "at": 5,
+        "why": "RUN_TESTS: → WRITE_FIX now, the run went → COMMIT_PUSH: "
+        "guard 'output.coverage > `90`' → COMMIT_PUSH is false; the default edge → WRITE_FIX "
+        "is taken",
+        "replayed_status": None,
+        "steps": [
+            {
+                "step": 4,
+                "event": "ack",
+                "state": "WRITE_FIX",
+                "recorded": "RUN_TESTS",
+                "replayed": "RUN_TESTS",
+                "why": None,
+            },
+            {
+                "step": 5,
+                "event": "ack",
+                "state": "RUN_TESTS",
+                "recorded": "COMMIT_PUSH",
+                "replayed": "WRITE_FIX",
+                "why": "RUN_TESTS: → WRITE_FIX now, the run went → COMMIT_PUSH: ...",
+            },
+        ],
     },
     "command": {"machine": MACHINE | {"status": "paused"}},
     "force": {"machine": MACHINE | {"current_state": "RUN_TESTS"}},

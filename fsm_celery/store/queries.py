@@ -170,6 +170,30 @@ def forks_txn(conn: Connection, machine_id: UUID, limit: int = 100) -> Sequence[
     ).all()
 
 
+def ended_machines_txn(
+    conn: Connection, machine_type: str, statuses: Sequence[str], limit: int
+) -> Sequence[AnyRow]:
+    """The newest machines of the type in those statuses, newest first."""
+    m = machines.c
+    return conn.execute(
+        select(m.id, m.type, m.definition_version, m.status)
+        .where(m.type == machine_type, m.status.in_(statuses))
+        .order_by(m.created_at.desc(), m.id.desc())
+        .limit(limit)
+    ).all()
+
+
+def histories_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, list[AnyRow]]:
+    """The history of each of the machines, in attempt order."""
+    found: dict[UUID, list[AnyRow]] = {mid: [] for mid in ids}
+    t = transitions.c
+    for chunk in (ids[i : i + 1000] for i in range(0, len(ids), 1000)):
+        query = select(transitions).where(t.machine_id.in_(chunk)).order_by(t.machine_id, t.attempt)
+        for row in conn.execute(query):
+            found[row.machine_id].append(row)
+    return found
+
+
 def context_deltas_txn(conn: Connection, machine_id: UUID, upto: int) -> Sequence[AnyRow]:
     """The machine's history rows up to attempt `upto`, in order: each one's attempt, states
     and context change only (the context at that step is their fold)."""

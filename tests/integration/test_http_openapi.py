@@ -113,6 +113,12 @@ def test_the_examples_have_the_keys_the_api_answers(http: Any) -> None:
     assert shown["machine"].keys() == examples.MACHINE.keys()
     assert shown["history"][0].keys() == examples.HISTORY_ROW.keys()
     assert shown["budget_changes"][0].keys() == examples.BUDGET_CHANGE.keys()
+    replayed = http.get(f"/api/machines/{machine_id}/replay", headers=ADMIN).json()
+    assert replayed.keys() == examples.ANSWERS["replay"].keys()
+    assert replayed["steps"][0].keys() == examples.ANSWERS["replay"]["steps"][0].keys()
+    assert replayed["outcome"] == "same" and replayed["against"] == "v1"
+    missing = http.get(f"/api/machines/{machine_id}/replay?version=9", headers=ADMIN)
+    assert missing.status_code == 404 and "has no version 9" in missing.text
     listed = http.get("/api/machines", headers=ADMIN).json()
     assert listed.keys() == examples.ANSWERS["list_machines"].keys()
     schedules = http.get("/api/schedules", headers=ADMIN).json()["items"]
