@@ -48,7 +48,7 @@ except ValidationError as exc:  # `celery -A fsm_celery worker` with a bad FSM_*
 
 broker_url = _settings.celery_broker_url
 broker_connection_retry_on_startup = True
-broker_transport_options = {"visibility_timeout": _settings.visibility_timeout_seconds}
+broker_transport_options = _settings.celery_transport_options
 
 task_default_queue = _settings.queue
 # The nameless exchange routes by queue name alone. Named exchanges keep their bindings as Redis

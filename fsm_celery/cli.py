@@ -328,8 +328,12 @@ def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool) -> Non
     if apply:
         from fsm_celery.channel.redis import connect
 
-        acl.create_agent_user(connect(settings.redis_url), agent_id, agent_type, prefix, password)
-    _client().register_agent(agent_id, agent_type)
+        rules = acl.create_agent_user(
+            connect(settings.redis_url), agent_id, agent_type, prefix, password
+        )
+        _client().register_agent(agent_id, agent_type, rules)  # kept: the bridge restores it
+    else:
+        _client().register_agent(agent_id, agent_type)
     user = acl.agent_username(agent_id)
     click.echo(f"# Redis user {user} ({'created' if apply else 'not created yet: run this'}):")
     click.echo(line)

@@ -593,12 +593,15 @@ class Client:
         """Messages the bridge could neither apply nor record, newest first (dead letters)."""
         return self._parked(limit) if self._parked is not None else []
 
-    def register_agent(self, agent_id: UUID | str, agent_type: str) -> None:
+    def register_agent(
+        self, agent_id: UUID | str, agent_type: str, acl_rules: list[str] | None = None
+    ) -> None:
         """Record that the agent was given credentials for the agent type: a status it sends
-        claiming another type is refused."""
+        claiming another type is refused; with its Redis user's rules (the password hashed),
+        which the bridge creates again on a Redis that lost them (channel.acl.restore_users)."""
         with self.engine.db.begin() as conn:
             q.register_agent_txn(
-                conn, _agent_uuid(agent_id), agent_type, self.engine.runtime.clock()
+                conn, _agent_uuid(agent_id), agent_type, self.engine.runtime.clock(), acl_rules
             )
 
 

@@ -6,12 +6,13 @@ import os
 from enum import StrEnum
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fsm_celery.channel.address import is_sentinel, kombu_options, kombu_url, parse_sentinel
 from fsm_celery.exceptions import InsecureSecret
 
 DEFAULT_SECRET = "change-me-in-production"
@@ -55,7 +56,22 @@ class Settings(BaseSettings):
     )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
-        description="Redis, for the agents' tasks and acks (redis://, rediss:// for TLS, unix://).",
+        description="Redis, for the agents' tasks and acks (redis://, rediss:// for TLS, unix://), "
+        "or a primary behind Sentinel: redis+sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT/MASTER[/DB]"
+        " (docs/scaling.md).",
+    )
+    redis_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Replicas a state_task and an ack must reach (Redis WAIT) before they count "
+        "as sent: 1 behind Sentinel, so that a failover loses neither; 0 waits for none.",
+    )
+    redis_replica_timeout_ms: int = Field(
+        default=500,
+        ge=1,
+        le=60_000,
+        description="How long a write waits for FSM_REDIS_REPLICAS before it is sent again.",
     )
     broker_url: str | None = Field(
         default=None, description="Celery's broker, when it is not FSM_REDIS_URL."
@@ -299,7 +315,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str) -> str:
-        return _url_with_scheme(value, REDIS_SCHEMES, "FSM_REDIS_URL")
+        return _redis_url_of(value, REDIS_SCHEMES, "FSM_REDIS_URL")
 
     @field_validator("notify_url")
     @classmethod
@@ -323,7 +339,7 @@ class Settings(BaseSettings):
     def _broker_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        return _url_with_scheme(value, (*REDIS_SCHEMES, "memory"), "FSM_BROKER_URL")
+        return _redis_url_of(value, (*REDIS_SCHEMES, "memory"), "FSM_BROKER_URL")
 
     @property
     def definitions(self) -> Path:
@@ -349,7 +365,22 @@ class Settings(BaseSettings):
 
     @property
     def celery_broker_url(self) -> str:
-        return self.broker_url or self.redis_url
+        """Celery's broker: FSM_BROKER_URL, else FSM_REDIS_URL (behind Sentinel, as kombu
+        spells it: celery_transport_options name the master)."""
+        url = self.broker_url or self.redis_url
+        if is_sentinel(url):
+            return kombu_url(parse_sentinel(url))
+        return url
+
+    @property
+    def celery_transport_options(self) -> dict[str, Any]:
+        """Celery's broker_transport_options: the visibility timeout, and behind Sentinel the
+        master's name and the sentinels' login."""
+        options: dict[str, Any] = {"visibility_timeout": self.visibility_timeout_seconds}
+        url = self.broker_url or self.redis_url
+        if is_sentinel(url):
+            options.update(kombu_options(parse_sentinel(url)))
+        return options
 
     @cached_property
     def token_secrets(self) -> tuple[str, ...]:
@@ -459,6 +490,17 @@ def database_url(url: str) -> str:
         "user:password@host:port/database (or postgres://, postgresql+psycopg2://) or "
         "sqlite:///path"
     )
+
+
+def _redis_url_of(url: str, schemes: tuple[str, ...], name: str) -> str:
+    """A Redis URL, plain or behind Sentinel (checked whole: ValueError saying what is wrong)."""
+    if not is_sentinel(url):
+        return _url_with_scheme(url, schemes, name)
+    try:
+        parse_sentinel(url)
+    except ValueError as exc:
+        raise ValueError(f"{mask(url)} is not a Sentinel URL {name} can use: {exc}") from None
+    return url
 
 
 def _url_with_scheme(url: str, schemes: tuple[str, ...], name: str) -> str:

@@ -153,6 +153,7 @@ class Doctor:
         from fsm_celery.worker.app import app
 
         app.conf.broker_url = self.settings.celery_broker_url
+        app.conf.broker_transport_options = self.settings.celery_transport_options
         replies = app.control.ping(timeout=self.ping_timeout)
         names = sorted(name for reply in replies for name in reply)
         if not names:

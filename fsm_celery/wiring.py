@@ -56,7 +56,13 @@ def machine_engine(
     """
     if dispatcher is None:
         redis = connect(settings.redis_url)
-        dispatcher = RedisDispatcher(redis, settings.channel_prefix, settings.task_streams)
+        dispatcher = RedisDispatcher(
+            redis,
+            settings.channel_prefix,
+            settings.task_streams,
+            settings.redis_replicas,
+            settings.redis_replica_timeout_ms,
+        )
     db = database.connect(settings.database_url, pre_ping=pre_ping)
     return MachineEngine(db, dispatcher, settings, clock)
 

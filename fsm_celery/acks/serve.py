@@ -17,6 +17,7 @@ from fsm_celery.acks.bridge import Bridge
 from fsm_celery.config import Settings, TransitionMode, get_settings
 
 log = logging.getLogger("fsm_celery.acks.bridge")
+ACL_CHECK_SECONDS = 2.0  # how often the bridge checks that Redis has the agents' users
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ def run_bridge(processes: int, plan: Plan) -> None:
     stop = threading.Event()
     others = [_spawn_consumer(n, plan) for n in range(1, processes)]
     threading.Thread(target=_keep_consumers, args=(others, plan, stop), daemon=True).start()
+    threading.Thread(target=_keep_acl_users, args=(stop,), daemon=True).start()
     serve_acks(plan, pubsub=True, stop=stop)
     # A signal sent to this process alone (pkill, docker stop, a supervisor) does not reach
     # the consumers: pass it on, so that they stop as this one did, at once.
@@ -65,6 +67,30 @@ def _keep_consumers(
             if not process.is_alive() and not stop.is_set():
                 log.warning("%s exited (%s); starting it again", process.name, process.exitcode)
                 processes[n] = _spawn_consumer(n + 1, plan)
+
+
+def _keep_acl_users(stop: threading.Event) -> None:
+    """Create again, every ACL_CHECK_SECONDS, the agents' Redis users the primary lost: it
+    restarted without an aclfile, or Sentinel promoted a replica (ACL users are not
+    replicated). An agent refused meanwhile retries its connection until its user is back."""
+    from fsm_celery.channel import acl
+    from fsm_celery.channel.redis import connect
+    from fsm_celery.store import db as database
+    from fsm_celery.store import queries as q
+
+    settings = get_settings()
+    db = database.connect(settings.database_url)
+    admin = connect(settings.redis_url)
+    while not stop.wait(ACL_CHECK_SECONDS):
+        try:
+            with db.connect() as conn:
+                users = q.acl_users_txn(conn)
+            created = acl.restore_users(admin, users)
+        except Exception as exc:  # Redis or PostgreSQL away: the next round tries again
+            log.debug("agents' Redis users not checked: %s", exc)
+            continue
+        if created:
+            log.warning("Redis had lost %d agent users; created again: %s", len(created), created)
 
 
 def serve_acks(plan: Plan, *, pubsub: bool, stop: threading.Event | None = None) -> None:

@@ -40,6 +40,8 @@ def mock_agents(
             agent_id=agent_id or uuid.uuid5(AGENT_NAMESPACE, f"mock:{script.seed}:{agent_type}"),
             concurrency=concurrency,
             prefix=settings.channel_prefix,
+            replicas=settings.redis_replicas,
+            replica_timeout_ms=settings.redis_replica_timeout_ms,
         )
         serve_mock(agent, script)
         if agent_type in serves_pipeline:

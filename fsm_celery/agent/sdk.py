@@ -48,6 +48,7 @@ import redis
 from pydantic import ValidationError
 
 from fsm_celery.agent.task import Slot, Task, cancellable, reply
+from fsm_celery.channel.redis import Replication, connect
 from fsm_celery.core.messages import (
     TASK_MESSAGE_TYPES,
     StateCancel,
@@ -65,6 +66,8 @@ GROUP = "agents"
 ANY = "*"
 ACK_MAXLEN = 10_000  # entries kept on the agent's ack stream while no bridge reads it
 CANCELLED_KEPT = 1_000  # cancelled attempts remembered, so a task read after its cancel is skipped
+ANSWERED_KEPT = 1_000  # answers remembered, sent again for a task read again
+REPLY_TRIES = 8  # sends of an answer (about 10 s in all) before it waits for the reconnect
 SHUTTING_DOWN = "the agent is shutting down"
 
 
@@ -88,6 +91,8 @@ class Agent:
         prefix: str = "",
         status_interval: float = 5.0,
         shutdown_grace: float = 30.0,
+        replicas: int = 0,
+        replica_timeout_ms: int = 500,
     ) -> None:
         self.agent_type = agent_type
         # The canonical form: the Redis ACL names its keys with it.
@@ -97,6 +102,8 @@ class Agent:
         self.prefix = prefix
         self.status_interval = status_interval
         self.shutdown_grace = shutdown_grace
+        self.replicas = replicas  # an answer counts as sent once this many replicas hold it
+        self.replica_timeout_ms = replica_timeout_ms
         self._handlers: dict[tuple[str, str], Handler] = {}
         self._stop = threading.Event()
         self._stop_asked = 0.0  # monotonic time of stop(): the grace counts from it
@@ -104,7 +111,11 @@ class Agent:
         self._running: dict[tuple[str, str], Slot] = {}  # (stream, entry id) -> slot
         self._late: list[Slot] = []  # read after stop(): handed back, never started
         self._cancelled: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # the answers sent lately: a task read again (its XACK lost in a failover, or sent
+        # twice) gets the same answer again, without the handler's work done twice
+        self._answered: OrderedDict[tuple[str, int], dict[str, Any] | None] = OrderedDict()
         self._client: redis.Redis | None = None
+        self._replicated: Replication | None = None
 
     # registration -----------------------------------------------------------------------
 
@@ -154,8 +165,14 @@ class Agent:
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self.redis_url, socket_keepalive=True)
+            self._client = connect(self.redis_url)
+            self._replicated = Replication(self._client, self.replicas, self.replica_timeout_ms)
         return self._client
+
+    def _replication(self) -> Replication:
+        self._redis()
+        assert self._replicated is not None
+        return self._replicated
 
     def _streams(self) -> dict[Any, Any]:
         return {
@@ -219,6 +236,13 @@ class Agent:
 
     def _accept(self, slot: Slot) -> bool:
         task = slot.message
+        key = (str(task.machine_id), task.attempt)
+        with self._lock:
+            answered, answer = key in self._answered, self._answered.get(key)
+        if answered:
+            log.info("%s attempt %d was answered already: same answer again", *key)
+            self._done(slot.stream, slot.entry_id, answer)
+            return False
         skip = self._stale(task)
         if skip is not None:
             log.info(
@@ -290,6 +314,10 @@ class Agent:
         with self._lock:
             mine = self._running.pop(slot.key, None) is not None
             slot.ended.set()
+            if mine:
+                self._answered[(str(slot.message.machine_id), slot.message.attempt)] = reply
+                while len(self._answered) > ANSWERED_KEPT:
+                    self._answered.popitem(last=False)
         if mine:  # not dropped meanwhile: the answer counts
             self._done(slot.stream, slot.entry_id, reply)
 
@@ -352,17 +380,31 @@ class Agent:
         client.xadd(stream, {"message": json.dumps(message)}, maxlen=ACK_MAXLEN, approximate=True)
 
     def _done(self, stream: str, entry_id: str, reply: dict[str, Any] | None = None) -> None:
-        """Send the reply (if any) and acknowledge the entry, in one round trip."""
-        try:
-            pipe = self._redis().pipeline(transaction=False)
-            if reply is not None:
-                self._xadd(pipe, reply)
-            pipe.xack(stream, GROUP, entry_id)
-            pipe.xdel(stream, entry_id)
-            pipe.execute()
-        except redis.RedisError as exc:
-            # The entry stays pending: this agent id reads it again when it reconnects.
-            log.warning("could not answer %s on %s: %s", entry_id, stream, exc)
+        """Send the reply (if any) and acknowledge the entry, in one round trip; with
+        `replicas`, the reply counts as sent once that many replicas hold it, else it is sent
+        again (a failover could lose it: a second copy is refused by the engine as stale)."""
+        problem: Exception | None = None
+        for tried in range(REPLY_TRIES):
+            try:
+                pipe = self._redis().pipeline(transaction=False)
+                if reply is not None:
+                    self._xadd(pipe, reply)
+                pipe.xack(stream, GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
+                waits = reply is not None and self._replication().wait_in(pipe)
+                replies = pipe.execute()
+                if waits:
+                    self._replication().check(int(replies[-1]), "the answer")
+                return
+            except redis.RedisError as exc:
+                problem = exc
+            if reply is None or self._stop.is_set():
+                break
+            log.warning("answer on %s not sent for sure (%s); again", entry_id, problem)
+            self._stop.wait(min(0.2 * 2**tried, 2.0))
+        # The entry stays pending: this agent id reads it again when it reconnects, and sends
+        # the answer it keeps for it (_answered).
+        log.warning("could not answer %s on %s: %s", entry_id, stream, problem)
 
     def _report_status(self) -> None:
         self._status("active")

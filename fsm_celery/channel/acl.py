@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from uuid import UUID
 
 import redis
@@ -51,6 +51,8 @@ COMMANDS = (
     "auth",  # RESP2 clients
     "quit",  # clients that say goodbye (ioredis, node-redis)
     "client|setname",  # clients given a connection name (client_name=…)
+    "wait",  # an answer held by the replicas before it counts as sent (FSM_REDIS_REPLICAS)
+    "role",  # how many replicas the primary has, to wait for no more (channel.redis)
 )
 # redis-py 8 also sends these on connect and ignores a refusal, but a refusal fills ACL LOG.
 # Redis 7.0 knows neither, and ACL SETUSER refuses a command it does not know.
@@ -167,9 +169,9 @@ def acl_file_line(
 
 def create_agent_user(
     admin: redis.Redis, agent_id: UUID | str, agent_type: str, prefix: str, password: str
-) -> None:
+) -> list[str]:
     """Create the agent's Redis user, or replace its rules and password (ACL SETUSER), for
-    the database the admin client uses."""
+    the database the admin client uses; its rules (the password hashed: what to keep)."""
     rules = agent_acl_rules(
         agent_id,
         agent_type,
@@ -181,6 +183,26 @@ def create_agent_user(
     admin.execute_command(  # type: ignore[no-untyped-call]
         "ACL SETUSER", agent_username(agent_id), *rules
     )
+    return rules
+
+
+def restore_users(admin: redis.Redis, users: Mapping[UUID, list[str]]) -> list[str]:
+    """Create again the agents' users this Redis does not have (it restarted without an
+    aclfile, or it is a replica Sentinel promoted: ACL users are not replicated); the names
+    created. Users it has are left as they are."""
+    if not users:
+        return []
+    present = {
+        name.decode() if isinstance(name, bytes) else name
+        for name in admin.execute_command("ACL USERS")  # type: ignore[no-untyped-call]
+    }
+    created = []
+    for agent_id, rules in users.items():
+        name = agent_username(agent_id)
+        if name not in present:
+            admin.execute_command("ACL SETUSER", name, *rules)  # type: ignore[no-untyped-call]
+            created.append(name)
+    return created
 
 
 def known_optional_commands(admin: redis.Redis) -> list[str]:

@@ -7,7 +7,13 @@ import time
 from collections.abc import Sequence
 
 import redis
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
 
+from fsm_celery.channel.address import is_sentinel, parse_sentinel
 from fsm_celery.core.messages import StateEvent, events_channel, task_channel, task_stream
 
 log = logging.getLogger(__name__)
@@ -15,6 +21,59 @@ log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000  # tasks kept per agent stream (approximate trimming)
 STREAM_TTL_SECONDS = 7 * 24 * 3600  # a stream nobody writes to for a week is dropped
 TTL_REFRESH_SECONDS = 60.0  # how often a dispatcher renews the TTL of a stream it writes to
+SENTINEL_TIMEOUT = 2.0  # seconds to reach a sentinel, or a primary it names
+FAILOVER_RETRIES = 3  # reconnects within one command (each asks the sentinels again)
+REPLICAS_READ_SECONDS = 1.0  # how often a writer reads how many replicas its primary has
+
+
+class NotReplicated(redis.ConnectionError):
+    """Fewer replicas than asked acknowledged a write within the wait: a failover now could
+    lose it, so it counts as not sent (a ConnectionError: tried again, as when Redis is down)."""
+
+
+class Replication:
+    """Writes that count as sent once the primary's replicas hold them (Redis WAIT), up to
+    `wanted` of them. Redis replicates asynchronously, and Sentinel promotes a replica: what
+    it did not hold is lost. A primary with fewer replicas connected (one was lost, the
+    failover promoted the only one) waits for those it has: a replica that connects later
+    copies everything it holds, and with none there is nothing a failover could promote.
+    Its count of replicas (ROLE) is read again at most every REPLICAS_READ_SECONDS, and
+    whenever a wait falls short."""
+
+    def __init__(self, client: redis.Redis, wanted: int, timeout_ms: int) -> None:
+        self._client = client
+        self.wanted = wanted
+        self._timeout_ms = timeout_ms
+        self._connected = wanted  # until read: as many as wanted
+        self._read_at = -REPLICAS_READ_SECONDS
+
+    def wait_in(self, pipe: redis.client.Pipeline) -> bool:
+        """End the pipeline with a WAIT if there are replicas to wait for; whether it does."""
+        if not self.wanted:
+            return False
+        if time.monotonic() - self._read_at >= REPLICAS_READ_SECONDS:
+            self._read_replicas()
+        if not self._connected:
+            return False
+        pipe.wait(min(self.wanted, self._connected), self._timeout_ms)
+        return True
+
+    def check(self, held: int, what: str) -> None:
+        """NotReplicated unless `held` replicas are enough: as many as wanted, or every one
+        the primary has now."""
+        if held >= min(self.wanted, self._connected):
+            return
+        self._read_replicas()
+        if held < min(self.wanted, self._connected):
+            raise NotReplicated(
+                f"{held} of {min(self.wanted, self._connected)} replicas hold {what} after "
+                f"{self._timeout_ms} ms (FSM_REDIS_REPLICAS)"
+            )
+
+    def _read_replicas(self) -> None:
+        role = self._client.execute_command("ROLE")  # type: ignore[no-untyped-call]
+        self._connected = len(role[2]) if role and role[0] in (b"master", "master") else 0
+        self._read_at = time.monotonic()
 
 
 class RedisDispatcher:
@@ -22,13 +81,26 @@ class RedisDispatcher:
 
     A whole batch goes in one pipelined round trip. A pub/sub agent that is down misses the
     message and the state times out and is retried; a stream agent reads what it missed when it
-    comes back.
+    comes back. With `replicas`, the round trip ends with a WAIT: the batch counts as sent only
+    once that many replicas hold it (Redis replicates asynchronously, and a failover promotes a
+    replica: what it did not hold would be lost). Short of them, NotReplicated: the transaction
+    that sent it rolls back and is tried again, and the agent may get the task twice (its
+    second ack is refused as stale).
     """
 
-    def __init__(self, client: redis.Redis, prefix: str = "", streams: bool = True) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "",
+        streams: bool = True,
+        replicas: int = 0,
+        replica_timeout_ms: int = 500,
+    ) -> None:
         self._client = client
         self._prefix = prefix
         self._streams = streams
+        # pub/sub is not kept for a reader: only the streams' entries are waited for
+        self._replication = Replication(client, replicas if streams else 0, replica_timeout_ms)
         self._renewed: dict[str, float] = {}  # stream -> when its TTL was last set
 
     def dispatch_many(self, messages: list[tuple[str, str]]) -> None:
@@ -47,7 +119,10 @@ class RedisDispatcher:
                 if now - self._renewed.get(stream, -TTL_REFRESH_SECONDS) >= TTL_REFRESH_SECONDS:
                     pipe.expire(stream, STREAM_TTL_SECONDS)
                     self._renewed[stream] = now
-        pipe.execute()
+        waits = self._replication.wait_in(pipe)
+        replies = pipe.execute()
+        if waits:
+            self._replication.check(int(replies[-1]), f"the {len(messages)} state_tasks")
 
     def cancel_many(self, messages: list[tuple[str, str]]) -> None:
         """XADD each state_cancel to the agent's task stream, all in one round trip.
@@ -80,5 +155,47 @@ class RedisDispatcher:
 
 
 def connect(url: str) -> redis.Redis:
-    """A Redis client with keepalive and health checks."""
-    return redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True)
+    """A Redis client with keepalive and health checks; for a redis+sentinel:// URL, one on
+    the primary the sentinels name, asked again on every new connection (after a failover,
+    the next command's reconnect finds the new primary; a demoted one's READONLY answer
+    drops the connection: redis.sentinel.SentinelManagedConnection)."""
+    if not is_sentinel(url):
+        return redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True)
+    address = parse_sentinel(url)
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        list(address.sentinels),
+        sentinel_kwargs={**address.sentinel_kwargs, "socket_timeout": SENTINEL_TIMEOUT},
+        socket_timeout=None,
+    )
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+        address.master,
+        db=address.db,
+        username=address.username,
+        password=address.password,
+        health_check_interval=30,
+        socket_keepalive=True,
+        socket_connect_timeout=SENTINEL_TIMEOUT,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), FAILOVER_RETRIES),
+        **address.tls_kwargs,
+    )
+    return client
+
+
+def connect_async(url: str) -> aioredis.Redis:
+    """connect's asyncio client (the dashboard's live feed)."""
+    if not is_sentinel(url):
+        return aioredis.Redis.from_url(url)
+    address = parse_sentinel(url)
+    sentinels = AsyncSentinel(  # type: ignore[no-untyped-call]
+        list(address.sentinels),
+        sentinel_kwargs={**address.sentinel_kwargs, "socket_timeout": SENTINEL_TIMEOUT},
+    )
+    client: aioredis.Redis = sentinels.master_for(
+        address.master,
+        db=address.db,
+        username=address.username,
+        password=address.password,
+        socket_connect_timeout=SENTINEL_TIMEOUT,
+        **address.tls_kwargs,
+    )
+    return client

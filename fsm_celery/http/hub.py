@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
+from fsm_celery.channel.redis import connect_async
 
 log = logging.getLogger(__name__)
 QUEUE = 1000  # events a page may fall behind by before it is told to resync
@@ -165,7 +165,7 @@ class EventHub:
     async def _run(self) -> None:
         delay = 0.5
         while True:
-            client = aioredis.Redis.from_url(self._url)
+            client = connect_async(self._url)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self._channel)

@@ -349,9 +349,15 @@ def registered_types_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, st
     return {row[0]: row[1] for row in rows}
 
 
-def register_agent_txn(conn: Connection, agent_id: UUID, agent_type: str, now: datetime) -> None:
+def register_agent_txn(
+    conn: Connection,
+    agent_id: UUID,
+    agent_type: str,
+    now: datetime,
+    acl_rules: list[str] | None = None,
+) -> None:
     """Record that the agent holds credentials to serve the type (it is not live until it
-    reports)."""
+    reports), and its Redis user's rules when the deployment created it."""
     statement = (
         dialects.of(conn)
         .insert(agents)
@@ -364,14 +370,23 @@ def register_agent_txn(conn: Connection, agent_id: UUID, agent_type: str, now: d
             running=0,
             started_at=now,
             last_seen_at=now,
+            acl_rules=acl_rules,
         )
     )
     conn.execute(
         statement.on_conflict_do_update(
             index_elements=[agents.c.id],
-            set_={"registered_type": agent_type, "agent_type": agent_type},
+            set_={"registered_type": agent_type, "agent_type": agent_type, "acl_rules": acl_rules},
         )
     )
+
+
+def acl_users_txn(conn: Connection) -> dict[UUID, list[str]]:
+    """The Redis ACL rules of the agents whose users the deployment created."""
+    rows = conn.execute(
+        select(agents.c.id, agents.c.acl_rules).where(agents.c.acl_rules.is_not(None))
+    )
+    return {row.id: list(row.acl_rules) for row in rows}
 
 
 def agent_alive_txn(conn: Connection, agent_id: UUID, since: datetime) -> bool:

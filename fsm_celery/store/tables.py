@@ -212,6 +212,9 @@ agents = Table(
     Column("assigned_at", DateTime(timezone=True)),
     # set by `fsm-celery agents credentials`: the type its Redis ACL user may serve
     Column("registered_type", String(10)),
+    # 0017: its Redis ACL user's rules (the password hashed), for the bridge to create it again
+    # on a Redis that lost it (a restart without an aclfile, a promoted replica)
+    Column("acl_rules", Json),
     Index("idx_agents_type_seen", "agent_type", "status", "last_seen_at"),
 )
 

@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from fsm_celery import wiring
+from fsm_celery.channel.redis import connect
 from fsm_celery.client import Client, MachineInfo
 from fsm_celery.config import Settings
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS
@@ -165,6 +166,7 @@ class FsmEnv:
         from celery import Celery
 
         app = Celery(broker=self.settings.celery_broker_url)
+        app.conf.broker_transport_options = self.settings.celery_transport_options
         deadline = time.monotonic() + timeout
         try:
             while not app.control.ping(destination=[name], timeout=0.5):
@@ -361,7 +363,7 @@ def make_env(name: str, pg_url: str, template: str, redis_url: str, **overrides:
     client = wiring.client(settings)
     client.load_definitions(str(SHIPPED_DEFINITIONS))
     client.load_definitions(str(FIXTURE_DEFINITIONS))
-    return FsmEnv(name, settings, redis.Redis.from_url(settings.redis_url), client)
+    return FsmEnv(name, settings, connect(settings.redis_url), client)
 
 
 def database_name(env: FsmEnv) -> str:
