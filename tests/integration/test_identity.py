@@ -8,21 +8,24 @@ import json
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from fsm_celery.agent.sdk import Agent, Task
+from fsm_celery.channel.acl import agent_username
 from fsm_celery.core.messages import ack_stream, agent_ack_stream
 from tests.integration.conftest import ONE_MODE
 from tests.support import ROOT
 from tests.support.agents import ScriptedAgent, serving
 from tests.support.messages import SILENT, ack_for
 from tests.support.processes import FsmEnv
-from tests.support.services import start_redis, stop_redis
+from tests.support.services import RedisServer, start_redis, stop_redis
 
 
 def _status(agent_id: str, agent_type: str = "tester") -> dict[str, Any]:
@@ -167,3 +170,45 @@ def test_the_shared_stream_is_not_read_when_shared_acks_are_refused(locked: FsmE
         assert locked.redis.xlen(ack_stream(prefix)) == 1  # never read, never acknowledged
         history = locked.client.history(mid)
         assert [row.attempt for row in history] == list(range(len(history)))
+
+
+def test_agents_users_come_back_after_redis_restarts_without_them(
+    env_factory: Callable[..., FsmEnv], tmp_path: Path
+) -> None:
+    """Redis restarted without an aclfile (or a replica promoted: ACL users are not
+    replicated) has lost the agents' users: the bridge creates them again from what
+    `agents credentials --apply` kept (their rules, the password hashed), and the agent,
+    refused meanwhile, goes on with the same credentials."""
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    env = env_factory("acl_restart", redis_url=server.url, accept_shared_acks=False)
+    try:
+        env.start_worker()
+        env.start_bridge()
+        agent_id = str(uuid.uuid4())
+        url = _credentials(env, agent_id, "tester")
+        agent = Agent(
+            "tester", redis_url=url, agent_id=agent_id, prefix=env.settings.channel_prefix
+        )
+
+        @agent.handler("test_pair")
+        def answer(task: Task) -> dict[str, Any]:
+            return {"first": 1, "second": 2}
+
+        with serving(agent):
+            first = env.client.start_machine("test_pair", {}, agent_id=agent_id)
+            assert env.wait_until_done(first).status == "completed"
+            server.restart()  # SHUTDOWN NOSAVE: the users go with everything else
+            admin = redis.Redis(host="127.0.0.1", port=server.port, decode_responses=True)
+            deadline = time.monotonic() + 20
+            while agent_username(agent_id) not in admin.acl_users():
+                assert time.monotonic() < deadline, "the bridge did not create the user again"
+                time.sleep(0.1)
+            second = env.client.start_machine("test_pair", {}, agent_id=agent_id)
+            assert env.wait_until_done(second, timeout=60).status == "completed"
+        with pytest.raises(redis.AuthenticationError):  # the same rules: the password still holds
+            redis.Redis.from_url(url.replace(url.split(":")[2].split("@")[0], "wrong")).ping()
+        redis.Redis.from_url(url).ping()
+    finally:
+        env.stop_all()
+        server.stop()
