@@ -347,9 +347,14 @@ def _agent_url(redis_url: str, user: str, password: str) -> str:
     """The deployment's Redis URL with the agent's credentials instead of the engine's."""
     from urllib.parse import quote, urlsplit, urlunsplit
 
+    from fsm_celery.channel.address import is_sentinel
+
     parts = urlsplit(redis_url)
-    host = parts.hostname or "127.0.0.1"
-    where = f"{host}:{parts.port}" if parts.port else host
+    if is_sentinel(redis_url):  # the same sentinels: the agent follows the failovers too
+        where = parts.netloc.rpartition("@")[2]
+    else:
+        host = parts.hostname or "127.0.0.1"
+        where = f"{host}:{parts.port}" if parts.port else host
     netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{where}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
 

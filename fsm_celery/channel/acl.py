@@ -27,6 +27,7 @@ from uuid import UUID
 
 import redis
 
+from fsm_celery.channel.address import is_sentinel, parse_sentinel
 from fsm_celery.core.messages import agent_ack_stream, task_channel, task_stream
 
 MAX_AGENT_TYPE = 10
@@ -60,7 +61,9 @@ OPTIONAL_COMMANDS = ("client|setinfo", "client|maint_notifications")
 
 
 def database_of(redis_url: str) -> int:
-    """The database a Redis URL selects (redis-py's reading of it)."""
+    """The database a Redis URL selects (redis-py's reading of it; a Sentinel URL's own)."""
+    if is_sentinel(redis_url):
+        return parse_sentinel(redis_url).db
     kwargs = redis.connection.parse_url(redis_url)  # type: ignore[no-untyped-call]
     return int(kwargs.get("db") or 0)
 
