@@ -35,9 +35,12 @@ from tests.support.processes import FsmEnv, database_name, make_env  # noqa: E40
 TEMPLATE = f"fsm_bench_template_{os.getpid()}"
 
 
-def deployment(name: str, *, flush_redis: bool = True, **settings: Any) -> FsmEnv:
+def deployment(
+    name: str, *, flush_redis: bool = True, pg_url: str | None = None, **settings: Any
+) -> FsmEnv:
     """A fresh deployment with the bench definitions loaded (on an emptied Redis database,
-    unless flush_redis is false: its channel prefix and queue are its own anyway)."""
+    unless flush_redis is false: its channel prefix and queue are its own anyway); pg_url: the
+    server its processes reach it through (a PgBouncer before PG_URL's, say)."""
     import redis
 
     if flush_redis:
@@ -46,7 +49,7 @@ def deployment(name: str, *, flush_redis: bool = True, **settings: Any) -> FsmEn
     # The figures of docs/performance-history.md up to issue 12 are of the inline mode; a benchmark
     # that measures the celery mode says so (bench/throughput.py --modes).
     settings.setdefault("transition_mode", "inline")
-    env = make_env(name, PG_URL, TEMPLATE, REDIS_URL, **settings)
+    env = make_env(name, pg_url or PG_URL, TEMPLATE, REDIS_URL, **settings)
     env.client.load_definitions(str(ROOT / "bench" / "definitions"))
     return env
 

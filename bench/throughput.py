@@ -56,10 +56,12 @@ def run_engine(
     mode: str = "celery",
     pool: str = "threads",
     workers: int = 2,
+    **settings: Any,
 ) -> dict[str, Any]:
     """Our figure: machines looping through two states for as long as it measures; transitions
-    per second over `seconds` of steady state, after two seconds of warm-up."""
-    env = deployment(f"tp{machines}_{mode}", transition_mode=mode)
+    per second over `seconds` of steady state, after two seconds of warm-up (`settings`: the
+    deployment's, pg_url among them: bench.deployment)."""
+    env = deployment(f"tp{machines}_{mode}", transition_mode=mode, **settings)
     try:
         if prefill is not None:
             prefill(env)

@@ -54,6 +54,12 @@ class Settings(BaseSettings):
         description="The database: postgresql:// (or postgres://, postgresql+psycopg2://), "
         "or sqlite:///PATH for the embedded mode.",
     )
+    database_prepare: bool = Field(
+        default=True,
+        description="Run the hot statements as prepared statements of the database session; "
+        "false behind a pooler that gives each transaction another session (PgBouncer's "
+        "pool_mode = transaction).",
+    )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         description="Redis, for the agents' tasks and acks (redis://, rediss:// for TLS, unix://), "

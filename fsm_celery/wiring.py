@@ -63,7 +63,9 @@ def machine_engine(
             settings.redis_replicas,
             settings.redis_replica_timeout_ms,
         )
-    db = database.connect(settings.database_url, pre_ping=pre_ping)
+    db = database.connect(
+        settings.database_url, pre_ping=pre_ping, prepare=settings.database_prepare
+    )
     return MachineEngine(db, dispatcher, settings, clock)
 
 

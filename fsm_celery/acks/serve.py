@@ -79,7 +79,7 @@ def _keep_acl_users(stop: threading.Event) -> None:
     from fsm_celery.store import queries as q
 
     settings = get_settings()
-    db = database.connect(settings.database_url)
+    db = database.connect(settings.database_url, prepare=settings.database_prepare)
     admin = connect(settings.redis_url)
     while not stop.wait(ACL_CHECK_SECONDS):
         try:

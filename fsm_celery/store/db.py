@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.engine import URL, make_url
 
 from fsm_celery.exceptions import DatabaseNotCreated
+from fsm_celery.store.postgres import PREPARE
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # What PostgreSQL answers a connection to a database it does not have (libpq's connection
@@ -24,13 +25,17 @@ MAINTENANCE_DATABASES = ("postgres", "template1")
 DUPLICATE_DATABASE = "42P04"
 
 
-def connect(url: str, pool_size: int = 5, pre_ping: bool = True) -> Engine:
+def connect(url: str, pool_size: int = 5, pre_ping: bool = True, prepare: bool = True) -> Engine:
     """A connection pool for the URL: pooled for PostgreSQL, WAL-journaled for SQLite.
 
     pre_ping tests each connection taken from the pool, a round trip per transaction, so that a
     caller never sees a connection a database restart broke. A process that retries its work on
     connection errors anyway (the ack bridge) goes without: the first error after a restart
     discards the whole pool, and the retry runs on a new connection.
+
+    prepare: the hot statements run as prepared statements of the session (fsm_celery.store.
+    postgres); false behind a pooler that hands each transaction another session (PgBouncer's
+    transaction pooling, FSM_DATABASE_PREPARE=false), where they are sent whole each time.
     """
     if url.startswith("sqlite"):
         db = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
@@ -44,6 +49,7 @@ def connect(url: str, pool_size: int = 5, pre_ping: bool = True) -> Engine:
         pool_pre_ping=pre_ping,
         # batch UPDATE executemany too (not only INSERT): one round trip per page, not per row
         executemany_mode="values_plus_batch",
+        execution_options={PREPARE: prepare},
     )
 
 

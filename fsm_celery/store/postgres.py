@@ -9,6 +9,7 @@ instead of once per transaction: together a quarter of the database's work on a 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Iterable, Sequence
 from functools import cache, lru_cache
@@ -16,13 +17,17 @@ from typing import Any
 from uuid import UUID
 
 from pydantic_core import to_json
-from sqlalchemy import Connection, CursorResult, Row, Table, text
+from sqlalchemy import Connection, CursorResult, Row, Table, exc, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from fsm_celery.store.rows import ById, History, Move, columns
 from fsm_celery.store.tables import machines, transitions
+
+PREPARE = "fsm_prepare"  # an engine's execution option: the hot statements prepared per session
+STATEMENT_GONE = "26000"  # invalid_sql_statement_name: EXECUTE of a statement the session lacks
+log = logging.getLogger(__name__)
 
 _MACHINE_COLUMNS = ", ".join(c.name for c in machines.c)
 
@@ -107,15 +112,42 @@ POSTGRESQL = PostgreSQL()
 def _execute_prepared(conn: Connection, sql: str, params: dict[str, str]) -> CursorResult[Any]:
     """Run a statement as a PostgreSQL prepared statement. `sql` names its parameters `:name`;
     each value is passed as text and typed by the statement's own CASTs. A prepared statement
-    lives in its server session, so this needs a session per connection: not PgBouncer's
-    transaction pooling."""
+    lives in its server session, so this needs a session per connection: behind PgBouncer's
+    transaction pooling (the engine's PREPARE option false: FSM_DATABASE_PREPARE) the statement
+    is sent whole instead, its values interpolated by the driver."""
+    if not conn.get_execution_options().get(PREPARE, True):  # behind a transaction pooler
+        return conn.exec_driver_sql(*_unprepared(sql, params))
     name, body, order = _prepare(sql)
     prepared: set[str] = conn.connection.info.setdefault("fsm_prepared", set())
-    if name not in prepared:  # a new connection (or a reconnect): PREPARE is per session
-        conn.exec_driver_sql(f"PREPARE {name} AS {body}")
-        prepared.add(name)
-    slots = ", ".join(["%s"] * len(order))
-    return conn.exec_driver_sql(f"EXECUTE {name}({slots})", tuple(params[p] for p in order))
+    try:
+        if name not in prepared:  # a new connection (or a reconnect): PREPARE is per session
+            conn.exec_driver_sql(f"PREPARE {name} AS {body}")
+            prepared.add(name)
+        slots = ", ".join(["%s"] * len(order))
+        return conn.exec_driver_sql(f"EXECUTE {name}({slots})", tuple(params[p] for p in order))
+    except exc.DBAPIError as error:
+        if getattr(error.orig, "pgcode", None) == STATEMENT_GONE:
+            # A pooler gave this transaction another session than the one that prepared it:
+            # the engine sends its statements whole from now on, and the transaction (a
+            # connection error to SQLAlchemy) is tried again by its caller.
+            prepared.clear()
+            conn.engine.update_execution_options(**{PREPARE: False})
+            log.warning(
+                "the database's sessions do not keep prepared statements (a pooler in "
+                "transaction mode?): statements are sent whole from now on; set "
+                "FSM_DATABASE_PREPARE=false to start so"
+            )
+        raise
+
+
+def _unprepared(sql: str, params: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The statement with the driver's named placeholders, sent whole with its values."""
+    return _named(sql), params
+
+
+@lru_cache(maxsize=32)
+def _named(sql: str) -> str:
+    return re.sub(r"(?<!:):(\w+)", r"%(\1)s", sql.replace("%", "%%"))
 
 
 @lru_cache(maxsize=32)
