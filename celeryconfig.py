@@ -60,9 +60,11 @@ task_default_routing_key = _settings.queue
 # whatever its -Q says (fsm_celery/worker/app.py), so nothing more needs starting. Those tasks
 # send no events either: Flower lists the machines' tasks, not a scan every second.
 HOUSEKEEPING = ("fsm.scan", "fsm.run_schedules", "fsm.fold_stats", "fsm.notify", "fsm.prune")
+# FSM_QUEUES gives machine types queues of their own (fsm_celery.worker.tasks routes each task
+# by its machine's type): a worker without -Q consumes them all, `-Q fsm.research` just that one.
 task_queues = [
     Queue(name, Exchange("", type="direct"), routing_key=name)
-    for name in (_settings.queue, _settings.housekeeping_queue)
+    for name in (*_settings.work_queues, _settings.housekeeping_queue)
 ]
 task_routes = {name: {"queue": _settings.housekeeping_queue} for name in HOUSEKEEPING}
 task_serializer = "json"

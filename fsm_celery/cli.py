@@ -347,7 +347,7 @@ def _agent_url(redis_url: str, user: str, password: str) -> str:
     """The deployment's Redis URL with the agent's credentials instead of the engine's."""
     from urllib.parse import quote, urlsplit, urlunsplit
 
-    from fsm_celery.channel.address import is_sentinel
+    from fsm_celery.redis_address import is_sentinel
 
     parts = urlsplit(redis_url)
     if is_sentinel(redis_url):  # the same sentinels: the agent follows the failovers too

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from enum import StrEnum
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -12,8 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fsm_celery.channel.address import is_sentinel, kombu_options, kombu_url, parse_sentinel
 from fsm_celery.exceptions import InsecureSecret
+from fsm_celery.redis_address import is_sentinel, kombu_options, kombu_url, parse_sentinel
 
 DEFAULT_SECRET = "change-me-in-production"
 MIN_SECRET_BYTES = 32
@@ -86,6 +87,13 @@ class Settings(BaseSettings):
         default="", description="Prefixes every Redis key and channel (deployments sharing one)."
     )
     queue: str = Field(default="fsm", description="The Celery queue of the fsm tasks.")
+    queues: dict[str, str] = Field(
+        default_factory=dict,
+        description="Celery queues per workload, as JSON: a machine type's tasks (entering its "
+        'states, applying its acks) on a queue of its own (`{"research_pipeline": '
+        '"fsm.research"}`); a child of a fan-out follows its root type unless named; the rest '
+        "on FSM_QUEUE.",
+    )
     definitions_path: str | None = Field(
         default=None,
         description="The definitions folder (or file); unset, the ones shipped in the package.",
@@ -330,6 +338,19 @@ class Settings(BaseSettings):
             raise ValueError(f"{mask(value)} is not an http:// or https:// URL")
         return value
 
+    @field_validator("queues")
+    @classmethod
+    def _queues(cls, value: dict[str, str]) -> dict[str, str]:
+        for machine_type, queue in value.items():
+            if not MACHINE_TYPE.fullmatch(machine_type):
+                raise ValueError(f"{machine_type!r} is not a machine type (letters, digits, _ .)")
+            if not QUEUE_NAME.fullmatch(queue):
+                raise ValueError(
+                    f"{machine_type}: {queue!r} is not a queue name (1 to 100 of letters, "
+                    "digits and . _ - :)"
+                )
+        return value
+
     @field_validator("agent_type_limits")
     @classmethod
     def _agent_type_limits(cls, value: dict[str, int]) -> dict[str, int]:
@@ -368,6 +389,19 @@ class Settings(BaseSettings):
         """The queue of the engine's periodic work (scan, schedules, notifications, ...),
         which every worker consumes besides FSM_QUEUE."""
         return f"{self.queue}.housekeeping"
+
+    def queue_for(self, machine_type: str) -> str:
+        """The Celery queue of a machine type's tasks: FSM_QUEUES's for it (a child's own, else
+        its root type's), else FSM_QUEUE."""
+        found = self.queues.get(machine_type)
+        if found is None:
+            found = self.queues.get(machine_type.split(".", 1)[0], self.queue)
+        return found
+
+    @property
+    def work_queues(self) -> list[str]:
+        """The queues of the machines' tasks: FSM_QUEUE, then FSM_QUEUES's (not housekeeping)."""
+        return [self.queue, *sorted(set(self.queues.values()) - {self.queue})]
 
     @property
     def celery_broker_url(self) -> str:
@@ -479,6 +513,8 @@ def _listed(value: str) -> tuple[str, ...]:
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+MACHINE_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2")
 
 

@@ -48,6 +48,7 @@ class Doctor:
             ("redis", self.redis, "check FSM_REDIS_URL and that Redis runs"),
             ("definitions", self.definitions, "run: fsm-celery definitions load"),
             ("workers", self.workers, "start one: celery -A fsm_celery worker"),
+            ("queues", self.queues, "start a worker on each: celery -A fsm_celery worker -Q Q"),
             ("beat", self.beat, "start it: celery -A fsm_celery beat"),
             ("bridges", self.bridges, "start one: fsm-celery ack-bridge"),
             ("agents", self.agents, "start one: fsm-celery agent --mock, or your agent"),
@@ -149,11 +150,15 @@ class Doctor:
             )
         return Result("definitions", True, f"{len(files)} loaded, in sync with {folder}")
 
-    def workers(self) -> Result:
+    def _celery(self) -> Any:
         from fsm_celery.worker.app import app
 
         app.conf.broker_url = self.settings.celery_broker_url
         app.conf.broker_transport_options = self.settings.celery_transport_options
+        return app
+
+    def workers(self) -> Result:
+        app = self._celery()
         replies = app.control.ping(timeout=self.ping_timeout)
         names = sorted(name for reply in replies for name in reply)
         if not names:
@@ -164,6 +169,27 @@ class Doctor:
                 "start one: celery -A fsm_celery worker",
             )
         return Result("workers", True, f"{len(names)} answering ({', '.join(names[:3])}…)")
+
+    def queues(self) -> Result:
+        """Whether a worker consumes each queue the machines' tasks go to (FSM_QUEUE, and
+        FSM_QUEUES's): a queue nobody consumes holds its machines' work forever."""
+        app = self._celery()
+        wanted = [*self.settings.work_queues, self.settings.housekeeping_queue]
+        replies = app.control.inspect(timeout=self.ping_timeout).active_queues() or {}
+        consumed = {q["name"] for queues in replies.values() for q in queues}
+        missing = [q for q in wanted if q not in consumed]
+        if not replies:
+            return Result(
+                "queues", False, "no worker answered", "start one: celery -A fsm_celery worker"
+            )
+        if missing:
+            return Result(
+                "queues",
+                False,
+                f"no worker consumes {', '.join(missing)}",
+                f"start one: celery -A fsm_celery worker -Q {','.join(missing)}",
+            )
+        return Result("queues", True, f"each consumed: {', '.join(wanted)}")
 
     def beat(self) -> Result:
         from fsm_celery.store import schedules as schedule_store

@@ -92,7 +92,11 @@ def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
     it to fsm.apply_acks tasks (celery)."""
     if mode is TransitionMode.INLINE:
         return inline_applier(settings, machine_engine(settings, pre_ping=False))
-    return relay.Relay(app, settings.queue, settings.max_relay_bytes)
+    route = None
+    if settings.queues:  # each ack on its machine's queue: its type read once per machine
+        db = database.connect(settings.database_url, prepare=settings.database_prepare)
+        route = relay.Routes(db, settings.queue_for)
+    return relay.Relay(app, settings.queue, settings.max_relay_bytes, route)
 
 
 def ack_bridge(settings: Settings, mode: TransitionMode, *, pubsub: bool) -> Bridge:

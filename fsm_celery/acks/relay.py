@@ -13,16 +13,20 @@ recorded is tried again alone, a second later, until the dead-letter policy give
 from __future__ import annotations
 
 import json
+import re
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 from uuid import UUID
 
 from celery import Celery, Task, shared_task
+from sqlalchemy import Engine
 
 from fsm_celery.acks.apply import RETRY
 from fsm_celery.acks.consumer import Delivery
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.engine.ports import Inbound
+from fsm_celery.store.queries import machine_types_txn
 
 APPLY_ACKS = "fsm.apply_acks"
 ACKS_SHOWN = 20  # machines an apply_acks task names in Flower
@@ -32,22 +36,71 @@ Wire = list[list[str | None]]  # [message, sender's id or None, source] per mess
 
 class Relay:
     """The bridge's handler in the celery mode: each batch becomes fsm.apply_acks tasks on the
-    queue, each carrying at most max_bytes of messages."""
+    queue, each carrying at most max_bytes of messages. With `route` (FSM_QUEUES), each message
+    goes on its machine's queue instead: route maps machine ids (as text, read from the raw
+    messages, unchecked: the worker checks them) to queues, those it does not know to `queue`."""
 
-    def __init__(self, app: Celery, queue: str, max_bytes: int) -> None:
-        self.app, self.queue, self.max_bytes = app, queue, max_bytes
+    def __init__(
+        self,
+        app: Celery,
+        queue: str,
+        max_bytes: int,
+        route: Callable[[set[str]], dict[str, str]] | None = None,
+    ) -> None:
+        self.app, self.queue, self.max_bytes, self.route = app, queue, max_bytes, route
 
     def __call__(self, batch: list[Delivery]) -> list[Delivery]:
         with self.app.producer_or_acquire() as producer:  # one connection for the whole batch
-            for chunk in chunks(batch, self.max_bytes):
-                self.app.send_task(
-                    APPLY_ACKS,
-                    (wire(chunk),),
-                    queue=self.queue,
-                    argsrepr=acks_repr(chunk),
-                    producer=producer,
-                )
+            for queue, part in self._by_queue(batch):
+                for chunk in chunks(part, self.max_bytes):
+                    self.app.send_task(
+                        APPLY_ACKS,
+                        (wire(chunk),),
+                        queue=queue,
+                        argsrepr=acks_repr(chunk),
+                        producer=producer,
+                    )
         return []
+
+    def _by_queue(self, batch: list[Delivery]) -> list[tuple[str, list[Delivery]]]:
+        if self.route is None:
+            return [(self.queue, batch)]
+        ids = [machine_id_in(d.item.raw) for d in batch]
+        queues = self.route({i for i in ids if i is not None})
+        parts: dict[str, list[Delivery]] = {}
+        for delivery, mid in zip(batch, ids, strict=True):
+            queue = queues.get(mid, self.queue) if mid is not None else self.queue
+            parts.setdefault(queue, []).append(delivery)
+        return list(parts.items())
+
+
+_MACHINE_ID = re.compile(r'"machineId"\s*:\s*"([0-9A-Fa-f-]{36})"')
+
+
+def machine_id_in(raw: str) -> str | None:
+    """The machine id a raw message names, for routing only (the first one, unchecked)."""
+    found = _MACHINE_ID.search(raw[:4096])
+    return found.group(1).lower() if found else None
+
+
+class Routes:
+    """Machine ids to their type's queue (FSM_QUEUES), read from the database for those not
+    seen before (one query a batch), the most recent `most` kept."""
+
+    def __init__(self, db: Engine, queue_for: Callable[[str], str], most: int = 100_000) -> None:
+        self._db, self._queue_for, self._most = db, queue_for, most
+        self._known: OrderedDict[str, str] = OrderedDict()
+
+    def __call__(self, ids: set[str]) -> dict[str, str]:
+        missing = [i for i in ids if i not in self._known]
+        if missing:
+            with self._db.connect() as conn:
+                types = machine_types_txn(conn, missing)
+            for mid, machine_type in types.items():
+                self._known[mid] = self._queue_for(machine_type)
+            while len(self._known) > self._most:
+                self._known.popitem(last=False)
+        return {i: self._known[i] for i in ids if i in self._known}
 
 
 class Parts(Protocol):

@@ -27,8 +27,8 @@ from uuid import UUID
 
 import redis
 
-from fsm_celery.channel.address import is_sentinel, parse_sentinel
 from fsm_celery.core.messages import agent_ack_stream, task_channel, task_stream
+from fsm_celery.redis_address import is_sentinel, parse_sentinel
 
 MAX_AGENT_TYPE = 10
 MIN_PASSWORD = 16

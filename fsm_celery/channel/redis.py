@@ -13,8 +13,8 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from fsm_celery.channel.address import is_sentinel, parse_sentinel
 from fsm_celery.core.messages import StateEvent, events_channel, task_channel, task_stream
+from fsm_celery.redis_address import is_sentinel, parse_sentinel
 
 log = logging.getLogger(__name__)
 

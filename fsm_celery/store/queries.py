@@ -170,6 +170,18 @@ def forks_txn(conn: Connection, machine_id: UUID, limit: int = 100) -> Sequence[
     ).all()
 
 
+def machine_types_txn(conn: Connection, ids: Sequence[str]) -> dict[str, str]:
+    """The type of each machine (ids as text; those that are no machine's left out)."""
+    valid = []
+    for value in ids:
+        try:
+            valid.append(UUID(value))
+        except ValueError:
+            continue
+    rows = conn.execute(select(machines.c.id, machines.c.type).where(machines.c.id.in_(valid)))
+    return {str(row.id): row.type for row in rows}
+
+
 def ended_machines_txn(
     conn: Connection, machine_type: str, statuses: Sequence[str], limit: int
 ) -> Sequence[AnyRow]:

@@ -30,8 +30,8 @@ SCAN_BATCH = 500  # machines per scan transaction
 
 
 class Enqueue:
-    """Sends an fsm.enter_state task for each step, on the settings' queue: at once, or after
-    the step's retry delay.
+    """Sends an fsm.enter_state task for each step, on its machine type's queue (FSM_QUEUES,
+    else FSM_QUEUE): at once, or after the step's retry delay.
 
     A countdown longer than half the broker's visibility timeout would be redelivered while it
     waits; those steps are left to the scan, which enters every state whose dispatch is due.
@@ -39,7 +39,7 @@ class Enqueue:
 
     def __init__(self, settings: Settings, celery: Celery = app) -> None:
         self.app = celery
-        self.queue = settings.queue
+        self.queue_for = settings.queue_for  # by the machine's type (FSM_QUEUES)
         self.longest = settings.visibility_timeout_seconds / 2
 
     def __call__(self, next_states: Next) -> None:
@@ -55,7 +55,7 @@ class Enqueue:
                 self.app.send_task(
                     ENTER_STATE,
                     (str(step.machine_id), step.attempt),
-                    queue=self.queue,
+                    queue=self.queue_for(step.machine_type),
                     countdown=step.delay if step.delay > 0 else None,
                     argsrepr=step_repr(step),
                     producer=producer,
@@ -69,7 +69,7 @@ class Enqueue:
         return self.app.signature(
             ENTER_STATE,
             (str(step.machine_id), step.attempt),
-            queue=self.queue,
+            queue=self.queue_for(step.machine_type),
             argsrepr=step_repr(step),
             immutable=True,
         )

@@ -39,6 +39,7 @@ def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
         "redis",
         "definitions",
         "workers",
+        "queues",
         "beat",
         "bridges",
         "agents",
@@ -74,6 +75,7 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         assert lines["definitions"].startswith("✘ definitions: cto_infrastructure_check")
         assert lines["definitions"].endswith("run: fsm-celery definitions load")
         assert lines["workers"].startswith("✘ workers: none answered")
+        assert lines["queues"].startswith("✘ queues: no worker answered")
         assert lines["beat"] == "✘ beat: no scan ever ran — start it: celery -A fsm_celery beat"
         assert lines["bridges"].startswith("✘ bridges: none alive; ack stream lag 0, pending 0")
         assert lines["token secret"].startswith("✘ token secret: FSM_TASK_TOKEN_SECRET is the")

@@ -119,6 +119,7 @@ class FsmEnv:
         supervised: bool = True,
         pool: str = "threads",
         log_level: str = "info",
+        queues: list[str] | None = None,
     ) -> Proc:
         """A real `celery worker` on this environment's queue (with beat, which sends the scan).
         At a log level past info (README.md's workers log warnings only: the benchmarks run
@@ -137,7 +138,7 @@ class FsmEnv:
             "fsm_celery",
             "worker",
             "-Q",
-            self.settings.queue,
+            ",".join(queues or [self.settings.queue]),
             "-c",
             str(concurrency),
             "-P",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from fsm_celery.channel.address import is_sentinel, kombu_options, kombu_url, parse_sentinel
 from fsm_celery.config import Settings
+from fsm_celery.redis_address import is_sentinel, kombu_options, kombu_url, parse_sentinel
 
 
 def test_a_sentinel_url_names_the_sentinels_the_master_and_the_logins() -> None:

@@ -8,7 +8,7 @@ are the primary's (the replicas share them). OPTIONS: `sentinel_password` and
 `sentinel_username` (when the sentinels ask for their own), `ssl_ca_certs` (TLS). One setting
 (FSM_REDIS_URL) so that every client of the project, the agent SDK's too, reads one address,
 and a failover moves them all: each asks the sentinels for the primary whenever it connects.
-Pure: parsing only (fsm_celery.channel.redis connects).
+Pure: parsing only (fsm_celery.channel.redis connects; the settings check the URL with it).
 """
 
 from __future__ import annotations
