@@ -8,6 +8,10 @@ would show (which it then follows too); a tool may take everything. Events are r
 machine id and parent id, so a page costs nothing for the transitions of machines it does not
 show: at thousands of transitions a second, a list of fifty machines receives theirs alone.
 
+While no page is connected the hub is not subscribed: Redis sends it nothing, so a dashboard
+nobody looks at costs no CPU however busy the machines are (it unsubscribes IDLE_SECONDS after
+the last page leaves, on the connection it keeps for the next one).
+
 Each page has a bounded queue. A page that cannot keep up (its queue fills) is not waited for:
 it is told to resync (reload what it shows) and its queue starts afresh. What arrives on the
 channel is checked before it is routed: only a bounded state_event with a machine id goes
@@ -35,6 +39,9 @@ RESYNC = "resync"
 # redis-py's asyncio PubSub.aclose can hang in wait_closed (redis/redis-py#3941): every close,
 # and the hub's stop, waits at most this long.
 STOP_SECONDS = 2.0
+# The last page gone, the hub stays subscribed this long before it unsubscribes (a page that
+# reloads, or a visitor going from page to page, finds it subscribed still).
+IDLE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -68,16 +75,19 @@ class Listener:
 
 
 class EventHub:
-    def __init__(self, redis_url: str, channel: str) -> None:
+    def __init__(self, redis_url: str, channel: str, idle_seconds: float = IDLE_SECONDS) -> None:
         self._url = redis_url
         self._channel = channel
+        self._idle_seconds = idle_seconds
         self._everything: set[Listener] = set()
         self._starts: set[Listener] = set()
         self._by_machine: dict[str, set[Listener]] = defaultdict(set)
         self._by_parent: dict[str, set[Listener]] = defaultdict(set)
         self._count = 0
         self._task: asyncio.Task[None] | None = None
+        self._wanted = asyncio.Event()  # set while a page listens
         self.received = 0
+        self.subscribed = False
 
     @property
     def listeners(self) -> int:
@@ -128,6 +138,7 @@ class EventHub:
 
     def _add(self, listener: Listener) -> None:
         self._count += 1
+        self._wanted.set()
         interest = listener.interest
         if interest.everything:
             self._everything.add(listener)
@@ -147,6 +158,8 @@ class EventHub:
 
     def _remove(self, listener: Listener) -> None:
         self._count -= 1
+        if not self._count:
+            self._wanted.clear()
         self._everything.discard(listener)
         self._starts.discard(listener)
         for machine in listener.followed:
@@ -163,19 +176,26 @@ class EventHub:
                     del self._by_parent[parent]
 
     async def _run(self) -> None:
+        """Subscribed while pages listen: idle_seconds after the last one leaves, the hub
+        unsubscribes (Redis then sends it nothing, and nothing is read nor parsed), keeping its
+        connection; the next page subscribes it again on that connection. A page that comes
+        and goes costs neither a reconnect nor a resubscription in between."""
         delay = 0.5
         while True:
+            await self._wanted.wait()  # nobody listens: no connection yet
             client = connect_async(self._url)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
-                delay = 0.5
-                for listener in self._all():  # events may have been missed meanwhile
-                    _send(listener, RESYNC)
                 while True:
-                    message = await pubsub.get_message(timeout=5.0)
-                    if message is not None and message.get("type") == "message":
-                        self.publish(message["data"])
+                    await self._wanted.wait()
+                    await pubsub.subscribe(self._channel)
+                    self.subscribed = True
+                    delay = 0.5
+                    for listener in self._all():  # events may have been missed meanwhile
+                        _send(listener, RESYNC)
+                    await self._listen(pubsub)
+                    await pubsub.unsubscribe(self._channel)
+                    self.subscribed = False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis went away: listen again once it is back
@@ -183,10 +203,26 @@ class EventHub:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
             finally:
+                self.subscribed = False
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(pubsub.aclose(), STOP_SECONDS)  # type: ignore[no-untyped-call]
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.aclose(), STOP_SECONDS)
+
+    async def _listen(self, pubsub: Any) -> None:
+        """Route the channel's messages until no page has listened for IDLE_SECONDS."""
+        loop = asyncio.get_running_loop()
+        idle_since: float | None = None
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            if message is not None and message.get("type") == "message":
+                self.publish(message["data"])
+            if self._count:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = loop.time()
+            elif loop.time() - idle_since >= self._idle_seconds:
+                return
 
     def _all(self) -> set[Listener]:
         found = self._everything | self._starts
