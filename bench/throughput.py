@@ -77,11 +77,12 @@ def run_engine(
         meter = CpuMeter.of(env, {"agent": [agent.pid]})
         wait(lambda: transitions(env, after) >= 1, 60, "the first transition")
         time.sleep(2.0)
-        t0, n0 = time.monotonic(), transitions(env, after)
+        t0, n0, wal0 = time.monotonic(), transitions(env, after), wal_position(env)
         meter.start()
         time.sleep(seconds)
         t1, n1 = time.monotonic(), transitions(env, after)
         cpu = meter.stop()
+        wal = wal_bytes_since(env, wal0)
         agent.terminate()
         done = n1 - n0
         return {
@@ -91,9 +92,25 @@ def run_engine(
             "transitions": done,
             "sustained_per_s": round(done / (t1 - t0), 1),
             "cpu_ms_per_transition": {k: round(v * 1000 / max(done, 1), 3) for k, v in cpu.items()},
+            "wal_bytes_per_transition": round(wal / max(done, 1)),
         }
     finally:
         tear_down(env)
+
+
+def wal_position(env: FsmEnv) -> str:
+    """Where PostgreSQL's write-ahead log is now (the whole server's: the bench runs alone)."""
+    with env.client.engine.db.connect() as conn:
+        return str(conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one())
+
+
+def wal_bytes_since(env: FsmEnv, position: str) -> int:
+    with env.client.engine.db.connect() as conn:
+        found = conn.execute(
+            text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(:p AS pg_lsn))"),
+            {"p": position},
+        ).scalar_one()
+    return int(found)
 
 
 def start_workers(

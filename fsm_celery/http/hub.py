@@ -42,6 +42,7 @@ STOP_SECONDS = 2.0
 # The last page gone, the hub stays subscribed this long before it unsubscribes (a page that
 # reloads, or a visitor going from page to page, finds it subscribed still).
 IDLE_SECONDS = 30.0
+SUBSCRIBE_WAIT = 5.0  # a page waits this long at most for the hub's subscription
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,16 @@ class EventHub:
         self._count = 0
         self._task: asyncio.Task[None] | None = None
         self._wanted = asyncio.Event()  # set while a page listens
+        self._live = asyncio.Event()  # set while subscribed
         self.received = 0
-        self.subscribed = False
 
     @property
     def listeners(self) -> int:
         return self._count
+
+    @property
+    def subscribed(self) -> bool:
+        return self._live.is_set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="event-hub")
@@ -107,9 +112,14 @@ class EventHub:
 
     @contextlib.asynccontextmanager
     async def listen(self, interest: Interest = Interest()) -> AsyncIterator[Listener]:
+        """A page's listener, once the hub is subscribed (so that it misses nothing from then
+        on; when Redis is away, after SUBSCRIBE_WAIT, told to resync once it is back)."""
         listener = Listener(interest)
         self._add(listener)
         try:
+            if self._task is not None and not self._live.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._live.wait(), SUBSCRIBE_WAIT)
             yield listener
         finally:
             self._remove(listener)
@@ -181,6 +191,7 @@ class EventHub:
         connection; the next page subscribes it again on that connection. A page that comes
         and goes costs neither a reconnect nor a resubscription in between."""
         delay = 0.5
+        interrupted = False  # the feed broke while pages listened: they resync once it is back
         while True:
             await self._wanted.wait()  # nobody listens: no connection yet
             client = connect_async(self._url)
@@ -189,21 +200,24 @@ class EventHub:
                 while True:
                     await self._wanted.wait()
                     await pubsub.subscribe(self._channel)
-                    self.subscribed = True
+                    self._live.set()
                     delay = 0.5
-                    for listener in self._all():  # events may have been missed meanwhile
-                        _send(listener, RESYNC)
+                    if interrupted:  # events may have been missed meanwhile
+                        for listener in self._all():
+                            _send(listener, RESYNC)
+                        interrupted = False
                     await self._listen(pubsub)
+                    self._live.clear()
                     await pubsub.unsubscribe(self._channel)
-                    self.subscribed = False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis went away: listen again once it is back
+                interrupted = True
                 log.warning("event feed interrupted (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
             finally:
-                self.subscribed = False
+                self._live.clear()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(pubsub.aclose(), STOP_SECONDS)  # type: ignore[no-untyped-call]
                 with contextlib.suppress(Exception):

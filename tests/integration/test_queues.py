@@ -50,7 +50,9 @@ def test_a_machine_types_tasks_run_on_its_own_queue(env_factory: Callable[..., F
         queues={"test_pair": pairs},
         dispatch_grace_seconds=600,  # the scan, which enters a state nobody entered, waits
     )
-    _, flower = env.start_flower(basic_auth=AUTH)
+    # every deployment's workers on the suite's Redis answer Flower's inspection: under load
+    # some take longer than Flower's default second
+    _, flower = env.start_flower("--inspect_timeout=10000", basic_auth=AUTH)
     general = env.start_worker(beat=True)
     env.start_bridge()
     with ScriptedAgent(env) as agent:
@@ -68,7 +70,7 @@ def test_a_machine_types_tasks_run_on_its_own_queue(env_factory: Callable[..., F
         own = env.start_worker(beat=False, queues=[pairs])
         assert env.wait_until_done(pair).status == "completed"
         assert _doctor(env)["queues"].startswith("✔ queues: each consumed")
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while pairs not in _flower_queues(flower):  # Flower lists the queues workers consume
             assert time.monotonic() < deadline, _flower_queues(flower)
             time.sleep(0.5)
