@@ -14,6 +14,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from tests.support import ROOT
 from tests.support.agents import ScriptedAgent
@@ -35,11 +36,18 @@ def _doctor(env: FsmEnv) -> dict[str, str]:
     return {line[2:].split(":", 1)[0]: line for line in done.stdout.splitlines()}
 
 
-def _flower_queues(port: int) -> set[str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/queues/length")
+def _flower(port: int, path: str) -> Any:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
     request.add_header("Authorization", "Basic " + base64.b64encode(AUTH.encode()).decode())
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return {q["name"] for q in json.loads(response.read())["active_queues"]}
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _flower_queues(port: int) -> set[str]:
+    """The queues Flower lists, once it asked the workers again (as its workers page does: it
+    inspects them at its start and when asked, not on its own)."""
+    _flower(port, "/api/workers?refresh=1")
+    return {q["name"] for q in _flower(port, "/api/queues/length")["active_queues"]}
 
 
 def test_a_machine_types_tasks_run_on_its_own_queue(env_factory: Callable[..., FsmEnv]) -> None:

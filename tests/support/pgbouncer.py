@@ -8,14 +8,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from tests.support.services import HOST, free_port
+from tests.support.services import HOST, free_port, wait_for_sql
 
 BINARIES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 
@@ -72,23 +70,8 @@ class PgBouncer:
         return f"postgresql+psycopg2://{server.username}@{HOST}:{self.port}"
 
     def _wait(self) -> None:
-        db = create_engine(f"{self.url}/postgres")
-        deadline = time.monotonic() + 20
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    log = (self.directory / "pgbouncer.log").read_text(errors="replace")
-                    raise RuntimeError(f"pgbouncer exited with {self.process.returncode}:\n{log}")
-                try:
-                    with db.connect() as conn:
-                        conn.execute(text("select 1"))
-                    return
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-        finally:
-            db.dispose()
+        log = self.directory / "pgbouncer.log"
+        wait_for_sql(f"{self.url}/postgres", self.process, "pgbouncer", log, 20)
 
     def stop(self) -> None:
         if self.process.poll() is None:

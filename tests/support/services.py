@@ -163,24 +163,8 @@ class Postgres:
         return self
 
     def _wait(self, log: Path) -> None:
-        db = create_engine(f"{self.url}/postgres")
-        deadline = time.monotonic() + 30
-        try:
-            while True:
-                assert self.process is not None
-                if self.process.poll() is not None:
-                    tail = log.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"postgres exited with {self.process.returncode}:\n{tail}")
-                try:
-                    with db.connect() as conn:
-                        conn.execute(text("select 1"))
-                    return
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-        finally:
-            db.dispose()
+        assert self.process is not None
+        wait_for_sql(f"{self.url}/postgres", self.process, "postgres", log, 30)
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT): clients are disconnected, the data is kept."""
@@ -197,6 +181,30 @@ class Postgres:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def wait_for_sql(
+    url: str, process: subprocess.Popen[bytes], name: str, log: Path, timeout: float
+) -> None:
+    """Until the server the process runs answers `select 1` at the URL; RuntimeError with its
+    log's tail if it exits first."""
+    db = create_engine(url)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if process.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{tail}")
+            try:
+                with db.connect() as conn:
+                    conn.execute(text("select 1"))
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        db.dispose()
 
 
 def start_redis(
