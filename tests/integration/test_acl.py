@@ -466,3 +466,31 @@ def test_rules_refuse_bad_input(
 def test_rules_refuse_unknown_optional_commands() -> None:
     with pytest.raises(ValueError, match=r"^optional commands: expected"):
         agent_acl_rules(uuid.uuid4(), "cto", "", new_password(), optional_commands=["flushall"])
+
+
+def test_an_agent_whose_user_may_not_wait_still_answers(server: Server) -> None:
+    """FSM_REDIS_REPLICAS set, but the agent's user was made before it (no WAIT, no ROLE): its
+    answers go out unconfirmed, with a warning, rather than not at all."""
+    user = new_agent(server, "")
+    rules = [
+        r
+        for r in agent_acl_rules(user.id, AGENT_TYPE, "", user.password)
+        if r not in ("+wait", "+role")
+    ]
+    server.admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL SETUSER", user.username, *rules
+    )
+    agent = Agent(
+        AGENT_TYPE,
+        redis_url=f"redis://{user.username}:{user.password}@{HOST}:{server.port}/0",
+        agent_id=user.id,
+        replicas=1,
+    )
+    agent._ensure_groups()
+    added = server.admin.xadd(user.task_stream(), {"message": "x"})
+    entry = added.decode() if isinstance(added, bytes) else added
+    agent._done(user.task_stream(), entry, {"type": "state_ack", "note": "sent"})
+    agent._redis().close()
+    sent: Any = server.admin.xrange(user.ack_stream())
+    assert len(sent) == 1 and b"sent" in sent[0][1][b"message"]  # once: not re-sent in a loop
+    assert server.admin.xrange(user.task_stream(), entry, entry) == []
