@@ -47,6 +47,7 @@ from fsm_celery.core.transition import (
     RejectReason,
     Timeout,
     Transition,
+    chosen_edge,
     decide,
     guard_holds,
     status_in,
@@ -342,19 +343,17 @@ def _with_error(what: str, decided: Transition) -> str:
 def _explained(
     definition: MachineDefinition, machine: Machine, row: Row, decided: Transition
 ) -> str:
-    """Why the definition goes elsewhere now: the answer refused, a retry, a loop's limit, or
-    the guards of the edges it chooses between."""
+    """Why the definition goes elsewhere now: the answer refused or failed otherwise, a retry,
+    the guards of the edges it chooses between, a loop's limit."""
     head = f"{row.from_state}: → {decided.to_state} now, the run went → {row.to_state}"
-    recorded_failure = failure_of(row)
-    if decided.failure is not None and decided.failure is not recorded_failure:
+    if decided.failure is not None and decided.failure is not failure_of(row):
         return f"{head} ({decided.error})"
-    if decided.error and "loop limit reached" in decided.error:
-        return f"{head} ({decided.error})"
-    state = definition.state(machine.current_state)
-    edges = _edges(state, row)
-    if not edges or decided.failure is not None:
-        return f"{head} ({decided.error})" if decided.error else head
-    return f"{head}: {_guards(edges, row, machine, decided.to_state)}"
+    limit = decided.error if decided.error and "loop limit reached" in decided.error else None
+    edges = _edges(definition.state(machine.current_state), row)
+    said = _guards(edges, row, machine) if edges else ""
+    if said:
+        return f"{head}: {said}" + (f" ({limit})" if limit else "")
+    return f"{head} ({decided.error})" if decided.error else head
 
 
 def _edges(state: StateDefinition, row: Row) -> tuple[Edge, ...]:
@@ -368,23 +367,28 @@ def _edges(state: StateDefinition, row: Row) -> tuple[Edge, ...]:
     return ()
 
 
-def _guards(edges: tuple[Edge, ...], row: Row, machine: Machine, now: str) -> str:
-    """What the guards say now: the edge to where the run went, and the edge taken instead."""
+def _guards(edges: tuple[Edge, ...], row: Row, machine: Machine) -> str:
+    """What the guards say now, where they choose another edge than the run's: the edge to
+    where the run went, and the edge taken instead ("" when they choose the same edge)."""
     output = dict(row.output or {})
     context = {**machine.context, **output}
-    said = []
+    try:
+        taken = chosen_edge(edges, output, context)
+    except GuardFailed:
+        return ""
     theirs = next((e for e in edges if e.target == row.to_state), None)
+    if taken is theirs:
+        return ""
+    said = []
     if theirs is None:
         said.append(f"no edge of {row.from_state} leads to {row.to_state} now")
     elif theirs.when is not None:
         said.append(f"guard {theirs.when!r} → {row.to_state} is {_holds(theirs, output, context)}")
-    taken = next((e for e in edges if e.target == now), None)
-    if taken is not None and taken is not theirs:
-        if taken.when is None:
-            said.append(f"the default edge → {now} is taken")
-        else:
-            said.append(f"guard {taken.when!r} → {now} is {_holds(taken, output, context)}")
-    return "; ".join(said) or f"the edges of {row.from_state} choose {now}"
+    if taken.when is None:
+        said.append(f"the default edge → {taken.target} is taken")
+    else:
+        said.append(f"guard {taken.when!r} → {taken.target} is {_holds(taken, output, context)}")
+    return "; ".join(said)
 
 
 def _holds(edge: Edge, output: Mapping[str, Any], context: Mapping[str, Any]) -> str:
