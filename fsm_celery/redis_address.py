@@ -45,6 +45,12 @@ class SentinelAddress:
         return kwargs
 
     @property
+    def primary_kwargs(self) -> dict[str, Any]:
+        """How a client reaches the primary the sentinels name: database, login, TLS."""
+        found = {"db": self.db, "username": self.username, "password": self.password}
+        return {**found, **self.tls_kwargs}
+
+    @property
     def tls_kwargs(self) -> dict[str, Any]:
         if not self.tls:
             return {}

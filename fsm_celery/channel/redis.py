@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -14,7 +15,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from fsm_celery.core.messages import StateEvent, events_channel, task_channel, task_stream
-from fsm_celery.redis_address import is_sentinel, parse_sentinel
+from fsm_celery.redis_address import SentinelAddress, is_sentinel, parse_sentinel
 
 log = logging.getLogger(__name__)
 
@@ -173,20 +174,15 @@ def connect(url: str) -> redis.Redis:
         return redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True)
     address = parse_sentinel(url)
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
-        list(address.sentinels),
-        sentinel_kwargs={**address.sentinel_kwargs, "socket_timeout": SENTINEL_TIMEOUT},
-        socket_timeout=None,
+        list(address.sentinels), sentinel_kwargs=_sentinel_login(address), socket_timeout=None
     )
     client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
         address.master,
-        db=address.db,
-        username=address.username,
-        password=address.password,
         health_check_interval=30,
         socket_keepalive=True,
         socket_connect_timeout=SENTINEL_TIMEOUT,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), FAILOVER_RETRIES),
-        **address.tls_kwargs,
+        **address.primary_kwargs,
     )
     return client
 
@@ -197,15 +193,14 @@ def connect_async(url: str) -> aioredis.Redis:
         return aioredis.Redis.from_url(url)
     address = parse_sentinel(url)
     sentinels = AsyncSentinel(  # type: ignore[no-untyped-call]
-        list(address.sentinels),
-        sentinel_kwargs={**address.sentinel_kwargs, "socket_timeout": SENTINEL_TIMEOUT},
+        list(address.sentinels), sentinel_kwargs=_sentinel_login(address)
     )
     client: aioredis.Redis = sentinels.master_for(
-        address.master,
-        db=address.db,
-        username=address.username,
-        password=address.password,
-        socket_connect_timeout=SENTINEL_TIMEOUT,
-        **address.tls_kwargs,
+        address.master, socket_connect_timeout=SENTINEL_TIMEOUT, **address.primary_kwargs
     )
     return client
+
+
+def _sentinel_login(address: SentinelAddress) -> dict[str, Any]:
+    """How to reach the sentinels themselves: their own login, and a bounded wait for each."""
+    return {**address.sentinel_kwargs, "socket_timeout": SENTINEL_TIMEOUT}

@@ -116,7 +116,7 @@ def _execute_prepared(conn: Connection, sql: str, params: dict[str, str]) -> Cur
     transaction pooling (the engine's PREPARE option false: FSM_DATABASE_PREPARE) the statement
     is sent whole instead, its values interpolated by the driver."""
     if not conn.get_execution_options().get(PREPARE, True):  # behind a transaction pooler
-        return conn.exec_driver_sql(*_unprepared(sql, params))
+        return conn.exec_driver_sql(_named(sql), params)
     name, body, order = _prepare(sql)
     prepared: set[str] = conn.connection.info.setdefault("fsm_prepared", set())
     try:
@@ -140,13 +140,9 @@ def _execute_prepared(conn: Connection, sql: str, params: dict[str, str]) -> Cur
         raise
 
 
-def _unprepared(sql: str, params: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """The statement with the driver's named placeholders, sent whole with its values."""
-    return _named(sql), params
-
-
 @lru_cache(maxsize=32)
 def _named(sql: str) -> str:
+    """The statement with the driver's named placeholders (sent whole with its values)."""
     return re.sub(r"(?<!:):(\w+)", r"%(\1)s", sql.replace("%", "%%"))
 
 
