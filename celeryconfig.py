@@ -59,7 +59,14 @@ task_default_routing_key = _settings.queue
 # of transitions does not delay the scan nor the other way round; every worker consumes it
 # whatever its -Q says (fsm_celery/worker/app.py), so nothing more needs starting. Those tasks
 # send no events either: Flower lists the machines' tasks, not a scan every second.
-HOUSEKEEPING = ("fsm.scan", "fsm.run_schedules", "fsm.fold_stats", "fsm.notify", "fsm.prune")
+HOUSEKEEPING = (
+    "fsm.scan",
+    "fsm.run_schedules",
+    "fsm.fold_stats",
+    "fsm.notify",
+    "fsm.prune",
+    "fsm.history",
+)
 # FSM_QUEUES gives machine types queues of their own (fsm_celery.worker.tasks routes each task
 # by its machine's type): a worker without -Q consumes them all, `-Q fsm.research` just that one.
 task_queues = [
@@ -103,4 +110,7 @@ beat_schedule = {
     "fsm-notify": {"task": "fsm.notify", "schedule": 1.0},
     # Rejected messages and silent agents past their retention, a few thousand rows at a time.
     "fsm-prune": {"task": "fsm.prune", "schedule": 60.0},
+    # The history's monthly partitions (PostgreSQL): the months ahead made, those past
+    # FSM_HISTORY_RETENTION_DAYS archived and removed without a lock that stops a transition.
+    "fsm-history": {"task": "fsm.history", "schedule": 3600.0},
 }

@@ -34,6 +34,18 @@ FIGURE_KEYS: dict[str, tuple[str, ...]] = {
     "throughput": ("mode", "machines", "transitions_per_s", "runs", "x_prefork_chain"),
     "latency": ("mode", "machines", "load", "p50_ms", "p99_ms"),
     "scale": ("finished", "history", "machines", "modes"),
+    "history": (
+        "history",
+        "months",
+        "machines",
+        "modes",
+        "history_p99_ms",
+        "list_p99_ms",
+        "retention_lock_held_ms",
+        "retention_lock_waited_ms",
+        "retention_longest_statement_ms",
+        "retention_months_removed",
+    ),
     "memory": ("machines", "worker_waiting_mib", "worker_after_soak_mib", "soak_s"),
     "fanout": ("children", "runs", "seconds", "x_chord", "peak_mib", "after_mib"),
     "dashboard": (
@@ -55,6 +67,7 @@ ROWS = (
     "latency-inline",
     "latency-celery",
     "scale",
+    "history",
     "memory",
     "dashboard",
 )
@@ -153,6 +166,22 @@ def _scale(f: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+def _history(f: dict[str, Any]) -> tuple[str, str]:
+    modes = "; ".join(
+        f"{mode} mode {number(m['percent_of_empty'])}%{_percent_spread(m)}"
+        for mode, m in sorted(f["modes"].items(), key=lambda item: item[0] != "inline")
+    )
+    return (
+        f"history, {number(f['history'])} rows over {number(f['months'])} monthly partitions",
+        f"{modes} of the throughput on an empty database; a machine's history p99 "
+        f"{number(f['history_p99_ms'])} ms, the lists' p99 {number(f['list_p99_ms'])} ms at most; "
+        f"retention removed {number(f['retention_months_removed'])} months: the longest lock "
+        f"that stops a write {number(f['retention_lock_held_ms'])} ms held, "
+        f"{number(f['retention_lock_waited_ms'])} ms waited for; the writer's longest statement "
+        f"{number(f['retention_longest_statement_ms'])} ms",
+    )
+
+
 def _percent_spread(m: dict[str, Any]) -> str:
     if "percent_spread" not in m:  # recorded since issue 26: medians of rounds
         return ""
@@ -210,6 +239,7 @@ FORMATS: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
     "throughput": _throughput,
     "latency": _latency,
     "scale": _scale,
+    "history": _history,
     "memory": _memory,
     "fanout": _fanout,
     "dashboard": _dashboard,

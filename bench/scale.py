@@ -18,6 +18,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -31,6 +32,7 @@ from bench.common import (
     write_result,
 )
 from bench.throughput import run_engine
+from fsm_celery.store import partitions
 
 
 def fill(
@@ -42,6 +44,10 @@ def fill(
 
     def prefill(env: FsmEnv) -> None:
         per = max(history // finished, 1)
+        now = datetime.now(UTC)  # the months of the machines made below have their partitions
+        partitions.ensure(
+            env.client.engine.db, partitions.HISTORY, now - timedelta(seconds=finished), now
+        )
         with env.client.engine.db.begin() as conn:
             conn.execute(
                 text("""
@@ -56,8 +62,8 @@ def fill(
             conn.execute(
                 text("""
                 INSERT INTO state_transitions (machine_id, from_state, to_state, success,
-                    attempt, event, created_at)
-                SELECT m.id, 'S00', 'S01', true, g, 'ack', now() - interval '1 day'
+                    attempt, event, created_at, machine_created_at)
+                SELECT m.id, 'S00', 'S01', true, g, 'ack', now() - interval '1 day', m.created_at
                 FROM state_machines m CROSS JOIN generate_series(1, :per) g
                 WHERE m.status = 'completed'"""),
                 {"per": per},

@@ -169,7 +169,8 @@ def run_transaction_baseline(count: int = 5000, rows: int = 1000) -> dict[str, A
             ),
             text(
                 "INSERT INTO state_transitions (machine_id, from_state, to_state, success, "
-                "attempt, event) VALUES (:id, 'S00', 'S01', true, :attempt, 'bench')"
+                "attempt, event, machine_created_at) VALUES (:id, 'S00', 'S01', true, :attempt, "
+                "'bench', (SELECT created_at FROM state_machines WHERE id = :id))"
             ),
         )
         t0 = time.monotonic()

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from fsm_celery import cli_gates, views
+from fsm_celery import cli_gates, cli_history, views
 from fsm_celery.cli_common import actor as _actor
 from fsm_celery.cli_common import actor_option as _actor_option
 from fsm_celery.cli_common import client as _client
@@ -127,20 +127,7 @@ def status(machine_id: str, as_json: bool) -> None:
     _echo_lines(views.machine(info))
 
 
-@main.command()
-@click.argument("machine_id")
-@click.option(
-    "--context", "with_context", is_flag=True, help="What each step changed in the context."
-)
-@click.option("--json", "as_json", is_flag=True)
-def history(machine_id: str, with_context: bool, as_json: bool) -> None:
-    """Show a machine's transitions: who moved it, why, and how long each state took; with
-    --context, what each changed in the context (--json: and the context after it)."""
-    records = _client().history(machine_id, context=with_context)
-    if as_json:
-        _echo_json([r.to_dict() for r in records])
-        return
-    _echo_lines(views.changes(records) if with_context else views.history(records))
+main.add_command(cli_history.history)
 
 
 @main.command()

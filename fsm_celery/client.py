@@ -29,6 +29,7 @@ from fsm_celery.engine import Handoff, MachineEngine, Next
 from fsm_celery.engine.approvals import ADMIN, Authority
 from fsm_celery.engine.github import Delivered
 from fsm_celery.engine.replays import MachineReplay
+from fsm_celery.engine.retention import Outcome
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import (
     AmbiguousMachineId,
@@ -58,6 +59,7 @@ from fsm_celery.store import queries as q
 from fsm_celery.store import reads
 from fsm_celery.store import signals as signal_store
 from fsm_celery.store import slots as slot_store
+from fsm_celery.store.partitions import Partition
 from fsm_celery.store.reads import Cursor, MachineFilter
 
 log = logging.getLogger(__name__)
@@ -588,6 +590,22 @@ class Client:
             mid = _full_id_txn(conn, machine_id) if machine_id is not None else None
             rows = q.rejections_txn(conn, mid, limit)
         return [jsonable(dict(r._mapping)) for r in rows]
+
+    def history_months(self) -> dict[str, list[Partition]]:
+        """The monthly partitions of the history and of the rejected messages, oldest first
+        (PostgreSQL; none on SQLite)."""
+        return self.engine.retention.months()
+
+    def archive_history(
+        self,
+        retention_days: float | None = None,
+        archive: str | None = None,
+        dry_run: bool = False,
+    ) -> list[Outcome]:
+        """Run the history's retention now (FSM_HISTORY_RETENTION_DAYS, FSM_HISTORY_ARCHIVE,
+        unless given): the months ahead made, those past it archived and removed, or, in a
+        dry run, listed."""
+        return self.engine.retention.run(retention_days, archive, dry_run)
 
     def parked(self, limit: int = 100) -> list[dict[str, str]]:
         """Messages the bridge could neither apply nor record, newest first (dead letters)."""

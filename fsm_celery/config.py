@@ -227,6 +227,22 @@ class Settings(BaseSettings):
     rejected_retention_days: float = Field(
         default=7.0, gt=0, description="How long rejected messages are kept."
     )
+    history_retention_days: float = Field(
+        default=0.0,
+        ge=0,
+        le=36_500,
+        description="On PostgreSQL, how long a month of history (its machines' creation "
+        "month) is kept after it ends: then, once all its machines ended and none changed for "
+        "as long, beat's hourly job archives it (FSM_HISTORY_ARCHIVE) and removes it; 0 keeps "
+        "it forever.",
+    )
+    history_archive: str = Field(
+        default="",
+        description="Where a month of history goes before it is removed: a directory (an "
+        "absolute path: one gzipped CSV file per month, written by the worker that runs "
+        "beat's job), `table` (detached and kept in the fsm_archive schema), or unset "
+        "(dropped).",
+    )
     agent_retention_days: float = Field(
         default=7.0, gt=0, description="How long an agent that stopped reporting is listed."
     )
@@ -349,6 +365,13 @@ class Settings(BaseSettings):
                     f"{machine_type}: {queue!r} is not a queue name (1 to 100 of letters, "
                     "digits and . _ - :)"
                 )
+        return value
+
+    @field_validator("history_archive")
+    @classmethod
+    def _history_archive(cls, value: str) -> str:
+        if value not in ("", ARCHIVE_TABLE) and not value.startswith("/"):
+            raise ValueError(f"{value!r} is neither `table` nor an absolute directory path")
         return value
 
     @field_validator("agent_type_limits")
@@ -515,6 +538,7 @@ def _listed(value: str) -> tuple[str, ...]:
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 MACHINE_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*")
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
+ARCHIVE_TABLE = "table"  # FSM_HISTORY_ARCHIVE: detach the months and keep them as tables
 POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2")
 
 

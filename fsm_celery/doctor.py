@@ -52,6 +52,11 @@ class Doctor:
             ("beat", self.beat, "start it: celery -A fsm_celery beat"),
             ("bridges", self.bridges, "start one: fsm-celery ack-bridge"),
             ("agents", self.agents, "start one: fsm-celery agent --mock, or your agent"),
+            (
+                "history",
+                self.history,
+                "start beat (its hourly job makes them), or run: fsm-celery history months --make",
+            ),
             ("token secret", self.secret, "set FSM_TASK_TOKEN_SECRET (see docs/protocol.md)"),
             ("channel prefix", self.prefix, "set FSM_CHANNEL_PREFIX (see docs/protocol.md)"),
         ]
@@ -209,6 +214,32 @@ class Doctor:
                 "start it: celery -A fsm_celery beat (and a worker to run its scan)",
             )
         return Result("beat", True, f"the last scan ran {age:.1f} s ago")
+
+    def history(self) -> Result:
+        """The history's months (PostgreSQL): the next one made ahead, so that machines started
+        then can be written; and what the retention keeps."""
+        from fsm_celery.store import partitions
+
+        db = self._database()
+        if db.dialect.name != "postgresql":
+            return Result("history", True, "one table (SQLite: not partitioned)")
+        with db.connect() as conn:
+            months = {t: partitions.listed(conn, t) for t in partitions.KEYS}
+        coming = partitions.next_month(partitions.month(datetime.now(UTC)))
+        for table, listed in months.items():
+            if not any(p.start == coming for p in listed):
+                return Result(
+                    "history",
+                    False,
+                    f"{table} has no partition for {coming:%Y-%m}: what is written then fails",
+                    "start beat (its hourly job makes them), or run: fsm-celery history months "
+                    "--make",
+                )
+        listed = months[partitions.HISTORY]
+        days = self.settings.history_retention_days
+        kept = f"kept {days:g} days past their month" if days else "kept forever"
+        span = f"{listed[0].start:%Y-%m} to {listed[-1].start:%Y-%m}"
+        return Result("history", True, f"{len(listed)} months ({span}), {kept}")
 
     def bridges(self) -> Result:
         from fsm_celery.acks.streams import ALIVE_KEY, GROUP

@@ -179,7 +179,11 @@ class StepNotFound(MachineError):
 
     def __init__(self, machine_id: str, step: int | None, last: int | None) -> None:
         self.machine_id = machine_id
-        last_text = f"its last is {last}" if last is not None else "it has no history"
+        last_text = (
+            f"its last is {last}"
+            if last is not None
+            else "it has no history (archived by the retention, FSM_HISTORY_RETENTION_DAYS)"
+        )
         super().__init__(f"machine {machine_id} has no step {step}: {last_text}")
 
 

@@ -16,6 +16,8 @@ not enter themselves (fsm_celery.engine.ports):
 - `github`: start machines for GitHub issues, once per delivery (engine/github.py);
 - `stats`: fold the history into counters, and read them (engine/stats.py);
 - `notifier`: send the notifications of machines that ended (engine/notify.py);
+- `retention`: the history's months made ahead and, past their retention, archived and
+  removed (engine/retention.py);
 - `catalog`: the machine definitions (engine/runtime.py).
 
 The decisions are fsm_celery.core's; what a transaction writes is an engine.writes.Writes,
@@ -39,6 +41,7 @@ from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
 from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Scanned, Step
 from fsm_celery.engine.replays import Replays
+from fsm_celery.engine.retention import Retention
 from fsm_celery.engine.runtime import Runtime, utcnow
 from fsm_celery.engine.scan import Scan
 from fsm_celery.engine.schedules import Schedules
@@ -75,6 +78,7 @@ class MachineEngine:
         self.github = GitHub(self.runtime, self.admin, self.approvals)
         self.stats = Stats(self.runtime)
         self.notifier = Notifier(self.runtime)
+        self.retention = Retention(self.runtime)
 
     @property
     def db(self) -> Engine:

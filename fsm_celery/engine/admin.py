@@ -40,6 +40,8 @@ from fsm_celery.exceptions import (
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import NewMachine
 
+ARCHIVED = "its history was archived by the retention (FSM_HISTORY_RETENTION_DAYS)"
+
 
 class Admin:
     def __init__(self, runtime: Runtime, entry: Entry) -> None:
@@ -113,6 +115,8 @@ class Admin:
                 raise MachineNotFound(str(machine_id))
             definition = self._rt.catalog.version(conn, row.type, row.definition_version)
             last = q.last_transition_txn(conn, machine_id)
+            if last is None:  # every machine has its start's row: its month was archived
+                raise CommandRefused(command.action.value, str(machine_id), ARCHIVED)
             decision = decide_command(
                 definition, snapshot(row), command, last.from_state if last else None
             )

@@ -93,7 +93,7 @@ class Replays:
         first) against it."""
         with self._rt.db.connect() as conn:
             rows = q.ended_machines_txn(conn, definition.type, ENDED, min(count, MOST))
-            histories = q.histories_txn(conn, [r.id for r in rows])
+            histories = q.histories_txn(conn, {r.id: r.created_at for r in rows})
         return [
             self._replayed(row, definition, against, replay_rows(histories.get(row.id, ())))
             for row in rows

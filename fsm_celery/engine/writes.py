@@ -207,6 +207,7 @@ class Writes:
             tokens_used=t.usage.tokens,
             cost=t.usage.cost,
             created_at=self.now,
+            machine_created_at=row.created_at,
             context_delta=timeline.change(machine.context, t.context) or {},  # {}: none
             failure=t.failure.value if t.failure is not None else None,
         )
@@ -399,5 +400,6 @@ def start_record(
         tokens_used=0,
         cost=0.0,
         created_at=machine.created_at,
+        machine_created_at=machine.created_at,
         context_delta=timeline.started(machine.context),
     )

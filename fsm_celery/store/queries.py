@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, Row, and_, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Row, and_, delete, func, insert, select, update
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
-from fsm_celery.store import dialects
+from fsm_celery.store import dialects, partitions
 from fsm_celery.store.rows import (
     AgentReport,
     Beat,
@@ -150,11 +150,26 @@ def mark_dispatched_txn(conn: Connection, dispatches: Sequence[Dispatch]) -> Non
     dialects.of(conn).update(conn, machines, dispatches)
 
 
+def _history_of(conn: Connection, machine_id: UUID) -> ColumnElement[bool]:
+    """The machine's history rows. On PostgreSQL in its partition alone: its created_at (the
+    partition key, store.tables) is looked up first and given as a value, so that the planner
+    leaves the other months out (given as a subquery, it plans every month's scan, then skips
+    them as the statement runs: ten times the work of the scan itself)."""
+    if conn.dialect.name != "postgresql":
+        return transitions.c.machine_id == machine_id
+    created = conn.execute(
+        select(machines.c.created_at).where(machines.c.id == machine_id)
+    ).scalar_one_or_none()
+    if created is None:
+        return transitions.c.machine_id == machine_id  # no such machine: no rows
+    return and_(transitions.c.machine_id == machine_id, transitions.c.machine_created_at == created)
+
+
 def last_transition_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
     """The machine's latest history row."""
     return conn.execute(
         select(transitions)
-        .where(transitions.c.machine_id == machine_id)
+        .where(_history_of(conn, machine_id))
         .order_by(transitions.c.attempt.desc())
         .limit(1)
     ).first()
@@ -188,19 +203,23 @@ def ended_machines_txn(
     """The newest machines of the type in those statuses, newest first."""
     m = machines.c
     return conn.execute(
-        select(m.id, m.type, m.definition_version, m.status)
+        select(m.id, m.type, m.definition_version, m.status, m.created_at)
         .where(m.type == machine_type, m.status.in_(statuses))
         .order_by(m.created_at.desc(), m.id.desc())
         .limit(limit)
     ).all()
 
 
-def histories_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, list[AnyRow]]:
-    """The history of each of the machines, in attempt order."""
+def histories_txn(conn: Connection, created: dict[UUID, datetime]) -> dict[UUID, list[AnyRow]]:
+    """The history of each of the machines (id → its created_at), in attempt order; on
+    PostgreSQL from the partitions of their creation months alone."""
+    ids = list(created)
     found: dict[UUID, list[AnyRow]] = {mid: [] for mid in ids}
     t = transitions.c
     for chunk in (ids[i : i + 1000] for i in range(0, len(ids), 1000)):
         query = select(transitions).where(t.machine_id.in_(chunk)).order_by(t.machine_id, t.attempt)
+        if conn.dialect.name == "postgresql":
+            query = query.where(t.machine_created_at.in_({created[mid] for mid in chunk}))
         for row in conn.execute(query):
             found[row.machine_id].append(row)
     return found
@@ -212,13 +231,19 @@ def context_deltas_txn(conn: Connection, machine_id: UUID, upto: int) -> Sequenc
     t = transitions.c
     return conn.execute(
         select(t.attempt, t.event, t.from_state, t.to_state, t.context_delta)
-        .where(t.machine_id == machine_id, t.attempt <= upto)
+        .where(_history_of(conn, machine_id), t.attempt <= upto)
         .order_by(t.attempt)
     ).all()
 
 
 def insert_transitions_txn(conn: Connection, history: Sequence[History]) -> None:
+    """Record the start rows of new machines (in their creation month's partition, made if
+    beat has not yet: the rows that follow go to the same one)."""
     if history:
+        if conn.dialect.name == "postgresql":
+            partitions.ready(
+                conn.engine, partitions.HISTORY, (h.machine_created_at for h in history)
+            )
         conn.execute(insert(transitions), [values(h) for h in history])
 
 
@@ -226,6 +251,8 @@ def insert_rejections_txn(conn: Connection, rejections: Sequence[Rejection]) -> 
     """Record rejected messages (PostgreSQL text cannot hold NUL: it is kept visible, escaped;
     a payload is cut to what is worth keeping)."""
     if rejections:
+        if conn.dialect.name == "postgresql":
+            partitions.ready(conn.engine, partitions.REJECTED, (r.received_at for r in rejections))
         rows = [
             values(r)
             | {
@@ -239,9 +266,7 @@ def insert_rejections_txn(conn: Connection, rejections: Sequence[Rejection]) -> 
 
 def history_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
     return conn.execute(
-        select(transitions)
-        .where(transitions.c.machine_id == machine_id)
-        .order_by(transitions.c.attempt)
+        select(transitions).where(_history_of(conn, machine_id)).order_by(transitions.c.attempt)
     ).all()
 
 

@@ -125,6 +125,7 @@ class History:
     tokens_used: int
     cost: float
     created_at: datetime
+    machine_created_at: datetime  # its machine's created_at: the partition key (store.tables)
     context_delta: dict[str, Any] | None = None  # what the transition changed in the context
     failure: str | None = None  # the kind of a failed transition (FailureKind)
 

@@ -151,11 +151,20 @@ machine_timers = Table(
     Index("idx_timers_dispatch_due", "dispatch_due_at", postgresql_where=DUE, sqlite_where=DUE),
 )
 
+# The history, partitioned by month on PostgreSQL (migration 0018, fsm_celery.store.partitions)
+# by its machine's creation time, copied on each row: a machine's rows are then all in one
+# partition, which its reads name, and the one-row-per-attempt key holds the partition key as
+# PostgreSQL requires of a partitioned table's unique keys (machine_created_at is the machine's,
+# fixed: (machine_id, attempt) is unique all the same). On PostgreSQL the primary key is (id,
+# machine_created_at) for the same reason; SQLite keeps one table and id as its key. No foreign
+# key to state_machines: attaching and detaching a partition would lock state_machines against
+# every transition while it waits (SHARE ROW EXCLUSIVE); rows are written only beside their
+# machine's, in its transaction, and machines are never deleted.
 transitions = Table(
     "state_transitions",
     metadata,
     Column("id", BigId, primary_key=True),
-    Column("machine_id", Uuid, ForeignKey("state_machines.id"), nullable=False),
+    Column("machine_id", Uuid, nullable=False),
     Column("from_state", String(50)),
     Column("to_state", String(50), nullable=False),
     Column("success", Boolean, nullable=False),
@@ -178,9 +187,13 @@ transitions = Table(
     # 0016: the kind of a failed transition (core.definition.FailureKind): an agent's failure
     # told from an answer the definition refused, which replay needs (fsm_celery.core.replay)
     Column("failure", String(20)),
-    Index("idx_transitions_machine", "machine_id"),
+    # 0018: the partition key (see above)
+    Column("machine_created_at", DateTime(timezone=True), nullable=False),
     Index("idx_transitions_agent", "agent_id"),
-    UniqueConstraint("machine_id", "attempt", name="uq_transitions_machine_attempt"),
+    UniqueConstraint(
+        "machine_id", "attempt", "machine_created_at", name="uq_transitions_machine_attempt"
+    ),
+    postgresql_partition_by="RANGE (machine_created_at)",
 )
 
 rejected_messages = Table(
@@ -196,6 +209,7 @@ rejected_messages = Table(
     Column("payload", Text, nullable=False),
     Index("idx_rejected_reason", "reason", "received_at"),
     Index("idx_rejected_machine", "machine_id"),
+    postgresql_partition_by="RANGE (received_at)",  # 0018: by month; key (id, received_at)
 )
 
 agents = Table(

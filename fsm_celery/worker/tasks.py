@@ -160,6 +160,13 @@ def send_notifications() -> int:
     return delivered
 
 
+@app.task(name="fsm.history", send_events=False, **RETRY)
+def history() -> None:
+    """Make the history's months ahead, and archive and remove those past their retention
+    (beat, every hour; PostgreSQL only)."""
+    parts().engine.retention.run()
+
+
 @app.task(name="fsm.prune", send_events=False, **RETRY)
 def prune() -> None:
     """Delete rejected messages and silent agents past their retention (beat, every minute)."""

@@ -231,7 +231,10 @@ def test_replay_over_a_thousand_recorded_machines(fsm: Fsm, machine_type: str) -
     replays = fsm.engine.replays.last(d, MACHINES)
     assert {r.machine_id for r in replays} == set(ids)
     with fsm.engine.db.connect() as conn:
-        histories = q.histories_txn(conn, ids)
+        created = conn.execute(
+            select(machines.c.id, machines.c.created_at).where(machines.c.id.in_(ids))
+        )
+        histories = q.histories_txn(conn, {row.id: row.created_at for row in created})
         children = conn.execute(select(machines.c.id).where(machines.c.root_id.in_(ids[:100])))
         child_ids = [c.id for c in children]
     events = Counter(r.event for rows in histories.values() for r in rows)

@@ -82,7 +82,7 @@ def test_a_row_that_commits_after_a_larger_id_was_seen_is_still_folded(fsm: Fsm)
     mid = _run(fsm, 0.1)
     late = fsm.engine.db.connect()
     late_tx = late.begin()
-    late.execute(insert(transitions).values(**_attempt_row(mid, 100)))  # takes its id now
+    late.execute(insert(transitions).values(**_attempt_row(fsm, mid, 100)))  # takes its id now
     _run(fsm, 0.1)  # larger ids, committed first
     stats = fsm.engine.stats
     stats.fold()  # notes the largest id, with the late transaction in flight
@@ -116,9 +116,14 @@ def test_usage_is_summed_per_agent_and_type(fsm: Fsm) -> None:
     assert usage["by_type"]["cto_fix_bug"]["tokens"] == 10 * attempts
 
 
-def _attempt_row(machine_id: uuid.UUID, attempt: int) -> dict[str, Any]:
+def _attempt_row(fsm: Fsm, machine_id: uuid.UUID, attempt: int) -> dict[str, Any]:
+    with fsm.engine.db.connect() as conn:
+        created = conn.execute(
+            select(machines.c.created_at).where(machines.c.id == machine_id)
+        ).scalar_one()
     return {
         "machine_id": machine_id,
+        "machine_created_at": created,
         "from_state": "WRITE_FIX",
         "to_state": "RUN_TESTS",
         "success": True,
@@ -231,12 +236,12 @@ def test_postgresql_sums_attempts_as_python_does(fsm: Fsm) -> None:
         conn.execute(
             insert(transitions),
             [
-                {**_attempt_row(mid, 100 + n), "duration_ms": ms, "success": n % 2 == 0}
+                {**_attempt_row(fsm, mid, 100 + n), "duration_ms": ms, "success": n % 2 == 0}
                 | {"agent_id": None, "cost": 0.0}
                 for n, ms in enumerate(durations)
             ]
             + [
-                {**_attempt_row(mid, 200 + n), "agent_id": agent, "cost": cost}
+                {**_attempt_row(fsm, mid, 200 + n), "agent_id": agent, "cost": cost}
                 for n, (agent, cost) in enumerate(
                     (agent, cost) for agent, spent in costs.items() for cost in spent
                 )

@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,32 @@ def test_history_shows_who_acted_why_and_durations_people_read(deployment: FsmEn
     assert forced[1][3:] == ["DONE -> SECOND", "-", "carol", "redo it", "-"]  # completed
     timed = json.loads(ok(deployment, "history", str(mid), "--json"))
     assert [r["duration_ms"] for r in timed if r["event"] == "force"] == [None, None]
+
+
+def test_history_months_lists_the_partitions_and_archive_says_what_would_go(
+    deployment: FsmEnv,
+) -> None:
+    mid = deployment.client.start_machine("test_pair", {})
+    lines = ok(deployment, "history", "months").splitlines()
+    assert lines[0].split() == ["TABLE", "MONTH", "ROWS", "SIZE", "PARTITION"]
+    now = datetime.now(UTC)
+    this_month = f"state_transitions_p{now:%Y_%m}"
+    assert any(line.split()[-1] == this_month for line in lines[1:]), lines
+    assert sum(line.startswith("rejected_messages") for line in lines) >= 4  # this month, 3 ahead
+    listed = json.loads(ok(deployment, "history", "months", "--json"))
+    assert this_month in [p["name"] for p in listed["state_transitions"]]
+    # nothing is old enough here: a dry run says so, and changes nothing
+    assert ok(deployment, "history", "archive", "--older-than", "30", "--dry-run").strip() == (
+        "nothing to archive"
+    )
+    assert "FSM_HISTORY_RETENTION_DAYS is 0" in refused(deployment, "history", "archive", status=2)
+    both = refused(
+        deployment, "history", "archive", "--older-than", "9", "--table", "--drop", status=2
+    )
+    assert "give one of --to, --table and --drop" in both
+    # a machine's history, its options before or after its id
+    assert json.loads(ok(deployment, "history", "--json", str(mid)))[0]["to_state"] == "FIRST"
+    assert "(start) -> FIRST" in ok(deployment, "history", str(mid)[:8])
 
 
 def _copy_machine(db: Engine, of: uuid.UUID, new_id: str) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from alembic import command
@@ -14,6 +15,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import select
 
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS
+from fsm_celery.store import partitions
 from fsm_celery.store.db import alembic_config
 from fsm_celery.store.tables import liveness
 from tests.support.processes import FsmEnv
@@ -43,6 +45,7 @@ def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
         "beat",
         "bridges",
         "agents",
+        "history",
         "token secret",
         "channel prefix",
     }, done.stdout
@@ -60,6 +63,11 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         shutil.copytree(SHIPPED_DEFINITIONS, changed)
         infra = changed / "cto_infrastructure_check.yaml"
         infra.write_text(infra.read_text().replace("timeout: 300", "timeout: 301", 1))
+        coming = partitions.next_month(partitions.month(datetime.now(UTC)))
+        with env.client.engine.db.connect() as conn:  # beat has not made next month's
+            [month] = [p for p in partitions.listed(conn, partitions.HISTORY) if p.start == coming]
+        partitions.detach(env.client.engine.db, month)
+        partitions.drop(env.client.engine.db, month.name)
 
         status, lines = _doctor(
             env,
@@ -79,6 +87,11 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         assert lines["beat"] == "✘ beat: no scan ever ran — start it: celery -A fsm_celery beat"
         assert lines["bridges"].startswith("✘ bridges: none alive; ack stream lag 0, pending 0")
         assert lines["token secret"].startswith("✘ token secret: FSM_TASK_TOKEN_SECRET is the")
+        assert lines["history"] == (
+            f"✘ history: state_transitions has no partition for {coming:%Y-%m}: what is written "
+            "then fails — start beat (its hourly job makes them), or run: fsm-celery history "
+            "months --make"
+        )
         assert lines["agents"].startswith(
             "✘ agents: none alive for agent type analyzer (research_fanout, research_pipeline); "
             "cto (cto_build_parallel, cto_build_project, cto_fix_bug, cto_infrastructure_check); "
@@ -94,6 +107,14 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         server_client = env.redis.__class__.from_url(server.url)
         server_client.config_set("maxmemory-policy", "noeviction")
         server_client.close()
+        made = subprocess.run(
+            [str(Path(sys.executable).parent / "fsm-celery"), "history", "months", "--make"],
+            env=env.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert made.returncode == 0 and f"{coming:%Y-%m} made" in made.stderr, made
         env.start_worker(beat=True)
         env.start_bridge()
         env.start_agent("--mock", "--agent-type", "cto")

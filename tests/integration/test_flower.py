@@ -24,7 +24,14 @@ from tests.support.processes import FsmEnv
 
 AUTH = "operator:flower-test-password"
 INFRA_STATES = ["CHECK_UPTIME", "CHECK_CERTS", "CHECK_CONTAINERS", "GENERATE_REPORT"]
-HOUSEKEEPING = {"fsm.scan", "fsm.run_schedules", "fsm.fold_stats", "fsm.notify", "fsm.prune"}
+HOUSEKEEPING = {
+    "fsm.scan",
+    "fsm.run_schedules",
+    "fsm.fold_stats",
+    "fsm.notify",
+    "fsm.prune",
+    "fsm.history",
+}
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
 
 from fsm_celery.store.db import alembic_config, connect, current_revision, upgrade
+from fsm_celery.store.partitions import include_name
 from fsm_celery.store.tables import metadata
 from tests.support.databases import admin_sql, drop_database
 from tests.support.services import Services
@@ -43,7 +44,8 @@ def test_upgrade_builds_exactly_the_declared_schema(
     db: Engine = request.getfixturevalue(database)
     upgrade(db)
     with db.connect() as conn:
-        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+        context = MigrationContext.configure(conn, opts={"include_name": include_name})
+        assert compare_metadata(context, metadata) == []
     head = ScriptDirectory.from_config(alembic_config(str(db.url))).get_current_head()
     assert current_revision(db) == head
 

@@ -12,14 +12,15 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, text
+from sqlalchemy import insert, select, text
 
 from fsm_celery.core.messages import agent_ack_stream
 from fsm_celery.core.stats import MOST, MOST_COST
-from fsm_celery.store.tables import transitions
+from fsm_celery.store import tables
 from tests.integration.conftest import ONE_MODE
 from tests.support.agents import ScriptedAgent
 from tests.support.credentials import ADMIN_TOKEN
@@ -215,7 +216,13 @@ def test_statistics_fold_and_read_past_rows_stored_with_huge_values(stored: FsmE
                 text("UPDATE state_machines SET tokens_used = :t, cost = :c WHERE id = :id"),
                 {"t": 2**63 - 1, "c": 1.7e308, "id": mid},
             )
-        conn.execute(insert(transitions), [_huge_attempt(mid, agent) for mid in machines])
+        created = conn.execute(
+            select(tables.machines.c.id, tables.machines.c.created_at).where(
+                tables.machines.c.id.in_(machines)
+            )
+        )
+        rows = [_huge_attempt(row.id, row.created_at, agent) for row in created]
+        conn.execute(insert(tables.transitions), rows)
     before = _api_stats(stored)  # the attempts not folded yet
     fold = stored.client.engine.stats.fold
     fold()  # notes how far it may fold
@@ -243,9 +250,10 @@ def test_statistics_fold_and_read_past_rows_stored_with_huge_values(stored: FsmE
     assert shown.returncode == 0, shown.stderr
 
 
-def _huge_attempt(machine_id: uuid.UUID, agent: uuid.UUID) -> dict[str, Any]:
+def _huge_attempt(machine_id: uuid.UUID, created: datetime, agent: uuid.UUID) -> dict[str, Any]:
     return {
         "machine_id": machine_id,
+        "machine_created_at": created,
         "from_state": "FIRST",
         "to_state": "SECOND",
         "success": True,

@@ -7,16 +7,23 @@ not there in the next, as this shows first."""
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, cast
 from uuid import UUID
 
 import pytest
 from sqlalchemy import exc, text
 
+from fsm_celery.config import Settings
+from fsm_celery.engine.retention import Retention
+from fsm_celery.engine.runtime import Runtime
+from fsm_celery.store import partitions
 from fsm_celery.store.db import connect
 from fsm_celery.store.postgres import _execute_prepared
 from tests.support.agents import ScriptedAgent
@@ -115,3 +122,51 @@ def test_machines_run_through_pgbouncer_and_ride_out_a_postgres_restart(
         history = env.client.history(mid)
         assert [row.attempt for row in history] == list(range(len(history))), mid
         assert [row.to_state for row in history if row.success] == LINEAR, mid
+
+
+def test_the_history_retention_works_through_pgbouncer_and_leaves_no_setting_behind(
+    bounced: tuple[Postgres, PgBouncer], tmp_path: Path
+) -> None:
+    """Detaching (DETACH ... CONCURRENTLY, outside a transaction), archiving (COPY) and making
+    months through a transaction pooler; nothing it sets outlives its transaction on the
+    server sessions other clients get."""
+    server, bouncer = bounced
+    create_template(server.url, "fsm_retention")  # migrated directly, not through PgBouncer
+    url = f"{bouncer.url}/fsm_retention"
+    db = connect(url, pre_ping=False, prepare=False)
+    old = datetime.now(UTC) - timedelta(days=400)
+    settings = Settings(database_url=url, history_retention_days=30, history_archive=str(tmp_path))
+    try:
+        partitions.ensure(db, partitions.HISTORY, old, old)
+        with db.begin() as conn:
+            mid = conn.execute(
+                text(
+                    "INSERT INTO state_machines (id, type, agent_type, current_state, context,"
+                    " status, definition_version, created_at, updated_at) VALUES"
+                    " (gen_random_uuid(), 't', 'a', 'DONE', '{}', 'completed', 1, :at, :at)"
+                    " RETURNING id"
+                ),
+                {"at": old},
+            ).scalar_one()
+            for attempt in (0, 1):
+                conn.execute(
+                    text(
+                        "INSERT INTO state_transitions (machine_id, to_state, success, attempt,"
+                        " event, machine_created_at) VALUES (:m, 'DONE', true, :a, 'ack', :at)"
+                    ),
+                    {"m": mid, "a": attempt, "at": old},
+                )
+            conn.execute(text("INSERT INTO rollups (name, last_id) VALUES ('history', 1000)"))
+        done = Retention(Runtime(db, cast(Any, None), settings)).run()
+        archived = [o for o in done if o.action == "archived"]
+        assert [(o.month, o.rows) for o in archived] == [(f"{old:%Y-%m}", 2)], done
+        assert not [o for o in done if o.action == "failed"], done
+        with gzip.open(
+            tmp_path / f"{partitions.name(partitions.HISTORY, partitions.month(old))}.csv.gz", "rt"
+        ) as f:
+            assert len(f.read().splitlines()) == 3  # the header and its two rows
+        with db.connect() as a, db.connect() as b, db.connect() as c:  # the pool's sessions
+            for conn in (a, b, c):
+                assert conn.execute(text("SHOW lock_timeout")).scalar() == "0"
+    finally:
+        db.dispose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
+from fsm_celery.store.partitions import include_name
 from fsm_celery.store.tables import metadata
 
 config = context.config
@@ -27,6 +28,7 @@ def _migrate(connection: Connection) -> None:
         target_metadata=metadata,
         render_as_batch=True,  # SQLite alters tables by copying them
         compare_type=True,
+        include_name=include_name,
     )
     with context.begin_transaction():
         context.run_migrations()
