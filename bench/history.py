@@ -4,7 +4,7 @@ history and the lists read, and the locks retention takes while transitions go o
 
     .venv/bin/python -m bench.history [--history 10000000] [--months 12] [--per-machine 10]
         [--machines 1000] [--modes inline celery] [--runs 1] [--samples 2000]
-        [--skip-throughput] [--record CONDITIONS]
+        [--skip-throughput] [--keep-dataset | --dataset NAME] [--record CONDITIONS]
 
 The dataset is made once. A deployment's database is filled with set-based SQL (generate_series,
 as bench/scale.py does): `--history` rows, `--per-machine` per machine, so history/per-machine
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,7 +69,7 @@ from bench.common import (
     tear_down,
     write_result,
 )
-from bench.scale import fold_all
+from bench.scale import Round, fold_all, quote, summary
 from bench.throughput import run_engine
 from fsm_celery import wiring
 from fsm_celery.store import partitions
@@ -567,7 +566,7 @@ def throughput(
     dataset: str, machines: int, modes: list[str], runs: int, copies: list[float]
 ) -> dict[str, dict[str, Any]]:
     print(f"\n{'mode':>8} {'run':>4} {'empty: sustained/s':>20} {'full: sustained/s':>20}")
-    rounds: dict[str, list[tuple[dict[str, Any], dict[str, Any], float]]] = {m: [] for m in modes}
+    rounds: dict[str, list[Round]] = {m: [] for m in modes}
     for n in range(1, runs + 1):
         for mode in modes:
             empty = run_engine(machines, mode=mode)
@@ -582,18 +581,12 @@ def throughput(
             )
     found: dict[str, dict[str, Any]] = {}
     for mode, taken in rounds.items():
-        ratios = [ratio for _, _, ratio in taken]
-        found[mode] = {
-            "empty": {"sustained_per_s": _median(e["sustained_per_s"] for e, _, _ in taken)},
-            "full": {"sustained_per_s": _median(f["sustained_per_s"] for _, f, _ in taken)},
-            "ratio": round(statistics.median(ratios), 3),
-            "ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
-            "rounds": [{"empty": e, "full": f, "ratio": round(r, 3)} for e, f, r in taken],
-        }
+        found[mode] = summary(taken)
+        low, high = found[mode]["ratio_spread"]
         verdict = "ok" if found[mode]["ratio"] >= RATIO_TARGET else "OVER"
         print(
             f"{mode:>8} median of {len(taken)}: {found[mode]['ratio']:.0%} of empty "
-            f"({min(ratios):.0%}-{max(ratios):.0%})  (target: within 15%: {verdict})"
+            f"({low:.0%}-{high:.0%})  (target: within 15%: {verdict})"
         )
     return found
 
@@ -615,6 +608,12 @@ def main() -> None:
     parser.add_argument("--writer-rate", type=float, default=100.0, help="machines/s (0: flat out)")
     parser.add_argument("--writer-seconds", type=float, default=5.0, help="the writer's baseline")
     parser.add_argument("--skip-throughput", action="store_true", help="reads and retention only")
+    parser.add_argument(
+        "--keep-dataset", action="store_true", help="keep the dataset's database (its name printed)"
+    )
+    parser.add_argument(
+        "--dataset", metavar="NAME", help="a dataset kept by an earlier run (made the same day)"
+    )
     parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
     args = parser.parse_args()
     if args.runs < 1 or args.months < 1 or args.per_machine < 1 or args.history < args.per_machine:
@@ -626,7 +625,10 @@ def main() -> None:
     t_start = time.monotonic()
     phases: dict[str, float] = {}
     t0 = time.monotonic()
-    dataset, built = build_dataset(args.history, args.months, args.per_machine)
+    if args.dataset is not None:
+        dataset, built = args.dataset, {"reused": args.dataset}
+    else:
+        dataset, built = build_dataset(args.history, args.months, args.per_machine)
     phases["dataset_s"] = round(time.monotonic() - t0, 1)
     copies: list[float] = []
     modes: dict[str, dict[str, Any]] = {}
@@ -648,7 +650,10 @@ def main() -> None:
         finally:
             tear_down(env)
     finally:
-        drop_database(PG_URL, dataset)
+        if args.keep_dataset or args.dataset is not None:
+            print(f"the dataset is kept: --dataset {dataset}")
+        else:
+            drop_database(PG_URL, dataset)
     phases["total_s"] = round(time.monotonic() - t_start, 1)
     lists = {k: v for k, v in read_ms.items() if k.startswith("list")}
     list_p99 = max(p["p99"] for p in lists.values())
@@ -678,15 +683,7 @@ def main() -> None:
     )
     print(f"written {path}")
     if args.record is not None:
-        quoted = {
-            mode: {
-                "empty_per_s": run["empty"]["sustained_per_s"],
-                "full_per_s": run["full"]["sustained_per_s"],
-                "percent_of_empty": round(run["ratio"] * 100),
-                "percent_spread": [round(r * 100) for r in run["ratio_spread"]],
-            }
-            for mode, run in modes.items()
-        }
+        quoted = {mode: quote(run) for mode, run in modes.items()}
         row = {
             **size,
             "modes": quoted,
@@ -699,10 +696,6 @@ def main() -> None:
             "retention_months_removed": len(kept["months_removed"]),
         }
         print(f"recorded {record_current('history', row, args.record)}")
-
-
-def _median(values: Any) -> float:
-    return round(float(statistics.median(values)), 1)
 
 
 if __name__ == "__main__":

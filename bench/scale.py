@@ -149,9 +149,7 @@ def main() -> None:
     size = f"{args.finished:,} machines, {args.history:,} rows"
     runs: dict[str, dict[str, Any]] = {}
     print(f"\n{'mode':>8} {'run':>4} {'empty: sustained/s':>20} {size + ': sustained/s':>44}")
-    rounds: dict[str, list[tuple[dict[str, Any], dict[str, Any], float]]] = {
-        mode: [] for mode in args.modes
-    }
+    rounds: dict[str, list[Round]] = {mode: [] for mode in args.modes}
     for n in range(1, args.runs + 1):
         for mode in args.modes:
             folds: list[float] = []
@@ -167,18 +165,11 @@ def main() -> None:
                 f"   ({ratio:.0%} of empty; the stored history folded in {folds[0]} s first)"
             )
     for mode, taken in rounds.items():
-        ratios = [ratio for _, _, ratio in taken]
-        runs[mode] = {
-            "empty": {"sustained_per_s": _median(e["sustained_per_s"] for e, _, _ in taken)},
-            "full": {"sustained_per_s": _median(f["sustained_per_s"] for _, f, _ in taken)},
-            "ratio": round(statistics.median(ratios), 3),
-            "ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
-            "fold_s": _median(f["fold_s"] for _, f, _ in taken),
-            "rounds": [{"empty": e, "full": f, "ratio": round(r, 3)} for e, f, r in taken],
-        }
+        runs[mode] = {**summary(taken), "fold_s": _median(f["fold_s"] for _, f, _ in taken)}
+        low, high = runs[mode]["ratio_spread"]
         print(
             f"{mode:>8} median of {len(taken)}: {runs[mode]['ratio']:.0%} of empty "
-            f"({min(ratios):.0%}-{max(ratios):.0%})"
+            f"({low:.0%}-{high:.0%})"
         )
     times = queries(args.finished, args.history)
     for name, ms in times.items():
@@ -189,19 +180,36 @@ def main() -> None:
     )
     print(f"written {path}")
     if args.record is not None:
-        quoted = {
-            mode: {
-                "empty_per_s": run["empty"]["sustained_per_s"],
-                "full_per_s": run["full"]["sustained_per_s"],
-                "percent_of_empty": round(run["ratio"] * 100),
-                "percent_spread": [round(r * 100) for r in run["ratio_spread"]],
-                "fold_s": run["fold_s"],
-            }
-            for mode, run in runs.items()
-        }
+        quoted = {mode: {**quote(run), "fold_s": run["fold_s"]} for mode, run in runs.items()}
         size = {"finished": args.finished, "history": args.history, "machines": args.machines}
         row = {**size, "modes": quoted, "query_ms": times}
         print(f"recorded {record_current('scale', row, args.record)}")
+
+
+Round = tuple[dict[str, Any], dict[str, Any], float]  # empty, full, full ÷ empty
+
+
+def summary(taken: list[Round]) -> dict[str, Any]:
+    """A mode's rounds: the medians of each database's rate, the ratio's median (taken within
+    each round first) and spread, and every round."""
+    ratios = [ratio for _, _, ratio in taken]
+    return {
+        "empty": {"sustained_per_s": _median(e["sustained_per_s"] for e, _, _ in taken)},
+        "full": {"sustained_per_s": _median(f["sustained_per_s"] for _, f, _ in taken)},
+        "ratio": round(statistics.median(ratios), 3),
+        "ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
+        "rounds": [{"empty": e, "full": f, "ratio": round(r, 3)} for e, f, r in taken],
+    }
+
+
+def quote(run: dict[str, Any]) -> dict[str, Any]:
+    """A mode's summary as the figures' record quotes it."""
+    return {
+        "empty_per_s": run["empty"]["sustained_per_s"],
+        "full_per_s": run["full"]["sustained_per_s"],
+        "percent_of_empty": round(run["ratio"] * 100),
+        "percent_spread": [round(r * 100) for r in run["ratio_spread"]],
+    }
 
 
 def _median(values: Any) -> float:

@@ -172,20 +172,20 @@ def ensure(db: Engine, parent: str, first: datetime, last: datetime) -> list[str
 _READY: WeakKeyDictionary[Engine, set[tuple[str, datetime]]] = WeakKeyDictionary()
 
 
-def ready(db: Engine, parent: str, times: Iterable[datetime]) -> None:
+def ready(conn: Connection, parent: str, times: Iterable[datetime]) -> None:
     """Make sure the months of these times have their partitions before rows of them are
-    written: beat makes them ahead, this covers a beat down for months (a row with no month to
-    go to would fail its whole transaction). Asked once per month and process; a month is made
-    from another connection, so the caller's transaction goes on."""
-    known = _READY.setdefault(db, set())
+    written in the connection's transaction: beat makes them ahead, this covers a beat down for
+    months (a row with no month to go to would fail its whole transaction). Asked once per
+    month and process, on the caller's connection; a missing month is made from another (the
+    caller's transaction goes on), which only a beat down that long ever needs."""
+    known = _READY.setdefault(conn.engine, set())
     wanted = {(parent, month(at)) for at in times} - known
     if not wanted:
         return
-    with db.connect() as conn:
-        have = {p.start for p in listed(conn, parent)}
+    have = {p.start for p in listed(conn, parent)}
     for _, start in wanted:
         if start not in have:
-            ensure(db, parent, start, start)
+            ensure(conn.engine, parent, start, start)
     known |= wanted
 
 

@@ -241,9 +241,7 @@ def insert_transitions_txn(conn: Connection, history: Sequence[History]) -> None
     beat has not yet: the rows that follow go to the same one)."""
     if history:
         if conn.dialect.name == "postgresql":
-            partitions.ready(
-                conn.engine, partitions.HISTORY, (h.machine_created_at for h in history)
-            )
+            partitions.ready(conn, partitions.HISTORY, (h.machine_created_at for h in history))
         conn.execute(insert(transitions), [values(h) for h in history])
 
 
@@ -252,7 +250,7 @@ def insert_rejections_txn(conn: Connection, rejections: Sequence[Rejection]) -> 
     a payload is cut to what is worth keeping)."""
     if rejections:
         if conn.dialect.name == "postgresql":
-            partitions.ready(conn.engine, partitions.REJECTED, (r.received_at for r in rejections))
+            partitions.ready(conn, partitions.REJECTED, (r.received_at for r in rejections))
         rows = [
             values(r)
             | {

@@ -167,19 +167,7 @@ def upgrade() -> None:
         _oldest("SELECT min(created_at) FROM state_machines"),
     )
     if postgres:
-        _rebuild(
-            REJECTED,
-            _rejected(partitioned=True),
-            f"INSERT INTO {REJECTED} ({REJECTED_COLUMNS})"
-            f" SELECT {REJECTED_COLUMNS} FROM {REJECTED}_old",
-            {
-                "idx_rejected_reason": ["reason", "received_at"],
-                "idx_rejected_machine": ["machine_id"],
-            },
-            ["idx_rejected_reason", "idx_rejected_machine"],
-            "received_at",
-            _oldest(f"SELECT min(received_at) FROM {REJECTED}"),
-        )
+        _rebuild_rejected(partitioned=True)
 
 
 def downgrade() -> None:
@@ -195,16 +183,22 @@ def downgrade() -> None:
         lambda: None,
     )
     if postgres:
-        _rebuild(
-            REJECTED,
-            _rejected(partitioned=False),
-            f"INSERT INTO {REJECTED} ({REJECTED_COLUMNS})"
-            f" SELECT {REJECTED_COLUMNS} FROM {REJECTED}_old",
-            {
-                "idx_rejected_reason": ["reason", "received_at"],
-                "idx_rejected_machine": ["machine_id"],
-            },
-            ["idx_rejected_reason", "idx_rejected_machine"],
-            None,
-            lambda: None,
-        )
+        _rebuild_rejected(partitioned=False)
+
+
+def _rebuild_rejected(partitioned: bool) -> None:
+    """rejected_messages, partitioned by month received or not (PostgreSQL only)."""
+    indexes = {
+        "idx_rejected_reason": ["reason", "received_at"],
+        "idx_rejected_machine": ["machine_id"],
+    }
+    _rebuild(
+        REJECTED,
+        _rejected(partitioned),
+        f"INSERT INTO {REJECTED} ({REJECTED_COLUMNS})"
+        f" SELECT {REJECTED_COLUMNS} FROM {REJECTED}_old",
+        indexes,
+        list(indexes),
+        "received_at" if partitioned else None,
+        _oldest(f"SELECT min(received_at) FROM {REJECTED}"),
+    )
