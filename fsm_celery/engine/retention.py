@@ -23,13 +23,14 @@ import sqlalchemy.exc
 from sqlalchemy import Connection, text
 
 from fsm_celery.config import ARCHIVE_TABLE
+from fsm_celery.engine import writes
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.store import partitions as parts
 from fsm_celery.store.rollup import HISTORY as FOLD
 
 log = logging.getLogger(__name__)
 
-ENDED = ("completed", "failed", "cancelled")
+ENDED = tuple(status.value for status in writes.ENDED)
 LEASE = "history-retention"  # its row in liveness, locked while a run works
 
 
@@ -163,7 +164,7 @@ class Retention:
         """A detached month: checked again now that nothing can be written to it (put back
         if a machine of it came back to work meanwhile), then archived and dropped."""
         month = _month_of(name)
-        start = datetime.strptime(month, "%Y-%m").replace(tzinfo=cutoff.tzinfo)
+        start = parts.start_of(name)
         try:
             held = self._held(table, name, start, parts.next_month(start), cutoff)
             if dry_run:
@@ -211,9 +212,7 @@ class Retention:
 
 
 def _month_of(name: str) -> str:
-    match = parts.NAME.match(name)
-    assert match is not None
-    return f"{match['y']}-{match['m']}"
+    return f"{parts.start_of(name):%Y-%m}"
 
 
 def _where(archive: str) -> str:

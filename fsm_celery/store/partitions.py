@@ -203,11 +203,16 @@ def detach(db: Engine, partition: Partition) -> None:
         )
 
 
+def start_of(table: str) -> datetime:
+    """The first instant of a month's partition, read from its name."""
+    match = NAME.match(table)
+    assert match is not None, table
+    return datetime(int(match["y"]), int(match["m"]), 1, tzinfo=UTC)
+
+
 def attach(db: Engine, parent: str, table: str) -> None:
     """Put a detached month back (its rows were found still needed)."""
-    match = NAME.match(table)
-    assert match is not None and match["parent"] == parent
-    start = datetime(int(match["y"]), int(match["m"]), 1, tzinfo=UTC)
+    start = start_of(table)
     with db.begin() as conn:
         conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
         conn.execute(text(create_statements(parent, start)[1]))
