@@ -11,6 +11,7 @@ import click
 from fsm_celery import views
 from fsm_celery.cli_common import client, echo_json, echo_lines
 from fsm_celery.config import ARCHIVE_TABLE
+from fsm_celery.exceptions import ARCHIVED
 from fsm_celery.exits import Exit
 from fsm_celery.terminal import table
 
@@ -43,6 +44,8 @@ def show(machine_id: str, with_context: bool, as_json: bool) -> None:
     """Show a machine's transitions: who moved it, why, and how long each state took; with
     --context, what each changed in the context (--json: and the context after it)."""
     records = client().history(machine_id, context=with_context)
+    if not records:  # every machine has its start's row
+        click.echo(f"machine {machine_id} has no history: {ARCHIVED}", err=True)
     if as_json:
         echo_json([r.to_dict() for r in records])
         return

@@ -174,16 +174,15 @@ class MachineNotFound(MachineError):
         super().__init__(f"no machine with id {machine_id!r}{hint}")
 
 
+ARCHIVED = "its month was archived and removed by the retention (FSM_HISTORY_RETENTION_DAYS)"
+
+
 class StepNotFound(MachineError):
     """The machine's history has no such step (attempt)."""
 
     def __init__(self, machine_id: str, step: int | None, last: int | None) -> None:
         self.machine_id = machine_id
-        last_text = (
-            f"its last is {last}"
-            if last is not None
-            else "it has no history (archived by the retention, FSM_HISTORY_RETENTION_DAYS)"
-        )
+        last_text = f"its last is {last}" if last is not None else f"it has no history: {ARCHIVED}"
         super().__init__(f"machine {machine_id} has no step {step}: {last_text}")
 
 

@@ -30,6 +30,7 @@ from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import Writes, snapshot, start_record
 from fsm_celery.exceptions import (
+    ARCHIVED,
     CommandRefused,
     ContextMismatch,
     InvalidAgentId,
@@ -39,8 +40,6 @@ from fsm_celery.exceptions import (
 )
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import NewMachine
-
-ARCHIVED = "its history was archived by the retention (FSM_HISTORY_RETENTION_DAYS)"
 
 
 class Admin:

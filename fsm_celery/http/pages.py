@@ -22,7 +22,7 @@ from fsm_celery.core.admin import commands
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.graph import graph
 from fsm_celery.core.transition import MachineStatus
-from fsm_celery.exceptions import MachineNotFound
+from fsm_celery.exceptions import ARCHIVED, MachineNotFound
 from fsm_celery.http.auth import (
     SESSION_COOKIE,
     Auth,
@@ -149,6 +149,7 @@ def machine_page(request: Request, who: Reader, machine_id: str) -> HTMLResponse
         fans_out=fans_out,
         shown_children=CHILDREN,
         history=history,
+        archived=ARCHIVED,
         notifications=fsm.notifications(info.id, admin=who.is_admin),
         budget_changes=fsm.budget_changes(info.id),
         states=[s.name for s in definition.definition.states],

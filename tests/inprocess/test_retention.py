@@ -18,9 +18,8 @@ import pytest
 from sqlalchemy import Connection, event, select, text
 
 from fsm_celery.core.admin import Action, Command
-from fsm_celery.engine.admin import ARCHIVED
 from fsm_celery.engine.retention import Outcome
-from fsm_celery.exceptions import CommandRefused, StepNotFound
+from fsm_celery.exceptions import ARCHIVED, CommandRefused, StepNotFound
 from fsm_celery.store import partitions
 from fsm_celery.store import queries as q
 from fsm_celery.store.partitions import HISTORY, REJECTED

@@ -230,6 +230,14 @@ def test_history_months_lists_the_partitions_and_archive_says_what_would_go(
     # a machine's history, its options before or after its id
     assert json.loads(ok(deployment, "history", "--json", str(mid)))[0]["to_state"] == "FIRST"
     assert "(start) -> FIRST" in ok(deployment, "history", str(mid)[:8])
+    # a machine whose month the retention removed (its row kept, its history rows gone)
+    archived = "5ea13333-0000-4000-8000-000000000003"
+    _copy_machine(deployment.client.engine.db, mid, archived)
+    done = cli(deployment, "history", archived)
+    assert done.returncode == 0 and done.stderr == (
+        f"machine {archived} has no history: its month was archived and removed by the "
+        "retention (FSM_HISTORY_RETENTION_DAYS)\n"
+    ), done.stderr
 
 
 def _copy_machine(db: Engine, of: uuid.UUID, new_id: str) -> None:

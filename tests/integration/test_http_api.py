@@ -10,9 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from fsm_celery.core.transition import RejectReason
+from fsm_celery.exceptions import ARCHIVED
 from fsm_celery.http import create_app
+from fsm_celery.store.tables import machines
 from tests.support.credentials import ADMIN_TOKEN, VIEWER_TOKEN
 from tests.support.processes import API_BASE, FsmEnv
 
@@ -158,6 +161,21 @@ def test_a_session_acts_only_with_its_csrf_token(http: Any) -> None:
         out = browser.post("/logout", data={"csrf": csrf}, follow_redirects=False)
         assert out.status_code == 303
         _error(browser.get("/api/machines"), 401)
+
+
+def test_a_machine_page_says_why_its_history_is_empty(env: FsmEnv, http: Any) -> None:
+    machine = _start(http)
+    archived = uuid.uuid4()  # a machine whose month the retention removed: its row, no history
+    with env.client.engine.db.begin() as conn:
+        row = conn.execute(select(machines).where(machines.c.id == uuid.UUID(machine["id"]))).one()
+        conn.execute(machines.insert().values({**row._asdict(), "id": archived}))
+    with http.__class__(http.app, base_url=API_BASE) as browser:
+        csrf = browser.get("/login").text.split('name="csrf" value="')[1].split('"')[0]
+        browser.post("/login", data={"token": VIEWER_TOKEN, "csrf": csrf, "next": "/"})
+        page = browser.get(f"/machines/{archived}")
+        assert page.status_code == 200, page.text
+        assert f"No history: {ARCHIVED}." in page.text
+        assert "No history" not in browser.get(f"/machines/{machine['id']}").text
 
 
 def test_a_wrong_token_at_sign_in_is_refused(http: Any) -> None:
