@@ -249,6 +249,42 @@ def test_pages_updated_live_show_what_a_reload_of_them_shows(
     assert not differences, "; ".join(differences)
 
 
+def test_a_machine_page_catches_up_with_what_happened_before_its_feed_was_subscribed(
+    dashboard: Dashboard, page: Page
+) -> None:
+    """The page reads the machine, then subscribes to its events: a step taken in between is
+    in no event it receives. Its subscription is held back here while the machine is paused;
+    subscribed, the page finds the step in the history and shows the machine as it is now."""
+    env = dashboard.env
+    mid = waiting_machine(env)
+    held: list[Any] = []
+
+    def hold_the_first(route: Any) -> None:
+        if held:
+            route.continue_()  # a reloaded page's
+        else:
+            held.append(route)
+
+    page.route("**/api/events?*", hold_the_first)
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada", then=f"/machines/{mid}")
+    expect(page.locator("#m-status")).to_have_text("running", timeout=WAIT_MS)
+    while not held:  # the page asked for its feed: the request waits here
+        page.wait_for_timeout(50)
+    env.client.pause(mid, "ops", "between the page and its feed")
+    held[0].continue_()
+    wait_live(page)
+    expect(page.locator("#m-status")).to_have_text("paused")
+    expect(page.locator("#timeline li").first).to_contain_text("pause")
+    expect(page.locator("#timeline li").first).to_contain_text("by ops")
+    shown = page.locator("#timeline li").evaluate_all("items => items.map(i => i.dataset.attempt)")
+    assert shown == [str(h.attempt) for h in reversed(env.client.history(mid))]
+    mark_loaded(page)
+    env.client.resume(mid, "ops")  # and once live, steps arrive without a reload
+    expect(page.locator("#m-status")).to_have_text("running", timeout=WAIT_MS)
+    expect(page.locator("#timeline li").first).to_contain_text("resume")
+    assert_not_reloaded(page)
+
+
 def test_an_admin_forces_a_state_through_the_dialog_and_the_history_names_them_and_why(
     dashboard: Dashboard, page: Page
 ) -> None:

@@ -102,8 +102,22 @@ function machinePage(section) {
   if (gate) wireDecision(id, gate);
   const family = document.getElementById("family");
   const refresh = family ? familyRefresher(id, family, graph) : () => {};
+  const timeline = document.getElementById("timeline");
+  const shown = new Set(Array.from(timeline.querySelectorAll("li[data-attempt]"), (li) => Number(li.dataset.attempt)));
 
-  return (event) => {
+  // Subscribed: whatever the machine did between this page's reading and its subscription (or
+  // while the feed was cut off) was not sent to it; if its history holds a step the page does
+  // not show, the page as it is now.
+  const caughtUp = async () => {
+    const response = await fetch(`/api/machines/${id}/history`, { credentials: "same-origin" });
+    if (!response.ok) return true;  // no telling: go on live
+    const { items } = await response.json();
+    if (items.every((h) => shown.has(h.attempt))) return true;
+    location.reload();
+    return false;
+  };
+
+  const handle = (event) => {
     if (event.parentId === id) refresh();  // a child started or moved
     if (event.machineId !== id) return;
     refresh();  // a fan-out opened, or joined
@@ -115,10 +129,12 @@ function machinePage(section) {
     showCommands(event.status);
     if (event.fromState) visited.push([event.fromState, event.toState]);
     graph.update(event.toState, event.status, visited);
-    document.getElementById("timeline").prepend(historyItem(event));
+    timeline.prepend(historyItem(event));
+    shown.add(event.attempt);
     // the gate this page shows was decided, or left: the page as it is now
     if (gate && event.attempt >= Number(gate.dataset.attempt)) location.reload();
   };
+  return { handle, caughtUp };
 }
 
 // -- rewind and fork from a step of the timeline -----------------------------------------
@@ -256,7 +272,7 @@ function historyItem(event) {
     event.durationMs !== null && event.durationMs !== undefined
       ? el("span", { class: "muted duration", title: `${event.durationMs} ms` }, ` ${duration(event.durationMs)}`) : "",
     event.actor ? el("span", { class: "muted" }, ` by ${event.actor}`) : "");
-  const item = el("li", { class: `event ev-${event.event} ${event.success ? "ok" : "failed"} new` }, line);
+  const item = el("li", { class: `event ev-${event.event} ${event.success ? "ok" : "failed"} new`, "data-attempt": event.attempt }, line);
   if (event.error) item.append(el("div", { class: "error" }, event.error));
   return item;
 }
@@ -435,10 +451,14 @@ const done = (action) => ({ pause: "paused", resume: "resumed", cancel: "cancell
 
 // -- the live feed --------------------------------------------------------------------------
 
-function listen(handle, query) {
+// `caughtUp`, once subscribed (at the start, and again after a reconnection): whether what the
+// page shows is whole, or it reloads (then it is not shown as live).
+function listen(handle, query, caughtUp = async () => true) {
   const live = document.getElementById("live");
   const source = new EventSource(`/api/events?${query}`, { withCredentials: true });
-  source.addEventListener("hello", () => live.classList.add("on"));
+  source.addEventListener("hello", async () => {
+    if (await caughtUp()) live.classList.add("on");
+  });
   source.addEventListener("transitions", (message) => JSON.parse(message.data).forEach(handle));
   source.addEventListener("resync", () => location.reload());
   source.onerror = () => live.classList.remove("on");
@@ -448,7 +468,8 @@ document.addEventListener("DOMContentLoaded", () => {
   const machine = document.getElementById("machine");
   if (machine) {
     const id = machine.dataset.machine;
-    listen(machinePage(machine), new URLSearchParams({ machine_id: id, parent_id: id }));
+    const page = machinePage(machine);
+    listen(page.handle, new URLSearchParams({ machine_id: id, parent_id: id }), page.caughtUp);
     return;
   }
   const table = document.getElementById("machines");
