@@ -45,6 +45,7 @@ AGENT_TYPES = ("tester", "writer", "docwriter")
 # the first copy was heard at most this long before the kill, or (the counter lagging) after it.
 CRASH_WINDOW = (-10.0, 2.0)
 TESTER = "5e7a1c1e-0000-4000-8000-00000000fa11"  # the scripted agent of the module's tests
+STATUS_EVERY = 2.0  # seconds between its status reports
 
 
 # ---- the fault run ---------------------------------------------------------------------------
@@ -389,8 +390,10 @@ def fan(env_factory: Callable[..., FsmEnv], mode: str) -> Iterator[FsmEnv]:
 def scripted_tester(
     env: FsmEnv, script: dict[str, list[Reply]] | None = None, gate: threading.Event | None = None
 ) -> Iterator[ScriptedAgent]:
-    """The module's agent of type tester, reported active, so that children (which have no
-    agent of their own) are routed to it."""
+    """The module's agent of type tester, reported active (and again every STATUS_EVERY
+    seconds, as an agent does: after FSM_AGENT_LIVENESS_SECONDS of silence it would get no
+    new work, its children's tasks going to the type's channel, which it does not read), so
+    that children (which have no agent of their own) are routed to it."""
     with ScriptedAgent(env, script, gate=gate, agent_id=TESTER) as agent:
         status = {
             "type": "agent_status",
@@ -408,7 +411,19 @@ def scripted_tester(
         ):
             assert time.monotonic() < deadline, "the agent's status was not applied"
             time.sleep(0.05)
-        yield agent
+        stop = threading.Event()
+
+        def report() -> None:
+            while not stop.wait(STATUS_EVERY):
+                agent.send(status)
+
+        reporter = threading.Thread(target=report, daemon=True)
+        reporter.start()
+        try:
+            yield agent
+        finally:
+            stop.set()
+            reporter.join(5)
 
 
 def _seen_since(last_seen: str, since: float) -> bool:
