@@ -135,7 +135,7 @@ def sign_in(page: Page, dashboard: Dashboard, token: str, name: str, then: str =
 
 def wait_live(page: Page) -> None:
     """The page's event stream is connected (the server said hello) and what the page shows is
-    whole (a machine's page reloads first if it missed a step: dashboard.js's caughtUp)."""
+    whole (a machine's page first reads what it missed: dashboard.js's caughtUp)."""
     expect(page.locator("#live")).to_have_class(re.compile(r"\bon\b"), timeout=WAIT_MS)
 
 

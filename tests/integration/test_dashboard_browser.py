@@ -254,7 +254,7 @@ def test_a_machine_page_catches_up_with_what_happened_before_its_feed_was_subscr
 ) -> None:
     """The page reads the machine, then subscribes to its events: a step taken in between is
     in no event it receives. Its subscription is held back here while the machine is paused;
-    subscribed, the page finds the step in the history and shows the machine as it is now."""
+    subscribed, the page reads the step it missed and shows it, in place, without a reload."""
     env = dashboard.env
     mid = waiting_machine(env)
     held: list[Any] = []
@@ -270,6 +270,7 @@ def test_a_machine_page_catches_up_with_what_happened_before_its_feed_was_subscr
     expect(page.locator("#m-status")).to_have_text("running", timeout=WAIT_MS)
     while not held:  # the page asked for its feed: the request waits here
         page.wait_for_timeout(50)
+    mark_loaded(page)
     env.client.pause(mid, "ops", "between the page and its feed")
     held[0].continue_()
     wait_live(page)
@@ -278,7 +279,7 @@ def test_a_machine_page_catches_up_with_what_happened_before_its_feed_was_subscr
     expect(page.locator("#timeline li").first).to_contain_text("by ops")
     shown = page.locator("#timeline li").evaluate_all("items => items.map(i => i.dataset.attempt)")
     assert shown == [str(h.attempt) for h in reversed(env.client.history(mid))]
-    mark_loaded(page)
+    expect(page.locator("#m-step")).to_have_text(str(env.client.get_machine(mid).attempt))
     env.client.resume(mid, "ops")  # and once live, steps arrive without a reload
     expect(page.locator("#m-status")).to_have_text("running", timeout=WAIT_MS)
     expect(page.locator("#timeline li").first).to_contain_text("resume")

@@ -104,36 +104,59 @@ function machinePage(section) {
   const refresh = family ? familyRefresher(id, family, graph) : () => {};
   const timeline = document.getElementById("timeline");
   const shown = new Set(Array.from(timeline.querySelectorAll("li[data-attempt]"), (li) => Number(li.dataset.attempt)));
+  let step = Number(document.getElementById("m-step").textContent);  // the machine's, as shown
 
-  // Subscribed: whatever the machine did between this page's reading and its subscription (or
-  // while the feed was cut off) was not sent to it; if its history holds a step the page does
-  // not show, the page as it is now.
-  const caughtUp = async () => {
-    const response = await fetch(`/api/machines/${id}/history`, { credentials: "same-origin" });
-    if (!response.ok) return true;  // no telling: go on live
-    const { items } = await response.json();
-    if (items.every((h) => shown.has(h.attempt))) return true;
-    location.reload();
-    return false;
+  const showMachine = (state, status, attempt, stateRetries) => {
+    if (attempt < step) return;  // older than what is shown (an event overtaken by a read)
+    step = attempt;
+    document.getElementById("m-state").textContent = state;
+    document.getElementById("m-step").textContent = attempt;
+    document.getElementById("m-retries").textContent = retriesText(stateRetries, retries[state]);
+    const badgeNow = document.getElementById("m-status");
+    badgeNow.replaceWith(Object.assign(badge(status), { id: "m-status" }));
+    showCommands(status);
+    graph.update(state, status, visited);
+  };
+
+  // A step in its place in the timeline (newest first), once.
+  const showStep = (item) => {
+    if (shown.has(item.attempt)) return;
+    shown.add(item.attempt);
+    if (item.fromState) visited.push([item.fromState, item.toState]);
+    const older = [...timeline.children].find((li) => Number(li.dataset.attempt) < item.attempt);
+    timeline.insertBefore(historyItem(item), older ?? null);
+    // the gate this page shows was decided, or left: the page as it is now
+    if (gate && item.attempt >= Number(gate.dataset.attempt)) location.reload();
   };
 
   const handle = (event) => {
     if (event.parentId === id) refresh();  // a child started or moved
     if (event.machineId !== id) return;
     refresh();  // a fan-out opened, or joined
-    document.getElementById("m-state").textContent = event.toState;
-    document.getElementById("m-step").textContent = event.attempt + 1;  // the event's ended
-    document.getElementById("m-retries").textContent = retriesText(event.stateRetries, retries[event.toState]);
-    const status = document.getElementById("m-status");
-    status.replaceWith(Object.assign(badge(event.status), { id: "m-status" }));
-    showCommands(event.status);
-    if (event.fromState) visited.push([event.fromState, event.toState]);
-    graph.update(event.toState, event.status, visited);
-    timeline.prepend(historyItem(event));
-    shown.add(event.attempt);
-    // the gate this page shows was decided, or left: the page as it is now
-    if (gate && event.attempt >= Number(gate.dataset.attempt)) location.reload();
+    showStep(event);
+    showMachine(event.toState, event.status, event.attempt + 1, event.stateRetries);  // the event's ended
   };
+
+  // Subscribed (at the start, and again after a reconnection): what the machine did between
+  // this page's reading and its subscription, or while its feed was cut off, came in no event;
+  // it is read, and shown as the events would have shown it. (Steps read here may arrive as
+  // events too, and an event may be older than the machine read: each is shown once, and the
+  // newest machine wins.)
+  const caughtUp = async () => {
+    const response = await fetch(`/api/machines/${id}`, { credentials: "same-origin" });
+    if (!response.ok) return true;  // no telling: go on live
+    const { machine, history } = await response.json();
+    for (const h of history) {
+      showStep({
+        at: h.created_at, attempt: h.attempt, event: h.event, fromState: h.from_state,
+        toState: h.to_state, durationMs: h.duration_ms, actor: h.actor, success: h.success,
+        error: h.error_message,
+      });
+    }
+    showMachine(machine.current_state, machine.status, machine.attempt, machine.state_retries);
+    return true;
+  };
+
   return { handle, caughtUp };
 }
 
