@@ -139,6 +139,21 @@ def wait_live(page: Page) -> None:
     expect(page.locator("#live")).to_have_class(re.compile(r"\bon\b"), timeout=WAIT_MS)
 
 
+def hold_first_feed(page: Page) -> list[Any]:
+    """Hold back the page's first request for its live feed (those after it go through): the
+    list returned receives it, for the test to let it go on (`.continue_()`) when it wants."""
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route("**/api/events?*", hold)
+    return held
+
+
 def mark_loaded(page: Page) -> None:
     """Mark this window: a reload would make a new one, without the mark."""
     page.evaluate("window.__noReload = true")

@@ -29,6 +29,7 @@ from tests.integration.browser import (
     WAIT_MS,
     Dashboard,
     assert_not_reloaded,
+    hold_first_feed,
     mark_loaded,
     page_fetch,
     sign_in,
@@ -257,15 +258,7 @@ def test_a_machine_page_catches_up_with_what_happened_before_its_feed_was_subscr
     subscribed, the page reads the step it missed and shows it, in place, without a reload."""
     env = dashboard.env
     mid = waiting_machine(env)
-    held: list[Any] = []
-
-    def hold_the_first(route: Any) -> None:
-        if held:
-            route.continue_()  # a reloaded page's
-        else:
-            held.append(route)
-
-    page.route("**/api/events?*", hold_the_first)
+    held = hold_first_feed(page)
     sign_in(page, dashboard, ADMIN_TOKEN, "Ada", then=f"/machines/{mid}")
     expect(page.locator("#m-status")).to_have_text("running", timeout=WAIT_MS)
     while not held:  # the page asked for its feed: the request waits here
@@ -283,6 +276,31 @@ def test_a_machine_page_catches_up_with_what_happened_before_its_feed_was_subscr
     env.client.resume(mid, "ops")  # and once live, steps arrive without a reload
     expect(page.locator("#m-status")).to_have_text("running", timeout=WAIT_MS)
     expect(page.locator("#timeline li").first).to_contain_text("resume")
+    assert_not_reloaded(page)
+
+
+def test_the_machines_list_catches_up_with_what_happened_before_its_feed_was_subscribed(
+    dashboard: Dashboard, page: Page
+) -> None:
+    """As the machine's page does: a machine of the list paused between the list's reading and
+    its subscription shows as paused once the list is live, without a reload."""
+    env = dashboard.env
+    mid = waiting_machine(env)
+    held = hold_first_feed(page)
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada")
+    row = page.locator(f'tr[data-machine="{mid}"]')
+    expect(row.locator(".status")).to_have_text("running", timeout=WAIT_MS)
+    while not held:
+        page.wait_for_timeout(50)
+    mark_loaded(page)
+    env.client.pause(mid, "ops", "between the list and its feed")
+    held[0].continue_()
+    wait_live(page)
+    info = env.client.get_machine(mid)
+    expect(row.locator(".status")).to_have_text("paused")
+    expect(row.locator(".step")).to_have_text(str(info.attempt))
+    env.client.resume(mid, "ops")  # and once live, by its events
+    expect(row.locator(".status")).to_have_text("running", timeout=WAIT_MS)
     assert_not_reloaded(page)
 
 

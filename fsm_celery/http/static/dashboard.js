@@ -357,7 +357,7 @@ function machinesPage(table) {
 
   if (isAdmin()) wireBulk(filters);
 
-  return (event) => {
+  const handle = (event) => {
     let row = body.querySelector(`tr[data-machine="${event.machineId}"]`);
     if (!row && event.event === "start" && matches(event)) {
       body.querySelector("tr.empty")?.remove();
@@ -368,17 +368,42 @@ function machinesPage(table) {
         el("td", { class: "updated" }));
       body.prepend(row);
     }
-    if (row) {
-      row.querySelector(".state").textContent = event.toState;
-      row.querySelector(".status").replaceChildren(badge(event.status));
-      row.querySelector(".step").textContent = event.attempt + 1;  // every move opens the next
-      row.querySelector(".updated").replaceChildren(el("time", { datetime: event.at }, time(event.at)));
-      row.classList.remove("flash");
-      void row.offsetWidth;
-      row.classList.add("flash");
-    }
+    if (row) showRow(row, event.toState, event.status, event.attempt + 1, event.at);  // every move opens the next step
     updateAgent(event);
   };
+
+  // Subscribed (at the start, and after a reconnection): the rows as the machines are now,
+  // for what moved between the page's reading and its subscription (in no event it received).
+  const caughtUp = async () => {
+    const shown = body.querySelectorAll("tr[data-machine]").length;
+    if (!shown) return true;
+    const query = new URLSearchParams(location.search);
+    query.set("limit", String(Math.min(shown, 500)));
+    const response = await fetch(`/api/machines?${query}`, { credentials: "same-origin" });
+    if (!response.ok) return true;  // no telling: go on live
+    for (const m of (await response.json()).items) {
+      const row = body.querySelector(`tr[data-machine="${m.id}"]`);
+      if (row) showRow(row, m.current_state, m.status, m.attempt, m.updated_at);
+    }
+    return true;
+  };
+  return { handle, caughtUp };
+}
+
+// A row of the list as its machine is at this step, unless it shows a later one already.
+function showRow(row, state, status, step, at) {
+  const cell = row.querySelector(".step");
+  if (cell.textContent !== "" && step < Number(cell.textContent)) return;
+  const same = cell.textContent === String(step) && row.querySelector(".state").textContent === state &&
+    row.querySelector(".status").textContent.trim() === status;
+  if (same) return;
+  row.querySelector(".state").textContent = state;
+  row.querySelector(".status").replaceChildren(badge(status));
+  cell.textContent = step;
+  row.querySelector(".updated").replaceChildren(el("time", { datetime: at }, time(at)));
+  row.classList.remove("flash");
+  void row.offsetWidth;
+  row.classList.add("flash");
 }
 
 // What the list page asks the feed for: the machines it shows, and the machines that start from
@@ -496,7 +521,10 @@ document.addEventListener("DOMContentLoaded", () => {
     return;
   }
   const table = document.getElementById("machines");
-  if (table) listen(machinesPage(table), machinesInterest(table));
+  if (table) {
+    const page = machinesPage(table);
+    listen(page.handle, machinesInterest(table), page.caughtUp);
+  }
   const graphBox = document.getElementById("graph");
   if (graphBox) new MachineGraph(graphBox, JSON.parse(graphBox.dataset.drawing));
 });
