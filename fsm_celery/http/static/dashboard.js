@@ -144,7 +144,7 @@ function machinePage(section) {
   // newest machine wins.)
   const caughtUp = async () => {
     const response = await fetch(`/api/machines/${id}`, { credentials: "same-origin" });
-    if (!response.ok) return true;  // no telling: go on live
+    if (!response.ok) return;  // no telling: go on live
     const { machine, history } = await response.json();
     for (const h of history) {
       showStep({
@@ -154,7 +154,6 @@ function machinePage(section) {
       });
     }
     showMachine(machine.current_state, machine.status, machine.attempt, machine.state_retries);
-    return true;
   };
 
   return { handle, caughtUp };
@@ -376,16 +375,15 @@ function machinesPage(table) {
   // for what moved between the page's reading and its subscription (in no event it received).
   const caughtUp = async () => {
     const shown = body.querySelectorAll("tr[data-machine]").length;
-    if (!shown) return true;
+    if (!shown) return;
     const query = new URLSearchParams(location.search);
     query.set("limit", String(Math.min(shown, 500)));
     const response = await fetch(`/api/machines?${query}`, { credentials: "same-origin" });
-    if (!response.ok) return true;  // no telling: go on live
+    if (!response.ok) return;  // no telling: go on live
     for (const m of (await response.json()).items) {
       const row = body.querySelector(`tr[data-machine="${m.id}"]`);
       if (row) showRow(row, m.current_state, m.status, m.attempt, m.updated_at);
     }
-    return true;
   };
   return { handle, caughtUp };
 }
@@ -499,13 +497,14 @@ const done = (action) => ({ pause: "paused", resume: "resumed", cancel: "cancell
 
 // -- the live feed --------------------------------------------------------------------------
 
-// `caughtUp`, once subscribed (at the start, and again after a reconnection): whether what the
-// page shows is whole, or it reloads (then it is not shown as live).
-function listen(handle, query, caughtUp = async () => true) {
+// `caughtUp`, once subscribed (at the start, and again after a reconnection): it shows what
+// the page missed meanwhile; the page counts as live once it did.
+function listen(handle, query, caughtUp = async () => {}) {
   const live = document.getElementById("live");
   const source = new EventSource(`/api/events?${query}`, { withCredentials: true });
   source.addEventListener("hello", async () => {
-    if (await caughtUp()) live.classList.add("on");
+    await caughtUp();
+    live.classList.add("on");
   });
   source.addEventListener("transitions", (message) => JSON.parse(message.data).forEach(handle));
   source.addEventListener("resync", () => location.reload());
