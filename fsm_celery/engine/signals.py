@@ -88,6 +88,8 @@ class Signals:
             raise InvalidEvent(
                 str(machine_id), f"a {row.type} machine waits for no {name!r} event ({known})"
             )
+        if key is not None and store.key_recorded_txn(conn, machine_id, key):
+            return Signalled(machine_id, name, "duplicate", row.current_state)  # ended or not
         if row.status not in fanouts.AT_WORK:
             raise EventRefused(str(machine_id), f"the machine is {row.status}: it waits no more")
         state = definition.state(row.current_state)
@@ -98,12 +100,7 @@ class Signals:
         if problem is not None:
             raise InvalidEvent(str(machine_id), f"{name}: {problem}")
         if not here:
-            kept = store.kept_count_txn(conn, machine_id, name)
-            if kept >= self._rt.settings.max_kept_events:
-                raise EventRefused(
-                    str(machine_id),
-                    f"{kept} {name} events are kept for it already (FSM_MAX_KEPT_EVENTS)",
-                )
+            self._room_txn(conn, machine_id, name)
         event_id = store.record_txn(
             conn,
             machine_id=machine_id,
@@ -126,6 +123,15 @@ class Signals:
         self._entry.enter_due_txn(conn, rows, writes)
         self._entry.send_and_write(conn, writes)
         return Signalled(machine_id, name, "applied", moved, moved)
+
+    def _room_txn(self, conn: Connection, machine_id: UUID, name: str) -> None:
+        """Refuse an event past the FSM_MAX_KEPT_EVENTS of its name kept for the machine."""
+        kept = store.kept_count_txn(conn, machine_id, name)
+        if kept >= self._rt.settings.max_kept_events:
+            raise EventRefused(
+                str(machine_id),
+                f"{kept} {name} events are kept for it already (FSM_MAX_KEPT_EVENTS)",
+            )
 
 
 def _check(

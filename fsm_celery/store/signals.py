@@ -28,6 +28,16 @@ def record_txn(conn: Connection, **event: Any) -> int | None:
     return found
 
 
+def key_recorded_txn(conn: Connection, machine_id: UUID, key: str) -> bool:
+    """Whether an event with the key was recorded for the machine."""
+    found = conn.execute(
+        select(machine_events.c.id)
+        .where(machine_events.c.machine_id == machine_id, machine_events.c.key == key)
+        .limit(1)
+    ).first()
+    return found is not None
+
+
 def kept_count_txn(conn: Connection, machine_id: UUID, name: str) -> int:
     return int(
         conn.execute(

@@ -128,3 +128,18 @@ def test_a_kept_event_the_state_refuses_is_consumed_as_refused_and_the_state_wai
     assert fsm.machine(mid).current_state == "WAIT_MERGE"
     [event] = _events(fsm, mid)
     assert event.outcome == "refused"
+
+
+def test_an_event_sent_again_with_its_key_after_the_machine_ended_is_a_duplicate(
+    fsm: Fsm,
+) -> None:
+    mid = _waiting(fsm)
+    done = fsm.engine.signals.send(mid, "pr_merged", {"merged": True}, "ci", key="ci-run-9")
+    assert done.outcome == "applied"
+    _ack_last(fsm)  # DEPLOY done: the machine has ended
+    assert fsm.machine(mid).status == "completed"
+    again = fsm.engine.signals.send(mid, "pr_merged", {"merged": True}, "ci", key="ci-run-9")
+    assert (again.outcome, again.state) == ("duplicate", "DONE")
+    with pytest.raises(EventRefused, match="completed"):  # a new key still finds it ended
+        fsm.engine.signals.send(mid, "pr_merged", {"merged": True}, "ci", key="ci-run-10")
+    assert len(_events(fsm, mid)) == 1
