@@ -266,9 +266,16 @@ class Settings(BaseSettings):
     event_secrets: dict[str, str] = Field(
         default_factory=dict,
         description="Per machine type, the secret (32+ bytes) that signs outside events sent to "
-        "its machines over HTTP (X-FSM-Signature-256: sha256=HMAC of the body), as JSON "
-        "{type: secret}; an admin's token may send any.",
+        "its machines over HTTP (X-FSM-Signature-256: sha256=HMAC of the timestamp, method, "
+        "path and body: docs/events.md), as JSON {type: secret}; an admin's token may send any.",
         max_length=200,
+    )
+    event_signature_window_seconds: int = Field(
+        default=300,
+        ge=1,
+        le=3600,
+        description="How far a signed event's X-FSM-Timestamp may be from the server's clock; "
+        "further, it is refused (a captured request cannot be replayed later).",
     )
     max_kept_events: int = Field(
         default=10,
@@ -335,6 +342,12 @@ class Settings(BaseSettings):
     )
     github_bug_label: str = Field(
         default="bug", description="The label that makes an opened issue a bug."
+    )
+    github_fork_heads: bool = Field(
+        default=False,
+        description="Let a check suite or workflow run whose head is in another repository (a "
+        "fork's pull request) be checks_completed for the machines of the repository it ran "
+        "in; by default only runs of the repository's own branches are.",
     )
 
     @field_validator("database_url")

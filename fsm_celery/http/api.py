@@ -6,6 +6,7 @@ Each route is one call of the Python client."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Annotated, Any
@@ -19,13 +20,13 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from fsm_celery.client import TREE_MOST, TREE_SHOWN, Client
-from fsm_celery.core import signal
+from fsm_celery.core import signal, signing
 from fsm_celery.core.admin import Action
-from fsm_celery.core.github import signature_matches
 from fsm_celery.core.graph import graph, to_dot
 from fsm_celery.core.messages import INT32_MAX
 from fsm_celery.core.signal import EVENT_PATTERN
 from fsm_celery.engine.approvals import Authority
+from fsm_celery.exceptions import MachineNotFound
 from fsm_celery.http.auth import Principal, admin, decider, principal, unauthorized, viewer
 from fsm_celery.http.examples import answer
 from fsm_celery.http.hub import MAX_FOLLOWED, RESYNC, EventHub, Interest
@@ -332,36 +333,65 @@ async def send_event(
     machine_id: UUID,
     name: Annotated[str, Path(min_length=1, max_length=50, pattern=EVENT_PATTERN)],
     x_fsm_signature_256: Annotated[str | None, Header(max_length=100)] = None,
+    x_fsm_timestamp: Annotated[str | None, Header(max_length=20)] = None,
 ) -> dict[str, Any]:
-    """An admin's token or session may send any event; anyone else signs the body with the
-    machine type's secret (FSM_EVENT_SECRETS): X-FSM-Signature-256: sha256=<HMAC-SHA256>."""
+    """An admin's token or session may send any event; anyone else signs it with the machine
+    type's secret (FSM_EVENT_SECRETS): X-FSM-Timestamp, and X-FSM-Signature-256: sha256=<HMAC of
+    the timestamp, method, path and body> (fsm_celery.core.signing)."""
     fsm = client(request)
     raw = await request.body()
     if len(raw) > signal.MAX_PAYLOAD_BYTES + 1024:
         raise HTTPException(413, f"the body is over {signal.MAX_PAYLOAD_BYTES + 1024} bytes")
     who = principal(request)
     sender = who.name
-    if not who.is_admin:
-        if x_fsm_signature_256 is None:
-            raise unauthorized(
-                "an admin's token, or X-FSM-Signature-256 under the machine type's secret"
-            )
-        info = await run_in_threadpool(fsm.get_machine, machine_id)
-        secret = request.app.state.settings.event_secrets.get(info.type.split(".")[0], "")
-        if not signature_matches(secret, raw, x_fsm_signature_256):
-            raise HTTPException(403, f"X-FSM-Signature-256 is not the body's under {info.type}'s")
-        sender = f"signed:{info.type.split('.')[0]}"
     body = _parsed(raw)
+    key = body.key
+    if not who.is_admin:
+        signer = _signer(request, machine_id, name, raw, x_fsm_signature_256, x_fsm_timestamp)
+        info = await run_in_threadpool(_machine_or_none, fsm, machine_id)
+        if info is None or info.type.split(".")[0] != signer.machine_type:
+            raise HTTPException(404, f"no {signer.machine_type} machine {machine_id}")
+        sender = signer.identity
+        key = key or f"signature:{signer.digest}"  # the same signed request twice is one event
     done = await run_in_threadpool(
-        fsm.send_event,
-        machine_id,
-        name,
-        body.payload,
-        body.sender or sender,
-        via="api",
-        key=body.key,
+        fsm.send_event, machine_id, name, body.payload, sender, via="api", key=key
     )
     return {"event": done}
+
+
+def _signer(
+    request: Request,
+    machine_id: UUID,
+    name: str,
+    raw: bytes,
+    signature: str | None,
+    timestamp: str | None,
+) -> signing.Signer:
+    """The machine type whose secret signed the request; checked before anything about the
+    machine is read, so an outsider learns nothing of it (one answer whatever failed)."""
+    if signature is None:
+        raise unauthorized(
+            "an admin's token, or X-FSM-Signature-256 under the machine type's secret"
+        )
+    settings = request.app.state.settings
+    found = signing.signer_of(
+        settings.event_secrets,
+        signature,
+        timestamp,
+        ("POST", signing.event_path(machine_id, name), raw),
+        time.time(),
+        settings.event_signature_window_seconds,
+    )
+    if isinstance(found, signing.Unsigned):
+        raise HTTPException(403, found.reason)
+    return found
+
+
+def _machine_or_none(fsm: Client, machine_id: UUID) -> MachineInfo | None:
+    try:
+        return fsm.get_machine(machine_id)
+    except MachineNotFound:
+        return None
 
 
 def _parsed(raw: bytes) -> EventRequest:

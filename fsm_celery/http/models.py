@@ -90,14 +90,14 @@ class DecisionRequest(_Body):
 
 
 class EventRequest(_Body):
+    """An outside event; its sender is who authenticated it (the admin, or signed:TYPE), never a
+    field of the body."""
+
     payload: dict[str, Any] = Field(
         default_factory=dict, description="matched to the state's schema"
     )
     key: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
         default=None, description="the sender's id for the event: sent again, it is one event"
-    )
-    sender: Actor | None = Field(
-        default=None, description="who sent it (default: the admin's name, or signed:TYPE)"
     )
 
 

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -78,6 +80,21 @@ def _checks(branch: str, conclusion: str) -> dict[str, Any]:
         },
         "repository": issues_event("opened", 1)["repository"],
         "sender": user("octocat"),
+    }
+
+
+def signed_headers(
+    path: str, body: bytes, *, secret: str = EVENT_SECRET, at: float | None = None
+) -> dict[str, str]:
+    """The headers of a signed event as docs/events.md says to sign one: the HMAC-SHA256 of
+    timestamp, method, path and body, one a line."""
+    stamp = str(int(time.time() if at is None else at))
+    text = f"{stamp}\nPOST\n{path}\n".encode() + body
+    digest = hmac.new(secret.encode(), text, hashlib.sha256).hexdigest()
+    return {
+        "content-type": "application/json",
+        "x-fsm-timestamp": stamp,
+        "x-fsm-signature-256": f"sha256={digest}",
     }
 
 
@@ -168,11 +185,10 @@ def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv)
         body = json.dumps({"payload": {"merged": False}, "key": "ci-run-1"}).encode()
         unsigned = http.post(url, content=body, headers={"content-type": "application/json"})
         assert unsigned.status_code == 401
-        forged = "sha256=" + hmac.new(b"not the secret", body, hashlib.sha256).hexdigest()
-        refused = http.post(url, content=body, headers={"x-fsm-signature-256": forged})
+        forged = signed_headers(url, body, secret="not the secret")
+        refused = http.post(url, content=body, headers=forged)
         assert refused.status_code == 403
-        signature = "sha256=" + hmac.new(EVENT_SECRET.encode(), body, hashlib.sha256).hexdigest()
-        signed = http.post(url, content=body, headers={"x-fsm-signature-256": signature})
+        signed = http.post(url, content=body, headers=signed_headers(url, body))
         assert signed.status_code == 200, signed.text
         assert (signed.json()["event"]["outcome"], signed.json()["event"]["moved_to"]) == (
             "applied",
@@ -214,3 +230,81 @@ def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv)
         ("signed:test_wait", "api", "applied"),
         ("release-bot", "cli", "applied"),
     ]
+
+
+def _waiting_machine(env: FsmEnv, agent: ScriptedAgent) -> Any:
+    mid = env.client.start_machine("test_wait", {}, agent_id=agent.id)
+    env.wait_for_state(mid, "WAIT_MERGE")
+    return mid
+
+
+def test_a_signature_acts_on_its_machine_and_event_only_within_the_window(
+    waiting: FsmEnv,
+) -> None:
+    with ScriptedAgent(waiting) as agent, waiting.api() as http:
+        mine, other = _waiting_machine(waiting, agent), _waiting_machine(waiting, agent)
+        url = f"/api/machines/{mine}/events/pr_merged"
+        body = json.dumps({"payload": {"merged": True}}).encode()
+        headers = signed_headers(url, body)
+        elsewhere = http.post(
+            f"/api/machines/{other}/events/pr_merged", content=body, headers=headers
+        )
+        renamed = http.post(f"/api/machines/{mine}/events/deployed", content=body, headers=headers)
+        assert (elsewhere.status_code, renamed.status_code) == (403, 403), renamed.text
+        stale = http.post(
+            url, content=body, headers=signed_headers(url, body, at=time.time() - 400)
+        )
+        assert stale.status_code == 403 and "FSM_EVENT_SIGNATURE_WINDOW_SECONDS" in stale.text
+        body_only = hmac.new(EVENT_SECRET.encode(), body, hashlib.sha256).hexdigest()
+        old_way = {"content-type": "application/json", "x-fsm-signature-256": f"sha256={body_only}"}
+        assert http.post(url, content=body, headers=old_way).status_code == 403
+        claimed = json.dumps({"payload": {"merged": True}, "sender": "release-bot"}).encode()
+        named = http.post(url, content=claimed, headers=signed_headers(url, claimed))
+        assert named.status_code == 422 and "sender" in named.text
+        assert waiting.client.events(mine) == [] and waiting.client.events(other) == []
+        signed = http.post(url, content=body, headers=headers)
+        assert signed.json()["event"]["outcome"] == "applied", signed.text
+        replayed = http.post(url, content=body, headers=headers)
+        assert replayed.json()["event"]["outcome"] == "duplicate", replayed.text
+        waiting.wait_until_done(mine)
+    [event] = waiting.client.events(mine)
+    assert (event["sender"], event["outcome"]) == ("signed:test_wait", "applied")
+    assert waiting.client.history(mine)[2].actor == "signed:test_wait"
+    assert waiting.client.events(other) == []
+    assert waiting.client.get_machine(other).current_state == "WAIT_MERGE"
+
+
+def test_a_badly_signed_event_tells_nothing_of_the_machine_or_its_type(waiting: FsmEnv) -> None:
+    with ScriptedAgent(waiting) as agent, waiting.api() as http:
+        real = _waiting_machine(waiting, agent)
+        answers = []
+        for mid in (real, uuid.uuid4()):
+            url = f"/api/machines/{mid}/events/pr_merged"
+            body = json.dumps({"payload": {"merged": True}}).encode()
+            unsigned = http.post(url, content=body, headers={"content-type": "application/json"})
+            forged = http.post(url, content=body, headers=signed_headers(url, body, secret="guess"))
+            answers.append([(r.status_code, r.json()) for r in (unsigned, forged)])
+        assert answers[0] == answers[1]
+        assert [status for status, _ in answers[0]] == [401, 403]
+        assert "test_wait" not in json.dumps(answers)
+        stranger = uuid.uuid4()  # signed with the type's secret: a signer may learn it is none
+        url = f"/api/machines/{stranger}/events/pr_merged"
+        missing = http.post(url, content=b"{}", headers=signed_headers(url, b"{}"))
+        assert missing.status_code == 404
+    assert waiting.client.events(real) == []
+
+
+def test_the_docs_openssl_example_signs_an_event_the_api_applies(waiting: FsmEnv) -> None:
+    text = (ROOT / "docs" / "events.md").read_text()
+    section = text[text.index("## Signing an event") :]
+    script = section[section.index("```sh\n") + 6 : section.index("\n```", section.index("```sh"))]
+    _, base = waiting.start_dashboard()
+    with ScriptedAgent(waiting) as agent:
+        mid = _waiting_machine(waiting, agent)
+        env = {**waiting.env, "MACHINE_ID": str(mid), "SECRET": EVENT_SECRET, "FSM_URL": base}
+        ran = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(ran.stdout)["event"]["outcome"] == "applied", ran.stdout
+        waiting.wait_until_done(mid)
+    [event] = waiting.client.events(mid)
+    assert (event["sender"], event["key"]) == ("signed:test_wait", "ci-run-123")
