@@ -128,7 +128,7 @@ class Client:
             decision = github.comment_decision(event, payload)
             done = self.engine.github.comment(delivery, event, decision, action)
         elif event in OUTSIDE_EVENTS:  # an event for machines waiting for it
-            outside = github.outside_event(event, payload)
+            outside = github.outside_event(event, payload, fork_heads=settings.github_fork_heads)
             signals = self.engine.signals
             done = self.engine.github.outside(delivery, event, outside, action, signals)
         else:

@@ -155,11 +155,11 @@ CLOSES = re.compile(r"\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\s*:?\s+#(\d{1,
 MOST_ISSUES = 20
 
 
-def outside_event(event: str, payload: Any) -> Outside | Ignored:
+def outside_event(event: str, payload: Any, *, fork_heads: bool = False) -> Outside | Ignored:
     """The outside event a `pull_request`, `check_suite` or `workflow_run` delivery carries, or
     why it carries none: a pull request closed and merged is `pr_merged` for the issues its
     title and body close; a check suite or a workflow run completed is `checks_completed` for
-    its head branch."""
+    its head branch, when that branch is the repository's own (a fork's only if `fork_heads`)."""
     if not isinstance(payload, dict):
         return Ignored("the payload is not a JSON object")
     problem = unstorable(payload, "payload")
@@ -172,7 +172,7 @@ def outside_event(event: str, payload: Any) -> Outside | Ignored:
     if event == "pull_request":
         return _merged(payload, name)
     if event in ("check_suite", "workflow_run"):
-        return _checked(payload, event, name)
+        return _checked(payload, event, name, fork_heads)
     return Ignored(f"event {event[:50]!r} carries no event")
 
 
@@ -202,15 +202,24 @@ def _merged(payload: dict[str, Any], repository: str) -> Outside | Ignored:
     return Outside(repository, "pr_merged", fields, issues=issues)
 
 
-def _checked(payload: dict[str, Any], event: str, repository: str) -> Outside | Ignored:
+def _checked(
+    payload: dict[str, Any], event: str, repository: str, fork_heads: bool
+) -> Outside | Ignored:
     run = payload.get(event)
     if payload.get("action") != "completed" or not isinstance(run, dict):
         return Ignored(f"only a {event} completed is an event")
     branch = run.get("head_branch")
     if not isinstance(branch, str) or not 0 < len(branch) <= NAME_CHARS:
         return Ignored(f"the {event} has no head branch")
+    fork = _fork(event, run, _object(payload.get("repository")))
+    if fork is not None and not fork_heads:
+        return Ignored(
+            f"the {event} ran on {fork}'s {branch[:50]!r}, not {repository}'s: a fork's checks "
+            "move no machine (FSM_GITHUB_FORK_HEADS)"
+        )
     app = _object(run.get("app"))
     fields = {
+        "headRepository": (fork or repository)[:NAME_CHARS],
         "conclusion": str(run.get("conclusion") or "")[:50],
         "branch": branch,
         "sha": str(run.get("head_sha") or "")[:64],
@@ -218,6 +227,34 @@ def _checked(payload: dict[str, Any], event: str, repository: str) -> Outside | 
         "url": str(run.get("html_url") or run.get("url") or "")[: NAME_CHARS * 2],
     }
     return Outside(repository, "checks_completed", fields, branch=branch)
+
+
+def _fork(event: str, run: dict[str, Any], repository: dict[str, Any]) -> str | None:
+    """The other repository a run's head is in (a fork's pull request), or None when it is the
+    delivery's repository. A workflow run names its head repository; a check suite does not (for
+    a fork's head GitHub sends no head_branch), but its pull requests name their heads'."""
+    head = run.get("head_repository")
+    if event == "workflow_run" and not isinstance(head, dict):
+        return "an unnamed repository"  # GitHub always names it: trust no run that does not
+    heads = [head] if isinstance(head, dict) else []
+    pulls = run.get("pull_requests")
+    for pull in pulls[:MOST_ISSUES] if isinstance(pulls, list) else []:
+        heads.append(_object(_object(_object(pull).get("head")).get("repo")))
+    for found in heads:
+        if not _same_repository(found, repository):
+            name = found.get("full_name") or found.get("name") or found.get("url")
+            return str(name)[:NAME_CHARS] if name else "another repository"
+    return None
+
+
+def _same_repository(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two of a payload's repository objects are one: by GitHub's id when both have it
+    (a name can be renamed and taken), else by full name."""
+    ids = one.get("id"), other.get("id")
+    if all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return ids[0] == ids[1]
+    name = one.get("full_name")
+    return isinstance(name, str) and name.lower() == str(other.get("full_name", "")).lower()
 
 
 def _object(value: Any) -> dict[str, Any]:

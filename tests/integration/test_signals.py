@@ -83,6 +83,30 @@ def _checks(branch: str, conclusion: str) -> dict[str, Any]:
     }
 
 
+def _workflow_run(branch: str, head_repository: dict[str, Any]) -> dict[str, Any]:
+    """A `workflow_run` `completed` delivery's payload: a green run on the head branch, whose
+    code comes from head_repository (a fork's, for a fork's pull request)."""
+    repository = issues_event("opened", 1)["repository"]
+    return {
+        "action": "completed",
+        "workflow_run": {
+            "id": 30433642,
+            "name": "Build",
+            "head_branch": branch,
+            "head_sha": "acb5820ced9479c074f688cc328bf03f341a511d",
+            "event": "pull_request",
+            "status": "completed",
+            "conclusion": "success",
+            "html_url": f"https://github.com/{REPO}/actions/runs/30433642",
+            "pull_requests": [],
+            "repository": repository,
+            "head_repository": head_repository,
+        },
+        "repository": repository,
+        "sender": user("octocat"),
+    }
+
+
 def signed_headers(
     path: str, body: bytes, *, secret: str = EVENT_SECRET, at: float | None = None
 ) -> dict[str, str]:
@@ -172,6 +196,40 @@ def test_finished_checks_reach_the_machine_whose_branch_they_ran_on(waiting: Fsm
         assert done.json()["outcome"] == "signalled", done.text
         info = waiting.wait_until_done(mid)
     assert info.status == "completed" and info.context["conclusion"] == "success"
+
+
+def test_a_forks_run_on_a_branch_of_the_same_name_moves_no_machine(waiting: FsmEnv) -> None:
+    number = 5153
+    script = {"PUSH": [Reply(output={"branch": "feature-5153"})]}
+    with ScriptedAgent(waiting, script, agent_id="tester"), waiting.api() as http:
+        waiting.client.load_definitions(str(ROOT / "tests" / "fixtures" / "definitions"))
+        mid = waiting.client.start_machine("test_wait_ci", {})
+        with waiting.client.engine.db.begin() as conn:  # as the webhook records its start
+            from fsm_celery.store.tables import github_deliveries
+
+            conn.execute(
+                github_deliveries.insert().values(
+                    id=new_delivery(),
+                    event="issues",
+                    action="assigned",
+                    repository=REPO,
+                    issue=number,
+                    outcome="started",
+                    machine_id=mid,
+                )
+            )
+        waiting.wait_for_state(mid, "WAIT_CI")
+        fork = {"id": 999_001, "name": "hello-world", "full_name": "mallory/hello-world"}
+        forked = send(http, "workflow_run", _workflow_run("feature-5153", fork))
+        assert forked.json()["outcome"] == "ignored", forked.text
+        assert "mallory/hello-world" in forked.json()["detail"]
+        assert waiting.client.events(mid) == []
+        assert waiting.client.get_machine(mid).current_state == "WAIT_CI"
+        own = issues_event("opened", 1)["repository"]
+        done = send(http, "workflow_run", _workflow_run("feature-5153", own))
+        assert done.json()["outcome"] == "signalled", done.text
+        info = waiting.wait_until_done(mid)
+    assert info.status == "completed" and info.context["headRepository"] == REPO
 
 
 def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv) -> None:

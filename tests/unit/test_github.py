@@ -433,3 +433,55 @@ def test_an_approve_comment_fills_the_form_with_its_key_value_words() -> None:
 def test_what_a_comment_decides_nothing_with(event: str, payload: object, why: str) -> None:
     found = github.comment_decision(event, payload)
     assert isinstance(found, github.Ignored) and why in found.reason
+
+
+# ---- finished checks: only the repository's own heads --------------------------------------
+
+OURS = {"id": 1296269, "name": "hello-world", "full_name": "octo-org/hello-world"}
+FORK = {"id": 999001, "name": "hello-world", "full_name": "mallory/hello-world"}
+
+
+def _run(event: str, **run: Any) -> dict[str, Any]:
+    body = {"head_branch": "feature-1", "head_sha": "a" * 40, "conclusion": "success", **run}
+    return {"action": "completed", event: body, "repository": OURS}
+
+
+def test_a_workflow_run_whose_head_is_the_repositorys_is_checks_completed() -> None:
+    found = github.outside_event("workflow_run", _run("workflow_run", head_repository=OURS))
+    assert isinstance(found, github.Outside) and found.branch == "feature-1"
+    assert found.payload["headRepository"] == "octo-org/hello-world"
+
+
+def test_a_forks_workflow_run_is_ignored_naming_the_fork() -> None:
+    found = github.outside_event("workflow_run", _run("workflow_run", head_repository=FORK))
+    assert isinstance(found, Ignored) and "mallory/hello-world" in found.reason
+
+
+def test_a_workflow_run_that_names_no_head_repository_is_ignored() -> None:
+    assert isinstance(github.outside_event("workflow_run", _run("workflow_run")), Ignored)
+
+
+def test_a_fork_with_the_repositorys_name_is_told_apart_by_its_id() -> None:
+    renamed = {**FORK, "full_name": "octo-org/hello-world"}
+    found = github.outside_event("workflow_run", _run("workflow_run", head_repository=renamed))
+    assert isinstance(found, Ignored)
+
+
+def test_a_check_suite_whose_pull_request_comes_from_a_fork_is_ignored() -> None:
+    pull = {"number": 7, "head": {"ref": "feature-1", "repo": FORK}, "base": {"repo": OURS}}
+    found = github.outside_event("check_suite", _run("check_suite", pull_requests=[pull]))
+    assert isinstance(found, Ignored) and "mallory/hello-world" in found.reason
+
+
+def test_a_check_suite_of_the_repositorys_own_branch_is_checks_completed() -> None:
+    pull = {"number": 7, "head": {"ref": "feature-1", "repo": OURS}, "base": {"repo": OURS}}
+    for pulls in ([], [pull]):
+        found = github.outside_event("check_suite", _run("check_suite", pull_requests=pulls))
+        assert isinstance(found, github.Outside), pulls
+
+
+def test_with_fork_heads_allowed_a_forks_run_counts_and_names_its_head() -> None:
+    payload = _run("workflow_run", head_repository=FORK)
+    found = github.outside_event("workflow_run", payload, fork_heads=True)
+    assert isinstance(found, github.Outside)
+    assert found.payload["headRepository"] == "mallory/hello-world"
