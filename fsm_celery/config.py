@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fsm_celery.exceptions import InsecureSecret
@@ -43,6 +43,18 @@ class Approver(BaseModel):
     )
     token: str | None = Field(default=None, max_length=500)  # their bearer token
     github: str | None = Field(default=None, max_length=39, pattern=r"^[A-Za-z0-9-]+$")
+    # the GitHub account's numeric id: a login can be changed, and then taken by anyone
+    github_id: int | None = Field(default=None, ge=1, le=2**53)
+
+    @model_validator(mode="after")
+    def _github_id(self) -> Approver:
+        if self.github is not None and self.github_id is None:
+            raise ValueError(
+                f"github {self.github!r} needs github_id, the account's numeric id "
+                f"(https://api.github.com/users/{self.github}): comments are matched by it, "
+                "since a login can be renamed and then registered by someone else"
+            )
+        return self
 
 
 class Settings(BaseSettings):
@@ -260,7 +272,8 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='The people who decide at approval gates, as JSON: {name: {"groups": '
         '[...], "token": their API and dashboard token (32+ bytes), "github": their '
-        "GitHub login}}. A definition's approval names groups; admins may decide at any gate.",
+        'GitHub login, "github_id": that account\'s numeric id (what /approve comments are '
+        "matched by)}}. A definition's approval names groups; admins may decide at any gate.",
         max_length=1000,
     )
     event_secrets: dict[str, str] = Field(

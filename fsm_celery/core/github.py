@@ -85,14 +85,16 @@ def decide(
 @dataclass(frozen=True)
 class Decision:
     """A person's `/approve` or `/reject` comment on an issue: a decision at the approval gate
-    of the machine running for it, by the approver whose GitHub login wrote it."""
+    of the machine running for it, by the approver whose GitHub account (its numeric id: a
+    login can be renamed and re-registered) wrote it."""
 
     repository: str
     issue: int
-    login: str
+    login: str  # shown, never matched
     choice: str  # approve, reject
     fields: dict[str, str]
     comment: str
+    user_id: int = 0
 
 
 COMMAND = re.compile(r"^/(approve|reject)(?:\s+(.*))?$")
@@ -119,10 +121,10 @@ def comment_decision(event: str, payload: Any) -> Decision | Ignored:
         return Ignored("issue.number is not an issue number")
     if not isinstance(name, str) or not 0 < len(name) <= NAME_CHARS:
         return Ignored("repository.full_name is not a repository name")
-    login = _login(comment.get("user"))
+    login, user_id = _login(comment.get("user")), _user_id(comment.get("user"))
     body = comment.get("body")
-    if login is None or not isinstance(body, str):
-        return Ignored("the comment has no author or body")
+    if login is None or user_id is None or not isinstance(body, str):
+        return Ignored("the comment has no author (login and id) or body")
     first = body.strip().split("\n", 1)[0].strip()
     found = COMMAND.match(first)
     if found is None:
@@ -133,7 +135,7 @@ def comment_decision(event: str, payload: Any) -> Decision | Ignored:
         fields[pair.group(1)] = pair.group(2)
         words.pop(0)
     text = " ".join(words)[:COMMENT_CHARS]
-    return Decision(name, number, login[:NAME_CHARS], found.group(1), fields, text)
+    return Decision(name, number, login[:NAME_CHARS], found.group(1), fields, text, user_id)
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,14 @@ def _project(repository: dict[str, Any], full_name: str) -> str:
     if isinstance(name, str) and 0 < len(name) <= NAME_CHARS:
         return name
     return full_name.rsplit("/", 1)[-1] or full_name
+
+
+def _user_id(user: Any) -> int | None:
+    """A GitHub account's numeric id, which no rename changes."""
+    found = user.get("id") if isinstance(user, dict) else None
+    if isinstance(found, int) and not isinstance(found, bool) and 0 < found <= 2**53:
+        return found
+    return None
 
 
 def _login(user: Any) -> str | None:

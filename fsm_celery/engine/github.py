@@ -60,11 +60,12 @@ class GitHub:
                 return done
             assert not isinstance(wanted, Ignored)
             where = (wanted.repository, wanted.issue)
-            person = self._approver(wanted.login)
+            person = self._approver(wanted.user_id)
             machine_id = store.waiting_for_issue_txn(conn, *where)
             if person is None or machine_id is None:
                 why = (
-                    f"{wanted.login} is no approver's GitHub login (FSM_APPROVERS)"
+                    f"{wanted.login} (GitHub account {wanted.user_id}) is no approver's "
+                    "github_id (FSM_APPROVERS)"
                     if person is None
                     else f"no machine waits for people on {wanted.repository}#{wanted.issue}"
                 )
@@ -135,10 +136,11 @@ class GitHub:
         detail = "; ".join(told) or f"no machine here waits for {wanted.name}"
         return Delivered(outcome, detail=detail, next=next_states)
 
-    def _approver(self, login: str) -> tuple[str, frozenset[str]] | None:
-        """The approver (name, groups) whose GitHub login it is (GitHub's are case-blind)."""
+    def _approver(self, user_id: int) -> tuple[str, frozenset[str]] | None:
+        """The approver (name, groups) whose GitHub account it is, by its numeric id: a login
+        can be renamed, and then registered by someone else."""
         for name, approver in self._rt.settings.approvers.items():
-            if approver.github is not None and approver.github.lower() == login.lower():
+            if approver.github_id is not None and approver.github_id == user_id:
                 return name, frozenset(approver.groups)
         return None
 

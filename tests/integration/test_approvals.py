@@ -33,7 +33,7 @@ APPROVERS = {
     "bob": {"groups": ["release"]},
     "carol": {"groups": ["release"], "token": CAROL},
     "dave": {"groups": ["ops"], "token": DAVE},
-    "erin": {"groups": ["release"], "github": "monalisa"},
+    "erin": {"groups": ["release"], "github": "monalisa", "github_id": 2},
 }
 NOTIFY_SECRET = "notify-secret-for-the-approval-tests-3e8a1f"
 
@@ -193,8 +193,10 @@ def _wait_for(read: Callable[[], list[Any]], count: int, timeout: float = 30.0) 
     return found
 
 
-def _comment(number: int, login: str, body: str) -> dict[str, Any]:
-    """An `issue_comment` `created` delivery's payload, as GitHub documents it."""
+def _comment(number: int, login: str, body: str, user_id: int | None = None) -> dict[str, Any]:
+    """An `issue_comment` `created` delivery's payload, as GitHub documents it; its author is
+    GitHub's account 2 (erin's) when their login is monalisa's, else account 9."""
+    user_id = user_id or (2 if login.lower() == "monalisa" else 9)
     payload = issues_event("opened", number)
     del payload["sender"]
     comment_id = 2_000_000 + number
@@ -205,12 +207,12 @@ def _comment(number: int, login: str, body: str) -> dict[str, Any]:
             "id": comment_id,
             "html_url": f"https://github.com/{REPO}/issues/{number}#issuecomment-{comment_id}",
             "body": body,
-            "user": user(login, 9),
+            "user": user(login, user_id),
             "author_association": "MEMBER",
             "created_at": "2024-04-22T14:00:00Z",
         },
         "repository": payload["repository"],
-        "sender": user(login, 9),
+        "sender": user(login, user_id),
     }
 
 
@@ -248,3 +250,23 @@ def test_an_approvers_github_comment_decides_once_at_the_issues_gate(gated: FsmE
         info = gated.wait_until_done(mid)
     assert info.status == "completed"
     assert list(agent.states()) == ["BUILD", "SHIP"]
+
+
+def test_a_github_comment_decides_as_the_account_it_is_never_as_the_login_it_shows(
+    gated: FsmEnv,
+) -> None:
+    number = 4243
+    with ScriptedAgent(gated, agent_id="tester"), gated.api() as http:
+        started = send(http, "issues", issues_event("assigned", number, assignee="monalisa"))
+        mid = started.json()["machine_id"]
+        _wait_for(lambda: gated.client.decisions(mid)["gates"], 1)  # the gate is open
+        approve = "/approve target=staging"
+        taken = send(http, "issue_comment", _comment(number, "monalisa", approve, user_id=77))
+        assert taken.json()["outcome"] == "ignored", taken.text  # erin's old login, re-registered
+        assert "77" in taken.json()["detail"]
+        assert gated.client.decisions(mid)["decisions"] == []
+        renamed = send(http, "issue_comment", _comment(number, "mona-2", approve, user_id=2))
+        assert renamed.json()["outcome"] == "decided", renamed.text  # erin, renamed
+        [made] = gated.client.decisions(mid)["decisions"]
+        assert (made["actor"], made["via"]) == ("erin", "github")
+        gated.client.cancel(mid, "ops", "the test is over")

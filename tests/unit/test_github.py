@@ -396,8 +396,16 @@ def _commented(body: object, login: object = "monalisa", action: str = "created"
         "action": action,
         "issue": {"number": 7},
         "repository": {"full_name": "octo-org/hello-world"},
-        "comment": {"body": body, "user": {"login": login}},
+        "comment": {"body": body, "user": {"login": login, "id": 583231}},
     }
+
+
+def _no_id(body: str) -> object:
+    """A comment whose author has a login but no numeric id."""
+    payload = _commented(body)
+    assert isinstance(payload, dict)
+    del payload["comment"]["user"]["id"]
+    return payload
 
 
 def test_an_approve_comment_fills_the_form_with_its_key_value_words() -> None:
@@ -411,6 +419,7 @@ def test_an_approve_comment_fills_the_form_with_its_key_value_words() -> None:
         "approve",
         {"target": "production", "note": "ok"},
         "ship it",
+        583231,
     )
     rejected = github.comment_decision("issue_comment", _commented("  /reject   not yet  "))
     assert isinstance(rejected, github.Decision)
@@ -424,8 +433,9 @@ def test_an_approve_comment_fills_the_form_with_its_key_value_words() -> None:
         ("issue_comment", _commented("/approve", action="edited"), "only a new comment"),
         ("issue_comment", _commented("please /approve"), "not /approve or /reject"),
         ("issue_comment", _commented("/approved"), "not /approve or /reject"),
-        ("issue_comment", _commented(None), "no author or body"),
-        ("issue_comment", _commented("/approve", login=5), "no author or body"),
+        ("issue_comment", _commented(None), "no author"),
+        ("issue_comment", _commented("/approve", login=5), "no author"),
+        ("issue_comment", _no_id("/approve"), "no author (login and id)"),
         ("issue_comment", _commented("/approve \x00"), "NUL"),
         ("issue_comment", [], "decides nothing"),
     ],
@@ -485,3 +495,13 @@ def test_with_fork_heads_allowed_a_forks_run_counts_and_names_its_head() -> None
     found = github.outside_event("workflow_run", payload, fork_heads=True)
     assert isinstance(found, github.Outside)
     assert found.payload["headRepository"] == "mallory/hello-world"
+
+
+def test_an_approver_known_by_a_github_login_alone_is_refused_naming_github_id() -> None:
+    from pydantic import ValidationError
+
+    from fsm_celery.config import Approver
+
+    with pytest.raises(ValidationError, match="github_id"):
+        Approver(groups=("release",), github="monalisa")
+    assert Approver(groups=("release",), github="monalisa", github_id=2).github_id == 2
