@@ -6,7 +6,6 @@ Each route is one call of the Python client."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Annotated, Any
@@ -20,14 +19,14 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from fsm_celery.client import TREE_MOST, TREE_SHOWN, Client
-from fsm_celery.core import signal, signing
+from fsm_celery.core import signal
 from fsm_celery.core.admin import Action
 from fsm_celery.core.graph import graph, to_dot
 from fsm_celery.core.messages import INT32_MAX
 from fsm_celery.core.signal import EVENT_PATTERN
 from fsm_celery.engine.approvals import Authority
-from fsm_celery.exceptions import MachineNotFound
-from fsm_celery.http.auth import Principal, admin, decider, principal, unauthorized, viewer
+from fsm_celery.http import signed
+from fsm_celery.http.auth import Principal, admin, decider, principal, viewer
 from fsm_celery.http.examples import answer
 from fsm_celery.http.hub import MAX_FOLLOWED, RESYNC, EventHub, Interest
 from fsm_celery.http.models import (
@@ -343,55 +342,19 @@ async def send_event(
     if len(raw) > signal.MAX_PAYLOAD_BYTES + 1024:
         raise HTTPException(413, f"the body is over {signal.MAX_PAYLOAD_BYTES + 1024} bytes")
     who = principal(request)
-    sender = who.name
-    body = _parsed(raw)
-    key = body.key
+    sender, key = who.name, None
     if not who.is_admin:
-        signer = _signer(request, machine_id, name, raw, x_fsm_signature_256, x_fsm_timestamp)
-        info = await run_in_threadpool(_machine_or_none, fsm, machine_id)
-        if info is None or info.type.split(".")[0] != signer.machine_type:
-            raise HTTPException(404, f"no {signer.machine_type} machine {machine_id}")
+        signer = await signed.signer(
+            request, fsm, machine_id, name, raw, (x_fsm_signature_256, x_fsm_timestamp)
+        )
         sender = signer.identity
-        key = key or f"signature:{signer.digest}"  # the same signed request twice is one event
+        key = f"signature:{signer.digest}"  # without a key, the same signed request is one event
+    body = _parsed(raw)
+    key = body.key or key
     done = await run_in_threadpool(
         fsm.send_event, machine_id, name, body.payload, sender, via="api", key=key
     )
     return {"event": done}
-
-
-def _signer(
-    request: Request,
-    machine_id: UUID,
-    name: str,
-    raw: bytes,
-    signature: str | None,
-    timestamp: str | None,
-) -> signing.Signer:
-    """The machine type whose secret signed the request; checked before anything about the
-    machine is read, so an outsider learns nothing of it (one answer whatever failed)."""
-    if signature is None:
-        raise unauthorized(
-            "an admin's token, or X-FSM-Signature-256 under the machine type's secret"
-        )
-    settings = request.app.state.settings
-    found = signing.signer_of(
-        settings.event_secrets,
-        signature,
-        timestamp,
-        ("POST", signing.event_path(machine_id, name), raw),
-        time.time(),
-        settings.event_signature_window_seconds,
-    )
-    if isinstance(found, signing.Unsigned):
-        raise HTTPException(403, found.reason)
-    return found
-
-
-def _machine_or_none(fsm: Client, machine_id: UUID) -> MachineInfo | None:
-    try:
-        return fsm.get_machine(machine_id)
-    except MachineNotFound:
-        return None
 
 
 def _parsed(raw: bytes) -> EventRequest:

@@ -221,7 +221,7 @@ def test_an_approvers_github_comment_decides_once_at_the_issues_gate(gated: FsmE
     with ScriptedAgent(gated, agent_id="tester") as agent, gated.api() as http:
         started = send(http, "issues", issues_event("assigned", number, assignee="monalisa"))
         mid = started.json()["machine_id"]
-        gated.wait_for_state(mid, "REVIEW")
+        _wait_for(lambda: gated.client.decisions(mid)["gates"], 1)  # REVIEW entered, gate open
         stranger = send(
             http, "issue_comment", _comment(number, "octocat", "/approve target=staging")
         )
