@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fsm_celery import wiring
 from tests.integration.test_github_webhook import REPO, issues_event, new_delivery, send, user
 from tests.support import ROOT
 from tests.support.agents import ScriptedAgent
@@ -198,29 +199,37 @@ def test_finished_checks_reach_the_machine_whose_branch_they_ran_on(waiting: Fsm
     assert info.status == "completed" and info.context["conclusion"] == "success"
 
 
+def _waiting_for_checks(env: FsmEnv, number: int) -> Any:
+    """A test_wait_ci machine, as if the webhook started it for the issue, waiting for the
+    checks of its branch feature-<number>."""
+    mid = env.client.start_machine("test_wait_ci", {})
+    with env.client.engine.db.begin() as conn:  # as the webhook records its start
+        from fsm_celery.store.tables import github_deliveries
+
+        conn.execute(
+            github_deliveries.insert().values(
+                id=new_delivery(),
+                event="issues",
+                action="assigned",
+                repository=REPO,
+                issue=number,
+                outcome="started",
+                machine_id=mid,
+            )
+        )
+    env.wait_for_state(mid, "WAIT_CI")
+    return mid
+
+
+FORK = {"id": 999_001, "name": "hello-world", "full_name": "mallory/hello-world"}
+
+
 def test_a_forks_run_on_a_branch_of_the_same_name_moves_no_machine(waiting: FsmEnv) -> None:
     number = 5153
     script = {"PUSH": [Reply(output={"branch": "feature-5153"})]}
     with ScriptedAgent(waiting, script, agent_id="tester"), waiting.api() as http:
-        waiting.client.load_definitions(str(ROOT / "tests" / "fixtures" / "definitions"))
-        mid = waiting.client.start_machine("test_wait_ci", {})
-        with waiting.client.engine.db.begin() as conn:  # as the webhook records its start
-            from fsm_celery.store.tables import github_deliveries
-
-            conn.execute(
-                github_deliveries.insert().values(
-                    id=new_delivery(),
-                    event="issues",
-                    action="assigned",
-                    repository=REPO,
-                    issue=number,
-                    outcome="started",
-                    machine_id=mid,
-                )
-            )
-        waiting.wait_for_state(mid, "WAIT_CI")
-        fork = {"id": 999_001, "name": "hello-world", "full_name": "mallory/hello-world"}
-        forked = send(http, "workflow_run", _workflow_run("feature-5153", fork))
+        mid = _waiting_for_checks(waiting, number)
+        forked = send(http, "workflow_run", _workflow_run("feature-5153", FORK))
         assert forked.json()["outcome"] == "ignored", forked.text
         assert "mallory/hello-world" in forked.json()["detail"]
         assert waiting.client.events(mid) == []
@@ -230,6 +239,21 @@ def test_a_forks_run_on_a_branch_of_the_same_name_moves_no_machine(waiting: FsmE
         assert done.json()["outcome"] == "signalled", done.text
         info = waiting.wait_until_done(mid)
     assert info.status == "completed" and info.context["headRepository"] == REPO
+
+
+def test_with_fork_heads_allowed_a_forks_run_moves_the_machine_of_its_branch(
+    waiting: FsmEnv,
+) -> None:
+    number = 5154
+    script = {"PUSH": [Reply(output={"branch": "feature-5154"})]}
+    allowed = wiring.client(waiting.settings.model_copy(update={"github_fork_heads": True}))
+    with ScriptedAgent(waiting, script, agent_id="tester"):
+        mid = _waiting_for_checks(waiting, number)
+        payload = _workflow_run("feature-5154", FORK)
+        done = allowed.github_delivery(new_delivery(), "workflow_run", payload)
+        assert done.outcome == "signalled", done.detail
+        info = waiting.wait_until_done(mid)
+    assert info.context["headRepository"] == "mallory/hello-world"
 
 
 def test_events_through_the_api_signed_or_an_admins_and_the_cli(waiting: FsmEnv) -> None:
