@@ -489,3 +489,9 @@ def test_a_definition_names_the_agent_types_of_its_states_and_inline_children() 
     assert named["research_fanout"] == {"analyzer", "researcher", "reviewer"}
     assert named["cto_build_parallel"] == {"cto", "tester", "docwriter"}
     assert named["cto_fix_bug"] == {"cto"}
+
+
+def test_notify_on_is_a_key_not_a_yaml_1_1_boolean() -> None:
+    text = GOOD + "notify:\n  url: https://hooks.example.com/fsm\n  on: [completed, failed]\n"
+    notify = load_text(text).notify
+    assert notify is not None and notify.on == ("completed", "failed")
