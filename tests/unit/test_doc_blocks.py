@@ -49,31 +49,20 @@ YAML = ("yaml", "yml")
 SHELL = ("sh", "bash", "shell", "console")
 ILLUSTRATIVE = "# illustrative"
 # Commands a doc may name besides fsm-celery, make, celery and python: the system's and the
-# servers' own tools a deployment uses.
+# servers' own tools a deployment uses, and the shell's own words (those that lead into a
+# command, as `then cmd`, are skipped and the command after them checked).
+LEADING = frozenset({"do", "then", "else", "elif", "if", "while", "until", "!", "time", "env"})
 ALLOWED = frozenset(
-    {
-        ".",
-        "source",
-        "export",
-        "cd",
-        "echo",
-        "cat",
-        "curl",
-        "kill",
-        "pkill",
-        "pip",
-        "git",
-        "docker",
-        "redis-cli",
-        "psql",
-        "createuser",
-        "createdb",
-        "initdb",
-        "pg_ctl",
-        "pgbouncer",
-    }
+    {".", "source", "export", "cd", "for", "case", "esac", "done", "fi", "{", "}", "set"}
+    | {"trap", "wait", "exit", "true", "false", "test", "[", "read", "unset", "exec", "nohup"}
+    | {"echo", "printf", "cat", "head", "tail", "grep", "sed", "awk", "tr", "wc", "sleep"}
+    | {"ls", "mkdir", "chmod", "tee", "xargs", "ps", "kill", "pkill", "date", "watch", "less"}
+    | {"curl", "openssl", "base64", "sha256sum", "jq", "xxd", "tar", "gzip", "zcat", "ssh"}
+    | {"pip", "pipx", "uv", "git", "pytest", "ruff", "mypy", "apt-get", "brew", "systemctl"}
+    | {"docker", "docker-compose", "redis-cli", "redis-server", "psql", "createuser"}
+    | {"createdb", "initdb", "pg_ctl", "postgres", "pgbouncer"}
 )
-PYTHONS = frozenset({"python", "python3", ".venv/bin/python", "$VENV/bin/python"})
+PYTHONS = frozenset({"python", "python3"})
 SAMPLE_ID = "6b0d1c9e-2f4a-4c39-9d5e-8a7b6c5d4e3f"
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$|…$")
 MINIMAL = {
@@ -149,13 +138,26 @@ def as_definition(data: Any) -> dict[str, Any] | None:
         return with_states(data)
     if not isinstance(data, dict):
         return None
-    if "name" in data and STATE_FIELDS & data.keys():
-        return with_states([data])
     if "states" in data and "type" in data:
         return data
-    if DEFINITION_FIELDS & data.keys():
+    if data.keys() & (DEFINITION_FIELDS - STATE_FIELDS):
         return {**MINIMAL, **data}
+    if "name" in data and STATE_FIELDS & data.keys():
+        return with_states([data])
+    if data and data.keys() <= STATE_FIELDS:  # a state's fields, without its name
+        return with_states([{"name": "STEP", **ways_out(data), **data}])
     return None
+
+
+def ways_out(state: dict[str, Any]) -> dict[str, Any]:
+    """The edges a state's fields shown alone leave out, for its kind."""
+    if "terminal" in state:
+        return {}
+    if "approval" in state:
+        return {"on_approve": "DONE", "on_reject": "FAILED"}
+    if "wait" in state:
+        return {"on_event": "DONE", "on_timeout": "FAILED"}
+    return {"on_success": "DONE", "on_failure": "FAILED"}
 
 
 def with_states(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -207,12 +209,16 @@ def elided(data: Any) -> Any:
 
 
 def commands(block: Block) -> Iterator[tuple[int, str]]:
-    """Each logical line (line offset, text): continuations joined, quotes closed."""
+    """Each logical line (line offset, text): continuations joined, quotes closed, a here
+    document's lines left out (they are its input, not commands)."""
     lines = block.text.splitlines()
     if block.language == "console":
         lines = [line[2:] if line.startswith("$ ") else "" for line in lines]
-    start, pending = 0, ""
+    start, pending, heredoc = 0, "", None
     for i, line in enumerate(lines):
+        if heredoc is not None:
+            heredoc = None if line.strip() == heredoc else heredoc
+            continue
         if not pending:
             start = i
         pending += line
@@ -226,6 +232,8 @@ def commands(block: Block) -> Iterator[tuple[int, str]]:
             continue
         if pending.strip():
             yield start, pending
+        opened = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", pending)
+        heredoc = opened.group(1) if opened else None
         pending = ""
     if pending.strip():
         yield start, pending
@@ -273,15 +281,27 @@ def simple_commands(line: str) -> Iterator[list[str]]:
         yield words
 
 
+def command_words(words: list[str]) -> list[str]:
+    """The command a line runs: without `VAR=value`, `sudo -u USER`, `env`, and the shell's
+    keywords that lead into a command (`then cmd`, `do cmd`)."""
+    while words:
+        if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in LEADING:
+            words = words[1:]
+        elif words[0] == "sudo":
+            words = words[3:] if words[1:2] == ["-u"] else words[1:]
+        else:
+            break
+    if words and words[0].startswith((".venv/bin/", "$VENV/bin/")):
+        words = [words[0].rsplit("/", 1)[1], *words[1:]]
+    return words
+
+
 def command_problem(words: list[str]) -> str | None:
-    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
-        words = words[1:]
-    if words[:1] == ["sudo"]:
-        words = words[3:] if words[1:2] == ["-u"] else words[1:]
+    words = command_words(words)
     if not words:
         return None
     name, args = words[0], words[1:]
-    if name in ("fsm-celery", ".venv/bin/fsm-celery"):
+    if name == "fsm-celery":
         return fsm_celery_problem(args)
     if name == "make":
         return make_problem(args)
@@ -302,6 +322,8 @@ def fsm_celery_problem(args: list[str]) -> str | None:
         parse_only(main, args)
     except click.ClickException as exc:
         return f"fsm-celery {shlex.join(args)}: {exc.format_message()}"
+    except click.exceptions.Exit:  # --help, --version: they print and end
+        pass
     return None
 
 
@@ -337,6 +359,10 @@ def make_problem(args: list[str]) -> str | None:
 def celery_problem(args: list[str]) -> str | None:
     from celery.bin.celery import celery
 
+    if args[:1] == ["--app=fsm_celery"]:
+        args = ["-A", "fsm_celery", *args[1:]]
+    if args[:1] == ["--app"]:
+        args = ["-A", *args[1:]]
     if args[:2] != ["-A", "fsm_celery"]:
         return f"celery {shlex.join(args)}: the app is -A fsm_celery"
     if len(args) < 3 or args[2] not in celery.commands:  # type: ignore[attr-defined]
@@ -389,15 +415,18 @@ def test_a_wrong_block_is_named_by_its_file_line_and_fault(tmp_path: Path) -> No
     doc.write_text(
         "Text.\n\n```yaml\n- name: WORK\n  timeout: an hour\n  on_success: DONE\n"
         "  on_failure: FAILED\n```\n\n```sh\nfsm-celery start --nope x  # a comment\n"
-        "make nothing\ncelery -A fsm_celery sprint\nrm -rf /\n```\n",
+        "make nothing\ncelery -A fsm_celery sprint\nif true; then frobnicate --now; fi\n"
+        "cat <<'EOF'\nnot a command\nEOF\n```\n\n```yaml\ntimeout: 2 hours\n```\n",
         encoding="utf-8",
     )
     found = problems(doc)
-    assert len(found) == 5, found
+    assert len(found) == 6, found
     assert found[0].startswith(f"{doc}:4: state WORK: field timeout: ")
     assert f"{doc}:11: fsm-celery start --nope x: No such option" in found[1]
-    assert found[2:] == [
+    assert found[2:5] == [
         f"{doc}:12: make nothing: no such target in Makefile",
         f"{doc}:13: celery -A fsm_celery sprint: no such Celery subcommand",
-        f"{doc}:14: command 'rm' is not one the docs may use (tests/unit/test_doc_blocks.py)",
+        f"{doc}:14: command 'frobnicate' is not one the docs may use "
+        "(tests/unit/test_doc_blocks.py)",
     ]
+    assert found[5].startswith(f"{doc}:21: state STEP: field timeout: ")
