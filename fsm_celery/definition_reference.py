@@ -257,7 +257,8 @@ fsm_celery/core; tests/unit/test_definition_reference.py holds it to them. Do no
 
 A definition is a YAML file in `definitions/` (load it with `fsm-celery definitions load`;
 check it with `fsm-celery definitions validate`). Every field, its default and an example
-follow. A required field has no default.
+follow. A required field has no default. Booleans are YAML 1.2's `true` and `false`: `on`,
+`off`, `yes` and `no` are text (notify's `on:` is a key), and a boolean field takes them too.
 
 ## Durations
 

@@ -9,10 +9,12 @@ import time
 from typing import Any
 from uuid import UUID, uuid4
 
+import pytest
 from sqlalchemy import select
 
 from fsm_celery.client import Client
 from fsm_celery.core.admin import Action, Command
+from fsm_celery.core.loader import load_text
 from fsm_celery.core.messages import task_channel
 from fsm_celery.engine import Inbound
 from fsm_celery.store.tables import agent_type_slots, fan_out_items, fan_outs, machines
@@ -273,3 +275,54 @@ def test_children_go_to_a_live_agent_of_their_type_when_one_reported_in(fsm: Fsm
     assert len(fsm.agent(str(agent_id)).tasks()) == 3
     assert fsm.agent("tester").tasks() == []
     assert [k.agent_id for k in children(fsm, mid)] == [agent_id] * 3
+
+
+RETRIED_MAP = """\
+type: test_fan_retried
+agent_type: tester
+initial_state: EACH
+states:
+  - name: EACH
+    timeout: 10m
+    map:
+      items: context.items
+      max_concurrency: 3
+      tolerated_failures: 1
+      initial_state: WORK
+      states:
+        - {{name: WORK, timeout: 30s, max_retries: 1, {retry_on}backoff: {{delay: 0}},
+           on_success: DONE, on_failure: FAILED}}
+        - {{name: DONE, terminal: completed}}
+        - {{name: FAILED, terminal: failed}}
+    on_success: DONE
+    on_failure: FAILED
+  - {{name: DONE, terminal: completed}}
+  - {{name: FAILED, terminal: failed}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("retry_on", "answers_to_fail"), [("", 2), ("retry_on: [timeout], ", 1)], ids=["all", "timeout"]
+)
+def test_a_childs_failure_is_retried_as_its_state_says_before_it_counts_against_the_map(
+    fsm: Fsm, retry_on: str, answers_to_fail: int
+) -> None:
+    """docs/definitions.md: a child's success: false is retried max_retries times (as its
+    state's retry_on says) and only a child that ends failed counts against tolerated_failures."""
+    fsm.engine.catalog.load([load_text(RETRIED_MAP.format(retry_on=retry_on))])
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_retried", {"items": ["a", "b", "c"]})
+    first, second, _ = agent.tasks()
+    for child in (first, second):
+        task = child
+        for answer in range(answers_to_fail):
+            assert fan_out(fsm, mid).failed == (0 if child is first else 1)
+            fsm.receive(ack(task, success=False, error="no"))
+            if answer + 1 < answers_to_fail:
+                [task] = agent.tasks()  # the same child, its next attempt
+                assert (task["machineId"], task["attempt"]) == (child["machineId"], 2)
+        if child is first:
+            assert fan_out(fsm, mid).failed == 1
+            assert fsm.machine(mid).current_state == "EACH"  # one failure tolerated
+    parent = fsm.machine(mid)
+    assert (parent.current_state, parent.status) == ("FAILED", "failed")  # the second: past it
