@@ -37,6 +37,7 @@ test: lint
 
 docs: install
 	$(PY) -m fsm_celery.config > /dev/null
+	$(PY) -m fsm_celery.definition_reference
 
 figures: install  # the current figures' table in README.md and docs/performance.md
 	$(PY) -m bench.figures

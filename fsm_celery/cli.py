@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from fsm_celery import cli_gates, cli_history, views
+from fsm_celery.cli_common import Duration
 from fsm_celery.cli_common import actor as _actor
 from fsm_celery.cli_common import actor_option as _actor_option
 from fsm_celery.cli_common import client as _client
@@ -365,9 +366,14 @@ def _agent_url(redis_url: str, user: str, password: str) -> str:
     metavar="STATE[:N,M]",
     help="Fail the state (on visits N, M; every visit without them).",
 )
-@click.option("--slow", "slows", multiple=True, metavar="STATE=SECONDS")
+@click.option("--slow", "slows", multiple=True, metavar="STATE=DURATION")
 @click.option("--silent", "silents", multiple=True, metavar="STATE", help="Never answer it.")
-@click.option("--think", type=float, default=0.0, help="Up to this many seconds per task.")
+@click.option(
+    "--think",
+    type=Duration("seconds", 1, 86_400),
+    default=0.0,
+    help="Up to this long per task (seconds, or 30s, 2m).",
+)
 def agent(
     mock: bool,
     app_path: str | None,
@@ -422,7 +428,7 @@ def _mock_script(
         state, sep, seconds = spec.partition("=")
         if not sep:
             raise ValueError(f"--slow takes STATE=SECONDS, got {spec!r}")
-        slow[state] = float(seconds)
+        slow[state] = Duration("seconds", 1, 86_400).convert(seconds, None, None)
     return MockScript(
         seed=seed, failures=failures, slow=slow, silent=frozenset(silents), think=(0.0, think)
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import click
 
@@ -57,3 +57,38 @@ def echo_json(data: Any) -> None:
     """Data as JSON: every control and non-ASCII character escaped (\\u001b), so that what an
     agent wrote cannot reach the terminal as an escape sequence."""
     click.echo(json.dumps(data, indent=2, default=str, ensure_ascii=True))
+
+
+if TYPE_CHECKING:  # generic from Click 8.2 on (the pyproject allows 8.1)
+    _ParamType: TypeAlias = click.ParamType[float, Any]
+else:
+    _ParamType = click.ParamType
+
+
+class Duration(_ParamType):
+    """A duration option: a number in the option's unit, or a duration as definitions write
+    it (30s, 10m, 4h, 2d, 1h30m, PT5M); its value in that unit, within [0, most]."""
+
+    name = "duration"
+
+    def __init__(self, unit: str, seconds: float, most: float, *, positive: bool = False) -> None:
+        self.unit, self.seconds, self.most, self.positive = unit, seconds, most, positive
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        from fsm_celery.core.duration import parse_duration
+
+        if isinstance(value, float):  # a default
+            return value
+        try:
+            number = float(value)
+        except ValueError:
+            try:
+                number = parse_duration(str(value)).total_seconds() / self.seconds
+            except ValueError as exc:
+                self.fail(f"{exc} (a number is {self.unit})", param, ctx)
+        if not 0 <= number <= self.most or (self.positive and number == 0):
+            least = "more than 0" if self.positive else "at least 0"
+            self.fail(f"{value!r} is not {least} and at most {self.most:g} {self.unit}", param, ctx)
+        return number

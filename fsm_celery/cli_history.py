@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from fsm_celery import views
-from fsm_celery.cli_common import client, echo_json, echo_lines
+from fsm_celery.cli_common import Duration, client, echo_json, echo_lines
 from fsm_celery.config import ARCHIVE_TABLE
 from fsm_celery.exceptions import ARCHIVED
 from fsm_celery.exits import Exit
@@ -95,9 +95,10 @@ def months(make: bool, as_json: bool) -> None:
 @click.option(
     "--older-than",
     "days",
-    type=click.FloatRange(min=0, min_open=True, max=36_500),
+    type=Duration("days", 86_400, 36_500, positive=True),
     default=None,
-    help="Days past its machines' month a month is kept [default: FSM_HISTORY_RETENTION_DAYS].",
+    help="How long past its machines' month a month is kept: days, or 90d, 12h "
+    "[default: FSM_HISTORY_RETENTION_DAYS].",
 )
 @click.option(
     "--to",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from fsm_celery.core import gate
 from fsm_celery.core.context import context_problem, schema_problem
+from fsm_celery.core.duration import Duration
 from fsm_celery.core.gate import Approval
 from fsm_celery.core.prompt import TEMPLATES, variables
 from fsm_celery.core.schedule import Schedule
@@ -59,9 +60,9 @@ class Backoff(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    delay: timedelta = timedelta(seconds=1)
+    delay: Duration = timedelta(seconds=1)
     rate: float = Field(default=2.0, ge=1.0)
-    max_delay: timedelta = timedelta(minutes=5)
+    max_delay: Duration = timedelta(minutes=5)
     jitter: Jitter = Jitter.FULL
 
 
@@ -161,9 +162,9 @@ class StateDefinition(BaseModel):
     required_output: tuple[str, ...] = ()
     on_success: tuple[Edge, ...] = ()
     on_failure: Edge | None = None
-    timeout: timedelta = timedelta(minutes=5)
-    heartbeat_timeout: timedelta | None = None
-    max_duration: timedelta | None = None  # an attempt's limit however many heartbeats arrive
+    timeout: Duration = timedelta(minutes=5)
+    heartbeat_timeout: Duration | None = None
+    max_duration: Duration | None = None  # an attempt's limit however many heartbeats arrive
     max_retries: int = Field(default=0, ge=0)
     retry_on: tuple[FailureKind, ...] = RETRYABLE
     backoff: Backoff = Backoff()
@@ -388,7 +389,9 @@ class MachineDefinition(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready form that loads back to an equal definition."""
-        return self.model_dump(mode="json", exclude_defaults=True, by_alias=True)
+        body = self.model_dump(mode="json", exclude_defaults=True, by_alias=True)
+        _keep_waiting_timeouts(self.states, body["states"])
+        return body
 
     def digest(self) -> str:
         """A hash of the content, so a reload of an unchanged file makes no new version."""
@@ -398,6 +401,24 @@ class MachineDefinition(BaseModel):
 
 for _model in (Body, Branch, MapSpec):
     _model.model_rebuild()
+
+
+def _keep_waiting_timeouts(states: tuple[StateDefinition, ...], dumped: list[Any]) -> None:
+    """Write an approval's or a wait's timeout even where it equals the default of other
+    states (5 minutes): left out, it would load back as the waiting states' default, a day."""
+    for state, out in zip(states, dumped, strict=True):
+        if state.awaits and "timeout" not in out:
+            out["timeout"] = state.model_dump(mode="json", include={"timeout"})["timeout"]
+        for dumped_body, body in _bodies(state, out):
+            _keep_waiting_timeouts(body.states, dumped_body.get("states", []))
+
+
+def _bodies(state: StateDefinition, out: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Body]]:
+    """Each inline body of a state with its dumped form."""
+    if state.map is not None:
+        yield out["map"], state.map
+    if state.parallel is not None:
+        yield from zip(out["parallel"]["branches"], state.parallel.branches, strict=True)
 
 
 def _one_line(exc: jmespath.exceptions.JMESPathError) -> str:

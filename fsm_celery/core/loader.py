@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,16 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# Booleans as YAML 1.2 has them, true and false: YAML 1.1 also reads on, off, yes and no so,
+# which turned notify's `on:` key into True (a bool field still takes yes and no as values).
+_BOOL = "tag:yaml.org,2002:bool"
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def parse_definition(
@@ -84,13 +95,17 @@ def parse_definition(
 
 def load_text(text: str, source: str = "<definition>") -> MachineDefinition:
     """Parse and validate one YAML definition."""
+    return parse_definition(read_yaml(text, source), source)
+
+
+def read_yaml(text: str, source: str = "<definition>") -> Any:
+    """The data of a YAML text, read as a definition is (DefinitionError naming the line)."""
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise DefinitionError([_yaml_problem(exc, source)]) from exc
     except RecursionError as exc:  # brackets nested thousands deep
         raise DefinitionError([Problem("invalid YAML: nested too deeply", source)]) from exc
-    return parse_definition(data, source)
 
 
 def _yaml_problem(exc: yaml.YAMLError, source: str) -> Problem:

@@ -7,12 +7,15 @@ import json
 import threading
 import time
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
+import pytest
 from sqlalchemy import select
 
 from fsm_celery.client import Client
 from fsm_celery.core.admin import Action, Command
+from fsm_celery.core.loader import load_text
+from fsm_celery.core.messages import task_channel
 from fsm_celery.engine import Inbound
 from fsm_celery.store.tables import agent_type_slots, fan_out_items, fan_outs, machines
 from tests.inprocess.conftest import Fsm, ack
@@ -240,3 +243,86 @@ def test_a_queued_machine_shows_its_place_in_its_agent_types_queue(fsm: Fsm) -> 
     places = [client.get_machine(k.id).queue_position for k in kids]
     assert places == [None, None, 1, 2]
     assert client.get_machine(kids[2].id).to_dict()["queued_at"] is not None
+
+
+def test_children_without_an_agent_go_to_their_types_channel_and_stream_and_losers_cancels_to_the_stream_only(  # noqa: E501
+    fsm: Fsm,
+) -> None:
+    channel = fsm.redis.pubsub(ignore_subscribe_messages=True)
+    channel.subscribe(task_channel("tester", fsm.settings.channel_prefix))
+    channel.get_message(timeout=1.0)  # the subscription's confirmation
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_any", {})
+    streamed = agent.tasks()
+    assert {t["machineType"] for t in streamed} == {f"test_fan_any.RACE.{b}" for b in "abc"}
+    assert [k.agent_id for k in children(fsm, mid)] == [None, None, None]  # no agent assigned
+    fsm.receive(ack(streamed[1], output={"won": True}))
+    assert fsm.machine(mid).status == "completed"
+    assert agent.tasks() == [] and len(agent.cancels) == 2  # the losers' cancels: the stream
+    published = []
+    while (message := channel.get_message(timeout=0.5)) is not None:
+        published.append(json.loads(message["data"]))
+    channel.close()
+    assert [m["type"] for m in published] == ["state_task"] * 3  # and no state_cancel
+    assert [m["machineId"] for m in published] == [t["machineId"] for t in streamed]
+
+
+def test_children_go_to_a_live_agent_of_their_type_when_one_reported_in(fsm: Fsm) -> None:
+    agent_id = uuid4()
+    report = {"type": "agent_status", "agentId": str(agent_id), "agentType": "tester"}
+    fsm.receive({**report, "status": "active", "concurrency": 4})
+    mid = fsm.start("test_fan_any", {})
+    assert len(fsm.agent(str(agent_id)).tasks()) == 3
+    assert fsm.agent("tester").tasks() == []
+    assert [k.agent_id for k in children(fsm, mid)] == [agent_id] * 3
+
+
+RETRIED_MAP = """\
+type: test_fan_retried
+agent_type: tester
+initial_state: EACH
+states:
+  - name: EACH
+    timeout: 10m
+    map:
+      items: context.items
+      max_concurrency: 3
+      tolerated_failures: 1
+      initial_state: WORK
+      states:
+        - {{name: WORK, timeout: 30s, max_retries: 1, {retry_on}backoff: {{delay: 0}},
+           on_success: DONE, on_failure: FAILED}}
+        - {{name: DONE, terminal: completed}}
+        - {{name: FAILED, terminal: failed}}
+    on_success: DONE
+    on_failure: FAILED
+  - {{name: DONE, terminal: completed}}
+  - {{name: FAILED, terminal: failed}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("retry_on", "answers_to_fail"), [("", 2), ("retry_on: [timeout], ", 1)], ids=["all", "timeout"]
+)
+def test_a_childs_failure_is_retried_as_its_state_says_before_it_counts_against_the_map(
+    fsm: Fsm, retry_on: str, answers_to_fail: int
+) -> None:
+    """docs/definitions.md: a child's success: false is retried max_retries times (as its
+    state's retry_on says) and only a child that ends failed counts against tolerated_failures."""
+    fsm.engine.catalog.load([load_text(RETRIED_MAP.format(retry_on=retry_on))])
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_retried", {"items": ["a", "b", "c"]})
+    first, second, _ = agent.tasks()
+    for child in (first, second):
+        task = child
+        for answer in range(answers_to_fail):
+            assert fan_out(fsm, mid).failed == (0 if child is first else 1)
+            fsm.receive(ack(task, success=False, error="no"))
+            if answer + 1 < answers_to_fail:
+                [task] = agent.tasks()  # the same child, its next attempt
+                assert (task["machineId"], task["attempt"]) == (child["machineId"], 2)
+        if child is first:
+            assert fan_out(fsm, mid).failed == 1
+            assert fsm.machine(mid).current_state == "EACH"  # one failure tolerated
+    parent = fsm.machine(mid)
+    assert (parent.current_state, parent.status) == ("FAILED", "failed")  # the second: past it

@@ -16,6 +16,7 @@ from fsm_celery.core.loader import (
     load_file,
     load_text,
     parse_definition,
+    read_yaml,
 )
 from fsm_celery.exceptions import DefinitionError, Problem
 from tests.support import definitions
@@ -489,3 +490,20 @@ def test_a_definition_names_the_agent_types_of_its_states_and_inline_children() 
     assert named["research_fanout"] == {"analyzer", "researcher", "reviewer"}
     assert named["cto_build_parallel"] == {"cto", "tester", "docwriter"}
     assert named["cto_fix_bug"] == {"cto"}
+
+
+def test_notify_on_is_a_key_not_a_yaml_1_1_boolean() -> None:
+    text = GOOD + "notify:\n  url: https://hooks.example.com/fsm\n  on: [completed, failed]\n"
+    notify = load_text(text).notify
+    assert notify is not None and notify.on == ("completed", "failed")
+
+
+def test_only_true_and_false_are_booleans_and_a_boolean_field_takes_yes_too() -> None:
+    assert read_yaml("a: yes\nb: on\nc: true\nd: False\n") == {
+        "a": "yes",
+        "b": "on",
+        "c": True,
+        "d": False,
+    }
+    text = GOOD.replace("{target: A, loop: true}", "{target: A, loop: yes}")
+    assert load_text(text).state("B").on_success[1].loop is True
