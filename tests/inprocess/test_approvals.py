@@ -134,7 +134,7 @@ def test_who_may_decide_and_what_they_must_fill_in(fsm: Fsm) -> None:
         fsm.engine.approvals.decide(mid, vote, RELEASE)
     assert _gates(fsm, mid)[0].approvals == 0  # nothing refused was counted
     admin = _decide(fsm, mid, "root", authority=ADMIN, target="staging")  # an admin may
-    assert admin.recorded and admin.approvals == 1
+    assert admin.recorded and admin.override and admin.approvals == 0  # as an override
 
 
 def test_a_decision_for_an_earlier_visit_is_refused(fsm: Fsm) -> None:
@@ -189,3 +189,99 @@ def test_a_forced_machine_leaves_its_gate_and_a_later_visit_opens_another(fsm: F
     _ack_last(fsm)
     first, second = _gates(fsm, mid)
     assert (first.verdict, second.verdict, second.approvals) == ("left", "pending", 0)
+
+
+def _decisions(fsm: Fsm, mid: UUID) -> list[Any]:
+    with fsm.engine.db.connect() as conn:
+        return list(gate_store.machine_decisions_txn(conn, mid))
+
+
+def test_one_admin_credential_cannot_make_a_quorum_of_two_it_overrides(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")  # the real alice: one vote of two
+    overridden = _decide(fsm, mid, "bob", "reject", authority=ADMIN)  # an admin naming bob
+    assert (overridden.override, overridden.verdict, overridden.moved_to) == (
+        True,
+        "rejected",
+        "BUILD",
+    )
+    assert (overridden.approvals, overridden.rejections) == (1, 0)  # counted as nobody's vote
+    made = _decisions(fsm, mid)
+    assert [(d.actor, d.decision, d.override) for d in made] == [
+        ("alice", "approve", False),
+        ("bob", "reject", True),
+    ]
+    [gate] = _gates(fsm, mid)
+    assert (gate.verdict, gate.approvals, gate.rejections) == ("rejected", 1, 0)
+    last = fsm.history(mid)[-1]
+    assert (last.event, last.actor, last.reason) == (
+        "approval",
+        "bob",
+        "override by bob: bob says reject",
+    )
+    decisions = fsm.machine(mid).context["approval"]["decisions"]
+    assert decisions[-1] == {
+        "actor": "bob",
+        "decision": "reject",
+        "comment": "bob says reject",
+        "override": True,
+    }
+
+
+def test_admins_naming_two_people_do_not_approve_a_gate_as_two_votes(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    first = _decide(fsm, mid, "alice", authority=ADMIN, target="staging")
+    assert (first.override, first.verdict, first.approvals) == (True, "approved", 0)
+    with pytest.raises(GateClosed):  # the gate was decided outright: no vote is left to cast
+        _decide(fsm, mid, "bob", authority=ADMIN, target="staging")
+    assert [(d.actor, d.override) for d in _decisions(fsm, mid)] == [("alice", True)]
+
+
+def test_a_form_merges_only_the_fields_it_declares_into_the_context(fsm: Fsm) -> None:
+    mid = fsm.start("test_gate_fast")
+    fsm.receive(ack(fsm.agent("tester").task()))
+    for who in ("alice", "bob"):  # REVIEW's form declares target, and allows more
+        _decide(fsm, mid, who, target="staging", retryCount=99, approval="forged", x=1)
+    context = fsm.machine(mid).context
+    assert context["target"] == "staging" and "x" not in context
+    assert context.get("retryCount", 0) != 99 and context["approval"]["verdict"] == "approved"
+
+
+def test_a_person_repeating_the_decision_that_closed_the_gate_gets_it_back(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")
+    seen = fsm.machine(mid).attempt
+    closing = _decide(fsm, mid, "bob", target="staging")
+    assert closing.moved_to == "SHIP"
+    steps = len(fsm.history(mid))
+    vote = Vote("bob", Choice.APPROVE, {"target": "staging"})
+    again = fsm.engine.approvals.decide(mid, vote, RELEASE, attempt=seen)  # the reply was lost
+    assert (again.recorded, again.decision, again.verdict, again.state, again.attempt) == (
+        False,
+        "approve",
+        "approved",
+        "REVIEW",
+        seen,
+    )
+    assert len(fsm.history(mid)) == steps and len(_decisions(fsm, mid)) == 2  # nothing written
+    with pytest.raises(GateClosed):  # another person, or another choice, is still too late
+        _decide(fsm, mid, "carol", target="staging")
+    with pytest.raises(GateClosed):
+        _decide(fsm, mid, "bob", "reject")
+    with pytest.raises(GateClosed):
+        _decide(fsm, mid, "alice", target="staging")  # hers did not close it
+
+
+def test_a_cancelled_machine_leaves_its_gate_in_the_same_transaction(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")
+    fsm.enter_all(fsm.engine.admin.command(mid, Command(Action.CANCEL, "ops")))
+    [gate] = _gates(fsm, mid)
+    assert gate.verdict == "left" and gate.closed_at == fsm.clock.now
+
+
+def test_a_machine_forced_from_its_gate_leaves_it_at_once(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    fsm.engine.admin.command(mid, Command(Action.FORCE, "ops", target="SHIP"))  # not entered
+    [gate] = _gates(fsm, mid)
+    assert gate.verdict == "left" and gate.closed_at == fsm.clock.now
