@@ -15,6 +15,7 @@ from fsm_celery.engine.approvals import ADMIN, Authority, Decided
 from fsm_celery.exceptions import GateClosed, InvalidDecision, NotAnApprover
 from fsm_celery.store import gates as gate_store
 from tests.inprocess.conftest import Fsm, ack
+from tests.support import ROOT
 
 RELEASE = Authority(admin=False, groups=frozenset({"release"}))
 OPS = Authority(admin=False, groups=frozenset({"ops"}))
@@ -111,6 +112,12 @@ def test_one_rejection_sends_the_work_back_and_a_new_visit_opens_a_new_gate(fsm:
     _decide(fsm, mid, "alice", target="staging")
     rejected = _decide(fsm, mid, "carol", "reject")  # a rejection fills in no required field
     assert (rejected.verdict, rejected.moved_to) == ("rejected", "BUILD")
+    last = fsm.history(mid)[-1]  # docs/approvals.md: an approval row with success false
+    assert (last.event, last.success, last.error_message) == (
+        "approval",
+        False,
+        "rejected at REVIEW",
+    )
     machine = fsm.machine(mid)
     assert machine.context["retryCount"] == 1  # the loop edge counted
     _ack_last(fsm)
@@ -278,6 +285,40 @@ def test_a_cancelled_machine_leaves_its_gate_in_the_same_transaction(fsm: Fsm) -
     fsm.enter_all(fsm.engine.admin.command(mid, Command(Action.CANCEL, "ops")))
     [gate] = _gates(fsm, mid)
     assert gate.verdict == "left" and gate.closed_at == fsm.clock.now
+
+
+def test_a_rewound_machine_leaves_its_gate_in_the_same_transaction(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    fsm.engine.rewind.rewind(mid, 0, "ops", "build again")  # back to BUILD (not entered)
+    [gate] = _gates(fsm, mid)
+    assert gate.verdict == "left" and gate.closed_at == fsm.clock.now
+
+
+def test_the_docs_script_gets_a_client_from_the_environment_and_overrides(
+    fsm: Fsm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fsm_celery.api import default_client
+    from fsm_celery.config import get_settings
+
+    text = (ROOT / "docs" / "approvals.md").read_text()
+    script = text.split("## From a script", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    mid = _at_review(fsm)
+    settings = fsm.settings
+    for name in ("database_url", "redis_url", "task_token_secret", "channel_prefix", "queue"):
+        monkeypatch.setenv(f"FSM_{name.upper()}", str(getattr(settings, name)))
+    monkeypatch.setenv("MACHINE_ID", str(mid))
+    get_settings.cache_clear()
+    default_client.cache_clear()
+    try:
+        exec(compile(script, "docs/approvals.md", "exec"), {})
+    finally:
+        get_settings.cache_clear()
+        default_client.cache_clear()
+    printed = capsys.readouterr().out.splitlines()
+    gate = fsm.machine(mid).attempt - 1  # the gate's attempt: REVIEW's
+    assert printed == [f"{mid} REVIEW {gate} 0 2", "approved True SHIP"]
+    made = _decisions(fsm, mid)
+    assert [(d.actor, d.via, d.override) for d in made] == [("release-bot", "client", True)]
 
 
 def test_a_machine_forced_from_its_gate_leaves_it_at_once(fsm: Fsm) -> None:

@@ -135,7 +135,7 @@ def test_an_admin_or_the_cli_overrides_a_gate_and_never_votes_as_a_person(
         url = f"/api/machines/{mid}/decisions"
         for name in ("alice", "bob"):  # one admin credential, two people named
             named = http.post(url, headers=admin, json={**body, "actor": name})
-            assert named.status_code == 422 and "recorded as who signed in" in named.text
+            assert named.status_code == 422 and "recorded as who signed in (admin)" in named.text
         argv = [sys.executable, "-m", "fsm_celery", "approve", str(mid)]
         for name in ("alice", "carol"):  # the CLI naming an approver, then a stranger
             done = subprocess.run(
