@@ -147,6 +147,8 @@ def test_an_admin_or_the_cli_overrides_a_gate_and_never_votes_as_a_person(
             )
             assert done.returncode == 2 and "cannot decide as" in done.stderr, done.stderr
         assert gated.client.decisions(mid)["decisions"] == []  # nothing was recorded
+        page = http.get(f"/machines/{mid}", headers=admin).text  # an admin is told so
+        assert 'id="override-note"' in page and "decides the gate outright" in page
         mine = http.post(url, headers={"Authorization": f"Bearer {ALICE}"}, json=body)
         assert mine.json()["decision"]["approvals"] == 1  # the real alice: one vote of two
         done = subprocess.run(
@@ -160,6 +162,8 @@ def test_an_admin_or_the_cli_overrides_a_gate_and_never_votes_as_a_person(
         me = pwd.getpwuid(os.geteuid()).pw_name
         assert f"approved by override of {me}: moved to SHIP" in done.stdout, done.stdout
         gated.wait_until_done(mid)
+        shown = http.get(f"/machines/{mid}", headers=admin).text  # its timeline says so
+        assert f"override by {me}: hotfix" in shown
     made = gated.client.decisions(mid)
     assert [(d["actor"], d["via"], d["override"]) for d in made["decisions"]] == [
         ("alice", "api", False),
