@@ -48,6 +48,16 @@ def actor_option() -> Callable[[F], F]:
     )
 
 
+def operator() -> str:
+    """The CLI's identity at a gate: the OS user running it (not $USER, which anyone sets)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name[:ACTOR_CHARS]
+    except KeyError:  # a uid with no passwd entry (a container's)
+        return f"uid {os.geteuid()}"
+
+
 def echo_lines(lines: list[str]) -> None:
     for line in lines:
         click.echo(line)

@@ -2,7 +2,8 @@
 `approvals`, `send-event`, `events`, `rewind`, `fork`, `replay` and `definitions check`.
 
 The CLI holds the database's credentials, so it decides as an admin may, at any gate, and may
-send any event; the name it records is --actor's ($USER).
+send any event. Its decision at a gate is an override (the gate decided outright, counted as
+nobody's vote) recorded as the OS user running it; --actor names whom other commands record.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from typing import Any
 import click
 
 from fsm_celery import views
-from fsm_celery.cli_common import actor_option, client, echo_json, echo_lines, json_object
+from fsm_celery.cli_common import (
+    actor_option,
+    client,
+    echo_json,
+    echo_lines,
+    json_object,
+    operator,
+)
 from fsm_celery.core.replay import Outcome
 from fsm_celery.exits import Exit
 from fsm_celery.terminal import safe, table
@@ -48,7 +56,7 @@ def _decision(choice: str, doc: str) -> click.Command:
     @click.option("--comment", default="", help="Why; kept with the decision.")
     @click.option("--attempt", type=click.IntRange(min=1), help="Only at this visit's gate.")
     @click.option("--json", "as_json", is_flag=True)
-    @actor_option()
+    @click.option("--actor", hidden=True, help="Refused: the OS user decides (an override).")
     def command(
         machine_id: str,
         field: dict[str, Any],
@@ -56,8 +64,16 @@ def _decision(choice: str, doc: str) -> click.Command:
         comment: str,
         attempt: int | None,
         as_json: bool,
-        actor: str,
+        actor: str | None,
     ) -> None:
+        me = operator()
+        if actor is not None and actor != me:
+            raise click.BadParameter(
+                f"the CLI decides as the OS user ({me}), as an override of the gate: it cannot "
+                f"decide as {actor!r} (an approver decides with their own token)",
+                param_hint="--actor",
+            )
+        actor = me
         decided = client().decide(
             machine_id,
             choice,
@@ -78,7 +94,11 @@ def _decision(choice: str, doc: str) -> click.Command:
 def _said(decided: dict[str, Any], actor: str) -> str:
     where = f"{decided['machine_id']}  {decided['state']}"
     if not decided["recorded"]:
-        return f"{where}  {safe(actor)} decided already ({decided['decision']}): unchanged"
+        closed = f", which {decided['verdict']} the gate" if decided["verdict"] != "pending" else ""
+        return f"{where}  {safe(actor)} decided already ({decided['decision']}{closed}): unchanged"
+    if decided["override"]:
+        moved = f": moved to {decided['moved_to']}" if decided["moved_to"] else ""
+        return f"{where}  {decided['verdict']} by override of {safe(actor)}{moved}"
     count = f"{decided['approvals']}/{decided['needed']} approvals"
     if decided["rejections"]:
         count += f", {decided['rejections']} rejected"

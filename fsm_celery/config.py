@@ -273,7 +273,8 @@ class Settings(BaseSettings):
         description='The people who decide at approval gates, as JSON: {name: {"groups": '
         '[...], "token": their API and dashboard token (32+ bytes), "github": their '
         'GitHub login, "github_id": that account\'s numeric id (what /approve comments are '
-        "matched by)}}. A definition's approval names groups; admins may decide at any gate.",
+        "matched by)}}. A definition's approval names groups, whose members vote; an admin "
+        "may override any gate (decide it outright, recorded as an override).",
         max_length=1000,
     )
     event_secrets: dict[str, str] = Field(

@@ -22,6 +22,7 @@ from referencing.jsonschema import DRAFT202012, UnknownDialect, specification_wi
 
 DETAIL_CHARS = 200  # a refusal is one line, whatever value the caller sent
 REFERENCES = ("$ref", "$dynamicRef")
+OPEN_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "propertyNames")
 
 
 def schema_problem(schema: Mapping[str, Any]) -> str | None:
@@ -79,6 +80,14 @@ def context_problem(schema: Mapping[str, Any], context: Mapping[str, Any]) -> st
         return None
     where = f"at {_pointer(error.absolute_path)}: " if error.absolute_path else ""
     return where + _line(error.message)
+
+
+def edited_problem(schema: Mapping[str, Any], context: Mapping[str, Any]) -> str | None:
+    """Why a context an operator edited (a rewind's, a fork's) does not match the schema, or
+    None: the whole context is checked, but keys the schema does not declare are allowed (a
+    running machine's context holds its agents' outputs beside what it started with)."""
+    relaxed = {k: v for k, v in schema.items() if k not in OPEN_KEYWORDS}
+    return context_problem(relaxed, context)
 
 
 def _validator(schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:

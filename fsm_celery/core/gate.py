@@ -7,6 +7,8 @@ A gate names the groups of people who may decide (`approvers`), how many approva
 `on_timeout` says what a deadline decides: `approve`, `reject`, or a state to escalate to. Each
 person decides once per gate; the votes are counted in the transaction that records one
 (fsm_celery.engine.gates), so a quorum is met exactly once, however many doors decide at once.
+Only approvers vote, each as the name they authenticated with; an admin's (or the CLI's)
+decision is an override: it decides the gate outright and is counted as nobody's vote.
 """
 
 from __future__ import annotations
@@ -109,11 +111,26 @@ def fields_problem(approval: Approval, vote: Vote) -> str | None:
     return context_problem(form, vote.fields)
 
 
-def summary(verdict: Verdict, votes: Iterable[tuple[str, str, str]]) -> dict[str, Any]:
+def overridden(choice: Choice) -> Verdict:
+    """The verdict of an override (an admin's or the CLI's decision): the gate, outright."""
+    return Verdict.APPROVED if choice is Choice.APPROVE else Verdict.REJECTED
+
+
+def declared(approval: Approval, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields the gate's form declares (its `properties`): only these reach the context,
+    whatever else a form that allows more was sent."""
+    properties = (approval.form or {}).get("properties")
+    if not isinstance(properties, Mapping):
+        return {}
+    return {k: v for k, v in fields.items() if k in properties}
+
+
+def summary(verdict: Verdict, votes: Iterable[tuple[str, str, str, bool]]) -> dict[str, Any]:
     """The `approval` output of a gate decided by people: the verdict, and who decided what
-    (actor, choice, comment), oldest first."""
+    (actor, choice, comment; `override: true` on an admin's), oldest first."""
     decisions = [
-        {"actor": actor, "decision": choice, "comment": comment} for actor, choice, comment in votes
+        {"actor": actor, "decision": choice, "comment": comment} | ({"override": True} if o else {})
+        for actor, choice, comment, o in votes
     ]
     return {SUMMARY_KEY: {"verdict": verdict.value, "decisions": decisions}}
 

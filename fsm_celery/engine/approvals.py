@@ -7,6 +7,7 @@ opening a gate, fsm_celery.engine.gates'.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from uuid import UUID
 
@@ -14,10 +15,11 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import gate
 from fsm_celery.core.definition import StateDefinition
-from fsm_celery.core.gate import Approval, Verdict, Vote
+from fsm_celery.core.gate import Approval, Choice, Verdict, Vote
 from fsm_celery.core.messages import json_problem, unstorable
 from fsm_celery.core.transition import GateDecided, MachineStatus, Rejected, decide
 from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.fanout import Rows
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import Writes, snapshot
@@ -35,7 +37,8 @@ from fsm_celery.store.queries import AnyRow
 
 @dataclass(frozen=True)
 class Authority:
-    """Who decides: an admin (at any gate), or a member of these approver groups."""
+    """Who decides: an admin (at any gate, by an override: the gate decided outright, as
+    nobody's vote), or a member of these approver groups (one vote, as their own name)."""
 
     admin: bool
     groups: frozenset[str] = frozenset()
@@ -62,6 +65,7 @@ class Decided:
     needed: int
     verdict: str
     moved_to: str | None = None
+    override: bool = False  # an admin's (or the CLI's) decision: the gate decided outright
     next: Next = field(default_factory=list)
 
 
@@ -96,7 +100,8 @@ class Approvals:
         attempt: int | None = None,
     ) -> Decided:
         """decide, in the caller's transaction (a GitHub delivery is recorded in the same); it
-        writes everything the transaction did, so the caller writes nothing after it."""
+        writes everything the transaction did, so the caller writes nothing after it. An
+        approver's decision is their vote; an admin's is an override (see Authority)."""
         _check_vote(machine_id, vote, self._rt.settings.max_payload_bytes)
         rows = q.lock_machines_txn(conn, [machine_id], ancestors=True)
         row = rows.get(machine_id)
@@ -105,7 +110,13 @@ class Approvals:
         definition = self._rt.catalog.version(conn, row.type, row.definition_version)
         state = definition.state(row.current_state)
         opened = store.open_gate_txn(conn, machine_id)
-        _check_open(row, state, opened, attempt)
+        try:
+            _check_open(row, state, opened, attempt)
+        except GateClosed:
+            repeated = _repeated_txn(conn, row, vote, attempt)
+            if repeated is None:
+                raise
+            return repeated
         assert state.approval is not None and opened is not None  # _check_open
         approval = state.approval
         if not authority.may_decide(approval):
@@ -122,40 +133,25 @@ class Approvals:
             fields=dict(vote.fields),
             comment=vote.comment,
             via=vote.via,
+            override=authority.admin,
             created_at=writes.now,
         )
         decisions = store.decisions_txn(conn, opened.id)
         mine = next(d for d in decisions if d.actor == vote.actor)
-        members = len(gate.members_of(self._rt.settings.approver_groups, approval))
-        approvals = sum(d.decision == gate.APPROVE for d in decisions)
-        count = gate.count(approval, members, approvals, len(decisions) - approvals)
-        closed = recorded and count.verdict is not Verdict.PENDING
+        count = self._count(approval, decisions)
+        verdict = gate.overridden(Choice(mine.decision)) if mine.override else count.verdict
+        closed = recorded and verdict is not Verdict.PENDING
         store.update_txn(
             conn,
             opened.id,
             approvals=count.approvals,
             rejections=count.rejections,
             needed=count.needed,
-            **({"verdict": count.verdict.value, "closed_at": writes.now} if closed else {}),
+            **({"verdict": verdict.value, "closed_at": writes.now} if closed else {}),
         )
         moved_to = None
         if closed:
-            votes = [(d.actor, d.decision, d.comment) for d in decisions]
-            output = {**mine.fields, **gate.summary(count.verdict, votes)}
-            approved = count.verdict is Verdict.APPROVED
-            event = GateDecided(state.name, row.attempt, approved, output)
-            decision = decide(definition, snapshot(row), event, self._rt.limits)
-            if isinstance(decision, Rejected):  # a guard on the fields, the context's size
-                raise InvalidDecision(str(machine_id), decision.detail)
-            try:
-                writes.transition(
-                    row, decision, "approval", actor=vote.actor, reason=vote.comment or None
-                )
-            except Unstorable as exc:
-                raise InvalidDecision(str(machine_id), exc.detail) from exc
-            moved_to = decision.to_state
-            self._entry.enter_due_txn(conn, rows, writes)
-            self._entry.send_and_write(conn, writes)
+            moved_to = self._close_txn(conn, writes, rows, row, state, decisions, mine, verdict)
         return Decided(
             machine_id=machine_id,
             state=state.name,
@@ -165,9 +161,79 @@ class Approvals:
             approvals=count.approvals,
             rejections=count.rejections,
             needed=count.needed,
-            verdict=count.verdict.value if recorded else Verdict.PENDING.value,
+            verdict=verdict.value if recorded else Verdict.PENDING.value,
             moved_to=moved_to,
+            override=mine.override,
         )
+
+    def _count(self, approval: Approval, decisions: Sequence[AnyRow]) -> gate.Count:
+        """The gate's votes: its approvers' decisions, one per authenticated name (an
+        override is nobody's vote)."""
+        votes = [d for d in decisions if not d.override]
+        members = len(gate.members_of(self._rt.settings.approver_groups, approval))
+        approvals = sum(d.decision == gate.APPROVE for d in votes)
+        return gate.count(approval, members, approvals, len(votes) - approvals)
+
+    def _close_txn(
+        self,
+        conn: Connection,
+        writes: Writes,
+        rows: Rows,
+        row: AnyRow,
+        state: StateDefinition,
+        decisions: Sequence[AnyRow],
+        closing: AnyRow,
+        verdict: Verdict,
+    ) -> str:
+        """Move the machine on from its closed gate; the state it moved to."""
+        assert state.approval is not None
+        machine_id = str(row.id)
+        votes = [(d.actor, d.decision, d.comment, d.override) for d in decisions]
+        fields = gate.declared(state.approval, closing.fields)
+        output = {**fields, **gate.summary(verdict, votes)}
+        event = GateDecided(state.name, row.attempt, verdict is Verdict.APPROVED, output)
+        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+        decision = decide(definition, snapshot(row), event, self._rt.limits)
+        if isinstance(decision, Rejected):  # a guard on the fields, the context's size
+            raise InvalidDecision(machine_id, decision.detail)
+        reason = closing.comment or None
+        if closing.override:
+            why = f"override by {closing.actor}"
+            reason = f"{why}: {closing.comment}" if closing.comment else why
+        try:
+            writes.transition(row, decision, "approval", actor=closing.actor, reason=reason)
+        except Unstorable as exc:
+            raise InvalidDecision(machine_id, exc.detail) from exc
+        self._entry.enter_due_txn(conn, rows, writes)
+        self._entry.send_and_write(conn, writes)
+        return decision.to_state
+
+
+def _repeated_txn(conn: Connection, row: AnyRow, vote: Vote, attempt: int | None) -> Decided | None:
+    """The person's own decision that closed the machine's latest gate, when this vote
+    repeats it (a client that lost the reply learns that it closed the gate), else None."""
+    gates = store.machine_gates_txn(conn, row.id)
+    if not gates or gates[-1].verdict not in (Verdict.APPROVED, Verdict.REJECTED):
+        return None
+    closed = gates[-1]
+    decisions = store.decisions_txn(conn, closed.id)
+    last = decisions[-1] if decisions else None
+    if last is None or (last.actor, last.decision) != (vote.actor, vote.choice.value):
+        return None
+    if attempt is not None and attempt != closed.attempt:
+        return None
+    return Decided(
+        machine_id=row.id,
+        state=closed.state,
+        attempt=closed.attempt,
+        recorded=False,
+        decision=last.decision,
+        approvals=closed.approvals,
+        rejections=closed.rejections,
+        needed=closed.needed,
+        verdict=closed.verdict,
+        override=last.override,
+    )
 
 
 def _check_vote(machine_id: UUID, vote: Vote, max_bytes: int) -> None:

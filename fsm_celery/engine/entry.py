@@ -218,6 +218,7 @@ class Entry:
         if writes.sent is not None:
             writes.sent.add(writes.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)
+        gates.leave_txn(conn, self._rt, writes)
         if writes.ended:
             outbox_txn(conn, self._rt, writes)
 

@@ -39,6 +39,7 @@ def open_txn(
     members = gate.members_of(runtime.settings.approver_groups, state.approval)
     needed = gate.needed(state.approval, len(members))
     store.open_txn(conn, row.id, state.name, attempt, writes.now, deadline, needed)
+    writes.gated.add(row.id)
     writes.entering(row.id, deadline, row.agent_id)
     _ask(conn, runtime, row, state, attempt, deadline, writes.now)
 
@@ -51,6 +52,20 @@ def _resumed(conn: Connection, machine_id: UUID, writes: Writes) -> bool:
         return events[-1] == "resume"
     last = q.last_transition_txn(conn, machine_id)
     return last is not None and last.event == "resume"
+
+
+def leave_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
+    """Close, as `left`, the gates of the machines this transaction took away from them (a
+    cancel, a force, a parent's cancel), once its moves are written: a gate no one can decide
+    at any more is not left `pending`. Only machines that were at an approval state, or
+    opened a gate here, are looked at."""
+    at_gates = set(writes.gated)
+    for row, _, _ in writes.log:
+        definition = runtime.catalog.version(conn, row.type, row.definition_version)
+        if definition.state(row.current_state).approval is not None:
+            at_gates.add(row.id)
+    if at_gates:
+        store.leave_txn(conn, sorted(at_gates), writes.now)
 
 
 def close_txn(conn: Connection, machine_id: UUID, verdict: str, now: datetime) -> None:

@@ -17,6 +17,8 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import timeline
 from fsm_celery.core.admin import decide_rewind
+from fsm_celery.core.context import edited_problem
+from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.transition import MachineStatus, Rejected
 from fsm_celery.engine.admin import checked_context
 from fsm_celery.engine.cancels import cancel_in_flight
@@ -60,6 +62,7 @@ class Rewind:
                 conn, "rewind", machine_id, step, edits, self._rt.settings.max_context_bytes
             )
             definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+            _check_edits("rewind", machine_id, definition, edits, context)
             decision = decide_rewind(definition, snapshot(row), state, context)
             if isinstance(decision, Rejected):
                 raise CommandRefused("rewind", str(machine_id), decision.detail)
@@ -95,6 +98,23 @@ def _after_step(
             action, str(machine_id), "its history before that step kept no contexts"
         )
     return steps[-1].to_state, checked_context({**then, **dict(edits or {})}, max_bytes)
+
+
+def _check_edits(
+    action: str,
+    machine_id: UUID,
+    definition: MachineDefinition,
+    edits: Mapping[str, Any] | None,
+    context: Mapping[str, Any],
+) -> None:
+    """Refuse edits that make a context the definition's context_schema does not accept
+    (before anything is written); a rewind or fork without edits keeps the context it had."""
+    if not edits or definition.context_schema is None:
+        return
+    problem = edited_problem(definition.context_schema, context)
+    if problem is not None:
+        detail = f"the edits do not match {definition.type}'s context_schema: {problem}"
+        raise CommandRefused(action, str(machine_id), detail)
 
 
 def _why_not(row: q.AnyRow, step: int) -> str | None:
@@ -133,6 +153,7 @@ class Fork:
                 conn, "fork", source_id, step, edits, self._rt.settings.max_context_bytes
             )
             definition = self._rt.catalog.version(conn, source.type, source.definition_version)
+            _check_edits("fork", source_id, definition, edits, context)
             state = definition.state(name)
             if state.terminal is not None:
                 raise CommandRefused(

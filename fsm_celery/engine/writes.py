@@ -95,6 +95,7 @@ class Writes:
     freed: set[UUID] = field(default_factory=set)
     released: int = 0
     unqueued: list[UUID] = field(default_factory=list)  # out of the queue, left to the scan
+    gated: set[UUID] = field(default_factory=set)  # machines that opened an approval gate here
     # per agent type, its live agents in the order they get work (read once a transaction)
     live: dict[str, deque[UUID]] = field(default_factory=dict)
     assigned: set[UUID] = field(default_factory=set)

@@ -290,15 +290,21 @@ def set_budget(
 
 @router.post(
     "/machines/{machine_id}/decisions",
-    summary="Decide at a machine's approval gate (an admin, or one of its approvers)",
+    summary="Decide at a machine's approval gate: an approver votes, an admin overrides",
     responses=answer("decide"),
 )
 def decide(fsm: Fsm, who: Decider, machine_id: UUID, body: DecisionRequest) -> dict[str, Any]:
-    actor = _actor(who, body.actor) if who.is_admin else who.name
+    if body.actor is not None and body.actor != who.name:
+        # a decision is the signed-in identity's: naming another would vote as them
+        raise HTTPException(
+            422,
+            f"actor: a decision is recorded as who signed in ({who.name}), "
+            f"not as {body.actor!r}; leave actor out",
+        )
     decided = fsm.decide(
         machine_id,
         body.decision,
-        actor,
+        who.name,
         fields=body.fields,
         comment=body.comment,
         via="dashboard" if who.via == "session" else "api",

@@ -300,6 +300,7 @@ ANSWERS: dict[str, Any] = {
             "needed": 2,
             "verdict": "approved",
             "moved_to": "DEPLOY",
+            "override": False,
         }
     },
     "send_event": {
@@ -351,6 +352,7 @@ ANSWERS: dict[str, Any] = {
                 "fields": {"target": "production"},
                 "comment": "tests green",
                 "via": "dashboard",
+                "override": False,
                 "created_at": WHEN,
                 "state": "APPROVE_DEPLOY",
                 "attempt": 7,

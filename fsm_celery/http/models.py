@@ -85,7 +85,9 @@ class DecisionRequest(_Body):
         default=None, description="the gate's visit decided on; another visit's refuses it"
     )
     actor: Actor | None = Field(
-        default=None, description="an admin's only: who decided (an approver is themself)"
+        default=None,
+        description="refused unless it is the signed-in identity's own name: a decision is "
+        "recorded as who signed in (an admin's as an override)",
     )
 
 

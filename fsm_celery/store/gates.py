@@ -53,6 +53,30 @@ def update_txn(conn: Connection, gate_id: int, **values: Any) -> None:
     conn.execute(update(approval_gates).where(approval_gates.c.id == gate_id).values(**values))
 
 
+def leave_txn(conn: Connection, machine_ids: Sequence[UUID], now: datetime) -> None:
+    """Close, as `left`, the open gates of these machines that no longer wait at them (ended,
+    or moved to another state; one paused there keeps its gate, and a new visit to the same
+    state closes the old one as it opens its own): read after the machines' rows were written."""
+    waiting = (
+        select(machines.c.id)
+        .where(
+            machines.c.id == approval_gates.c.machine_id,
+            machines.c.current_state == approval_gates.c.state,
+            machines.c.status.in_(fanouts.AT_WORK),
+        )
+        .exists()
+    )
+    conn.execute(
+        update(approval_gates)
+        .where(
+            approval_gates.c.machine_id.in_(machine_ids),
+            approval_gates.c.closed_at.is_(None),
+            ~waiting,
+        )
+        .values(verdict="left", closed_at=now)
+    )
+
+
 def record_txn(conn: Connection, gate_id: int, machine_id: UUID, **decision: Any) -> bool:
     """Record a person's decision; False when they decided at this gate already."""
     statement = (

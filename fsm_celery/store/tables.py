@@ -484,7 +484,8 @@ approval_gates = Table(
 )
 
 # Each person's decision at a gate: who, through which door, what, and why. One per person and
-# gate (the unique key): a decision sent twice is the one decision.
+# gate (the unique key): a decision sent twice is the one decision. An approver's decision is
+# their vote; an admin's (or the CLI's) is an override, recorded as such and counted as no vote.
 approval_decisions = Table(
     "approval_decisions",
     metadata,
@@ -496,6 +497,8 @@ approval_decisions = Table(
     Column("fields", Json, nullable=False),
     Column("comment", Text, nullable=False, server_default=""),
     Column("via", String(20), nullable=False),  # api, dashboard, cli, client, github
+    # an admin's or the CLI's decision: it decided the gate outright and counted as nobody's vote
+    Column("override", Boolean, nullable=False, server_default=false()),
     _created(),
     UniqueConstraint("gate_id", "actor", name="uq_approval_decisions_gate_actor"),
     Index("idx_approval_decisions_machine", "machine_id"),

@@ -15,6 +15,7 @@ from fsm_celery.engine.approvals import ADMIN, Authority, Decided
 from fsm_celery.exceptions import GateClosed, InvalidDecision, NotAnApprover
 from fsm_celery.store import gates as gate_store
 from tests.inprocess.conftest import Fsm, ack
+from tests.support import ROOT
 
 RELEASE = Authority(admin=False, groups=frozenset({"release"}))
 OPS = Authority(admin=False, groups=frozenset({"ops"}))
@@ -111,6 +112,12 @@ def test_one_rejection_sends_the_work_back_and_a_new_visit_opens_a_new_gate(fsm:
     _decide(fsm, mid, "alice", target="staging")
     rejected = _decide(fsm, mid, "carol", "reject")  # a rejection fills in no required field
     assert (rejected.verdict, rejected.moved_to) == ("rejected", "BUILD")
+    last = fsm.history(mid)[-1]  # docs/approvals.md: an approval row with success false
+    assert (last.event, last.success, last.error_message) == (
+        "approval",
+        False,
+        "rejected at REVIEW",
+    )
     machine = fsm.machine(mid)
     assert machine.context["retryCount"] == 1  # the loop edge counted
     _ack_last(fsm)
@@ -134,7 +141,7 @@ def test_who_may_decide_and_what_they_must_fill_in(fsm: Fsm) -> None:
         fsm.engine.approvals.decide(mid, vote, RELEASE)
     assert _gates(fsm, mid)[0].approvals == 0  # nothing refused was counted
     admin = _decide(fsm, mid, "root", authority=ADMIN, target="staging")  # an admin may
-    assert admin.recorded and admin.approvals == 1
+    assert admin.recorded and admin.override and admin.approvals == 0  # as an override
 
 
 def test_a_decision_for_an_earlier_visit_is_refused(fsm: Fsm) -> None:
@@ -189,3 +196,133 @@ def test_a_forced_machine_leaves_its_gate_and_a_later_visit_opens_another(fsm: F
     _ack_last(fsm)
     first, second = _gates(fsm, mid)
     assert (first.verdict, second.verdict, second.approvals) == ("left", "pending", 0)
+
+
+def _decisions(fsm: Fsm, mid: UUID) -> list[Any]:
+    with fsm.engine.db.connect() as conn:
+        return list(gate_store.machine_decisions_txn(conn, mid))
+
+
+def test_one_admin_credential_cannot_make_a_quorum_of_two_it_overrides(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")  # the real alice: one vote of two
+    overridden = _decide(fsm, mid, "bob", "reject", authority=ADMIN)  # an admin naming bob
+    assert (overridden.override, overridden.verdict, overridden.moved_to) == (
+        True,
+        "rejected",
+        "BUILD",
+    )
+    assert (overridden.approvals, overridden.rejections) == (1, 0)  # counted as nobody's vote
+    made = _decisions(fsm, mid)
+    assert [(d.actor, d.decision, d.override) for d in made] == [
+        ("alice", "approve", False),
+        ("bob", "reject", True),
+    ]
+    [gate] = _gates(fsm, mid)
+    assert (gate.verdict, gate.approvals, gate.rejections) == ("rejected", 1, 0)
+    last = fsm.history(mid)[-1]
+    assert (last.event, last.actor, last.reason) == (
+        "approval",
+        "bob",
+        "override by bob: bob says reject",
+    )
+    decisions = fsm.machine(mid).context["approval"]["decisions"]
+    assert decisions[-1] == {
+        "actor": "bob",
+        "decision": "reject",
+        "comment": "bob says reject",
+        "override": True,
+    }
+
+
+def test_admins_naming_two_people_do_not_approve_a_gate_as_two_votes(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    first = _decide(fsm, mid, "alice", authority=ADMIN, target="staging")
+    assert (first.override, first.verdict, first.approvals) == (True, "approved", 0)
+    with pytest.raises(GateClosed):  # the gate was decided outright: no vote is left to cast
+        _decide(fsm, mid, "bob", authority=ADMIN, target="staging")
+    assert [(d.actor, d.override) for d in _decisions(fsm, mid)] == [("alice", True)]
+
+
+def test_a_form_merges_only_the_fields_it_declares_into_the_context(fsm: Fsm) -> None:
+    mid = fsm.start("test_gate_fast")
+    fsm.receive(ack(fsm.agent("tester").task()))
+    for who in ("alice", "bob"):  # REVIEW's form declares target, and allows more
+        _decide(fsm, mid, who, target="staging", retryCount=99, approval="forged", x=1)
+    context = fsm.machine(mid).context
+    assert context["target"] == "staging" and "x" not in context
+    assert context.get("retryCount", 0) != 99 and context["approval"]["verdict"] == "approved"
+
+
+def test_a_person_repeating_the_decision_that_closed_the_gate_gets_it_back(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")
+    seen = fsm.machine(mid).attempt
+    closing = _decide(fsm, mid, "bob", target="staging")
+    assert closing.moved_to == "SHIP"
+    steps = len(fsm.history(mid))
+    vote = Vote("bob", Choice.APPROVE, {"target": "staging"})
+    again = fsm.engine.approvals.decide(mid, vote, RELEASE, attempt=seen)  # the reply was lost
+    assert (again.recorded, again.decision, again.verdict, again.state, again.attempt) == (
+        False,
+        "approve",
+        "approved",
+        "REVIEW",
+        seen,
+    )
+    assert len(fsm.history(mid)) == steps and len(_decisions(fsm, mid)) == 2  # nothing written
+    with pytest.raises(GateClosed):  # another person, or another choice, is still too late
+        _decide(fsm, mid, "carol", target="staging")
+    with pytest.raises(GateClosed):
+        _decide(fsm, mid, "bob", "reject")
+    with pytest.raises(GateClosed):
+        _decide(fsm, mid, "alice", target="staging")  # hers did not close it
+
+
+def test_a_cancelled_machine_leaves_its_gate_in_the_same_transaction(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    _decide(fsm, mid, "alice", target="staging")
+    fsm.enter_all(fsm.engine.admin.command(mid, Command(Action.CANCEL, "ops")))
+    [gate] = _gates(fsm, mid)
+    assert gate.verdict == "left" and gate.closed_at == fsm.clock.now
+
+
+def test_a_rewound_machine_leaves_its_gate_in_the_same_transaction(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    fsm.engine.rewind.rewind(mid, 0, "ops", "build again")  # back to BUILD (not entered)
+    [gate] = _gates(fsm, mid)
+    assert gate.verdict == "left" and gate.closed_at == fsm.clock.now
+
+
+def test_the_docs_script_gets_a_client_from_the_environment_and_overrides(
+    fsm: Fsm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fsm_celery.api import default_client
+    from fsm_celery.config import get_settings
+
+    text = (ROOT / "docs" / "approvals.md").read_text()
+    script = text.split("## From a script", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    mid = _at_review(fsm)
+    settings = fsm.settings
+    for name in ("database_url", "redis_url", "task_token_secret", "channel_prefix", "queue"):
+        monkeypatch.setenv(f"FSM_{name.upper()}", str(getattr(settings, name)))
+    monkeypatch.setenv("MACHINE_ID", str(mid))
+    get_settings.cache_clear()
+    default_client.cache_clear()
+    try:
+        exec(compile(script, "docs/approvals.md", "exec"), {})
+    finally:
+        get_settings.cache_clear()
+        default_client.cache_clear()
+    printed = capsys.readouterr().out.splitlines()
+    gate = fsm.machine(mid).attempt - 1  # the gate's attempt: REVIEW's
+    assert printed == [f"{mid} REVIEW {gate} 0 2", "approved True SHIP"]
+    made = _decisions(fsm, mid)
+    assert [(d.actor, d.via, d.override) for d in made] == [("release-bot", "client", True)]
+
+
+def test_a_machine_forced_from_its_gate_leaves_it_at_once(fsm: Fsm) -> None:
+    mid = _at_review(fsm)
+    fsm.engine.admin.command(mid, Command(Action.FORCE, "ops", target="SHIP"))  # not entered
+    [gate] = _gates(fsm, mid)
+    assert gate.verdict == "left" and gate.closed_at == fsm.clock.now

@@ -8,11 +8,13 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from sqlalchemy import func, select
 
 from fsm_celery.core import timeline
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.gate import Choice, Vote
 from fsm_celery.store import queries as q
+from fsm_celery.store.tables import machines
 from tests.inprocess.conftest import Fsm, ack
 
 
@@ -158,3 +160,27 @@ def test_a_fork_starts_from_a_past_step_and_leaves_its_source_alone(fsm: Fsm) ->
         fsm.engine.fork.fork(source, 3, "ops", "")
     completed = fsm.engine.fork.fork(source, 2, "ops", "again from THREE")  # a finished one
     assert fsm.machine(completed.machine_id).current_state == "THREE"
+
+
+def test_rewind_and_fork_edits_that_break_the_context_schema_are_refused(fsm: Fsm) -> None:
+    from fsm_celery.exceptions import CommandRefused
+
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_checked", {"ticket": 7})
+    fsm.receive(ack(agent.task(), output={"draft": "a"}))  # step 1: -> TWO (an output beside)
+    fsm.receive(ack(agent.task()))  # step 2: -> DONE
+    before, steps = fsm.machine(mid), len(fsm.history(mid))
+    for action in (fsm.engine.rewind.rewind, fsm.engine.fork.fork):
+        with pytest.raises(CommandRefused, match="context_schema: at /ticket: 'seven' is not"):
+            action(mid, 1, "ops", "", {"ticket": "seven"})
+        with pytest.raises(CommandRefused, match="at /ticket: 0 is less than the minimum"):
+            action(mid, 1, "ops", "", {"ticket": 0})
+    assert fsm.machine(mid) == before and len(fsm.history(mid)) == steps  # nothing changed
+    with fsm.engine.db.connect() as conn:  # no fork was started
+        assert conn.execute(select(func.count()).select_from(machines)).scalar_one() == 1
+    fsm.enter_all(fsm.engine.rewind.rewind(mid, 1, "ops", "", {"ticket": 8, "hint": "b"}))
+    machine = fsm.machine(mid)
+    assert (machine.current_state, machine.context["ticket"]) == ("TWO", 8)
+    assert machine.context["draft"] == "a"  # an output kept, though the schema names no draft
+    forked = fsm.engine.fork.fork(mid, 1, "ops", "", {"ticket": 9})
+    assert fsm.machine(forked.machine_id).context["ticket"] == 9

@@ -1,12 +1,15 @@
 """Approval gates on real processes: a Celery worker with beat, the ack bridge, the dashboard's
-HTTP server, the CLI and the Python client deciding at one gate at once; deadlines escalated by
-beat's scan; the people asked through a real HTTP receiver, signed."""
+HTTP server and the Python client deciding at one gate at once; an admin and the CLI
+overriding; deadlines escalated by beat's scan; the people asked through a real HTTP receiver,
+signed."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import os
+import pwd
 import subprocess
 import sys
 import threading
@@ -22,6 +25,7 @@ from fsm_celery.exceptions import GateClosed
 from tests.integration.test_github_webhook import REPO, issues_event, new_delivery, send, user
 from tests.support import ROOT
 from tests.support.agents import ScriptedAgent
+from tests.support.credentials import ADMIN_TOKEN
 from tests.support.processes import FsmEnv
 from tests.support.receiver import Receiver, serve
 
@@ -65,17 +69,18 @@ def _history_events(env: FsmEnv, machine_id: Any) -> list[str]:
     return [r.event for r in env.client.history(machine_id)]
 
 
-def test_a_quorum_of_two_through_three_doors_at_once_moves_the_machine_once(
+def test_a_quorum_of_two_of_three_approvers_deciding_at_once_moves_the_machine_once(
     gated: FsmEnv,
 ) -> None:
     _, base = gated.start_dashboard()
+    release = Authority(admin=False, groups=frozenset({"release"}))
     with ScriptedAgent(gated) as agent:
         mid = gated.client.start_machine("test_gate", {}, agent_id=agent.id)
         gated.wait_for_state(mid, "REVIEW")
         start = threading.Barrier(3)
         outcomes: dict[str, Any] = {}
 
-        def api() -> None:  # alice, through the dashboard's HTTP server
+        def api() -> None:  # alice, with her own token, through the dashboard's HTTP server
             start.wait()
             answer = httpx.post(
                 f"{base}/api/machines/{mid}/decisions",
@@ -83,29 +88,23 @@ def test_a_quorum_of_two_through_three_doors_at_once_moves_the_machine_once(
                 json={"decision": "approve", "fields": {"target": "staging"}},
                 timeout=30,
             )
-            outcomes["api"] = answer.status_code, answer.json()
+            outcomes["alice"] = answer.status_code, answer.json()
 
-        def cli() -> None:  # bob, through `fsm-celery approve`
-            start.wait()
-            argv = [sys.executable, "-m", "fsm_celery", "approve", str(mid), "--json"]
-            argv += ["--field", "target=staging", "--actor", "bob"]
-            done = subprocess.run(argv, env=gated.env, cwd=ROOT, capture_output=True, text=True)
-            outcomes["cli"] = done.returncode, done.stdout + done.stderr
+        def client(person: str) -> Callable[[], None]:  # through the Python client
+            def decide() -> None:
+                start.wait()
+                try:
+                    fields = {"target": "staging"}
+                    outcomes[person] = gated.client.decide(
+                        mid, "approve", person, fields=fields, authority=release
+                    )
+                except GateClosed as exc:
+                    outcomes[person] = exc
 
-        def client() -> None:  # carol, through the Python client
-            start.wait()
-            try:
-                outcomes["client"] = gated.client.decide(
-                    mid,
-                    "approve",
-                    "carol",
-                    fields={"target": "staging"},
-                    authority=Authority(admin=False, groups=frozenset({"release"})),
-                )
-            except GateClosed as exc:
-                outcomes["client"] = exc
+            return decide
 
-        threads = [threading.Thread(target=door) for door in (api, cli, client)]
+        doors = (api, client("carol"), client("bob"))
+        threads = [threading.Thread(target=door) for door in doors]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -116,18 +115,63 @@ def test_a_quorum_of_two_through_three_doors_at_once_moves_the_machine_once(
     [review] = made["gates"]
     assert (review["verdict"], review["approvals"]) == ("approved", 2), outcomes
     assert len(made["decisions"]) == 2  # the third came when the gate had closed
-    accepted = {d["via"] for d in made["decisions"]}
-    refused = {"api", "cli", "client"} - {"client" if v == "client" else v for v in accepted}
-    assert len(refused) == 1, outcomes
-    [late] = refused
-    if late == "api":
-        assert outcomes["api"][0] == 409 and "decision refused" in json.dumps(outcomes["api"][1])
-    elif late == "cli":
-        assert outcomes["cli"][0] != 0 and "decision refused" in outcomes["cli"][1]
+    [late] = {"alice", "carol", "bob"} - {d["actor"] for d in made["decisions"]}
+    if late == "alice":
+        assert outcomes["alice"][0] == 409 and "decision refused" in json.dumps(outcomes["alice"])
     else:
-        assert isinstance(outcomes["client"], GateClosed)
+        assert isinstance(outcomes[late], GateClosed), outcomes
     assert gated.client.get_machine(mid).status == "completed"
     assert list(agent.states()) == ["BUILD", "SHIP"]  # no agent was sent REVIEW
+
+
+def test_an_admin_or_the_cli_overrides_a_gate_and_never_votes_as_a_person(
+    gated: FsmEnv,
+) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    body = {"decision": "approve", "fields": {"target": "staging"}}
+    with ScriptedAgent(gated) as agent, gated.api() as http:
+        mid = gated.client.start_machine("test_gate", {}, agent_id=agent.id)
+        gated.wait_for_state(mid, "REVIEW")
+        url = f"/api/machines/{mid}/decisions"
+        for name in ("alice", "bob"):  # one admin credential, two people named
+            named = http.post(url, headers=admin, json={**body, "actor": name})
+            assert named.status_code == 422 and "recorded as who signed in (admin)" in named.text
+        argv = [sys.executable, "-m", "fsm_celery", "approve", str(mid)]
+        for name in ("alice", "carol"):  # the CLI naming an approver, then a stranger
+            done = subprocess.run(
+                [*argv, "--field", "target=staging", "--actor", name],
+                env=gated.env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
+            assert done.returncode == 2 and "cannot decide as" in done.stderr, done.stderr
+        assert gated.client.decisions(mid)["decisions"] == []  # nothing was recorded
+        page = http.get(f"/machines/{mid}", headers=admin).text  # an admin is told so
+        assert 'id="override-note"' in page and "decides the gate outright" in page
+        mine = http.post(url, headers={"Authorization": f"Bearer {ALICE}"}, json=body)
+        assert mine.json()["decision"]["approvals"] == 1  # the real alice: one vote of two
+        done = subprocess.run(
+            [*argv, "--field", "target=staging", "--comment", "hotfix"],
+            env=gated.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        assert f"approved by override of {me}: moved to SHIP" in done.stdout, done.stdout
+        gated.wait_until_done(mid)
+        shown = http.get(f"/machines/{mid}", headers=admin).text  # its timeline says so
+        assert f"override by {me}: hotfix" in shown
+    made = gated.client.decisions(mid)
+    assert [(d["actor"], d["via"], d["override"]) for d in made["decisions"]] == [
+        ("alice", "api", False),
+        (me, "cli", True),
+    ]
+    assert (made["gates"][0]["verdict"], made["gates"][0]["approvals"]) == ("approved", 1)
+    last = [r for r in gated.client.history(mid) if r.event == "approval"][-1]
+    assert (last.actor, last.reason) == (me, f"override by {me}: hotfix")
 
 
 def test_an_approver_may_decide_only_at_their_groups_gates(gated: FsmEnv) -> None:
@@ -147,9 +191,13 @@ def test_an_approver_may_decide_only_at_their_groups_gates(gated: FsmEnv) -> Non
         named = http.post(
             url, headers={"Authorization": f"Bearer {ALICE}"}, json={**body, "actor": "bob"}
         )
-        assert named.status_code == 200 and named.json()["decision"]["approvals"] == 1
+        assert named.status_code == 422 and "not as 'bob'" in named.text  # nobody else's vote
+        herself = http.post(
+            url, headers={"Authorization": f"Bearer {ALICE}"}, json={**body, "actor": "alice"}
+        )
+        assert herself.status_code == 200 and herself.json()["decision"]["approvals"] == 1
         shown = http.get(url, headers={"Authorization": f"Bearer {ALICE}"}).json()
-        assert [d["actor"] for d in shown["decisions"]] == ["alice"]  # not whom she named
+        assert [d["actor"] for d in shown["decisions"]] == ["alice"]
         waiting = http.get("/api/approvals", headers={"Authorization": f"Bearer {CAROL}"})
         assert str(mid) in [w["machine_id"] for w in waiting.json()["items"]]
         gated.client.cancel(mid, "test")

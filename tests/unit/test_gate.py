@@ -91,6 +91,28 @@ def _decided(definition: MachineDefinition, event: object) -> Transition:
     return found
 
 
+def test_only_the_fields_a_form_declares_reach_the_context() -> None:
+    open_form = Approval(
+        approvers=("release",),
+        schema={"type": "object", "properties": {"target": {"type": "string"}}},
+    )
+    sent = {"target": "staging", "retryCount": 99, "approval": "forged"}
+    assert gate.declared(open_form, sent) == {"target": "staging"}
+    assert gate.declared(Approval(approvers=("release",)), sent) == {}  # no form: nothing
+    no_properties = Approval(approvers=("release",), schema={"type": "object"})
+    assert gate.declared(no_properties, sent) == {}
+
+
+def test_an_override_decides_the_gate_outright_and_says_so() -> None:
+    assert gate.overridden(Choice.APPROVE) is Verdict.APPROVED
+    assert gate.overridden(Choice.REJECT) is Verdict.REJECTED
+    votes = [("alice", "approve", "", False), ("ops", "reject", "no", True)]
+    assert gate.summary(Verdict.REJECTED, votes)["approval"]["decisions"] == [
+        {"actor": "alice", "decision": "approve", "comment": ""},
+        {"actor": "ops", "decision": "reject", "comment": "no", "override": True},
+    ]
+
+
 def test_an_approval_takes_the_first_edge_whose_guard_the_form_meets(
     gated: MachineDefinition,
 ) -> None:
