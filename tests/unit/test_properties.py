@@ -82,7 +82,7 @@ def fitting_event(data: st.DataObject, d: MachineDefinition, m: Machine, kinds: 
         return Timeout(state, attempt)
     if d.state(state).approval is not None:  # people decide it: approve, or reject
         verdict = gate.Verdict.APPROVED if kind == "success" else gate.Verdict.REJECTED
-        summary = gate.summary(verdict, [("someone", verdict.value, "")])
+        summary = gate.summary(verdict, [("someone", verdict.value, "", False)])
         return GateDecided(state, attempt, kind == "success", summary)
     if kind == "failure":
         return Ack(state, attempt, False, {}, data.draw(st.none() | st.just("boom")))
