@@ -1,0 +1,118 @@
+"""A join's record is one truth, whatever one transaction brings together (DESIGN.md invariant
+10): children that end in the transaction that meets the join are counted as what they are,
+in the fan-out's counts, their slots and the output merged into the parent, and are not the
+join's losers; the losers are cancelled without completing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+import pytest
+from sqlalchemy import select
+
+from fsm_celery.engine import Inbound
+from fsm_celery.store.tables import fan_out_items, fan_outs, machines
+from tests.inprocess.conftest import Fsm, ack
+
+Apply = Callable[[Fsm, list[dict[str, Any]]], None]
+
+
+def _inline(fsm: Fsm, answers: list[dict[str, Any]]) -> None:
+    """The batch applied in one transaction, due states entered in it (the inline mode)."""
+    fsm.receive(*answers)
+
+
+def _celery(fsm: Fsm, answers: list[dict[str, Any]]) -> None:
+    """The batch applied as one group-commit round of fsm.apply_acks (the tasks' acks in one
+    transaction, nothing sent), then the states it handed on entered as their tasks would."""
+    fsm.enter_all(fsm.engine.inbox.apply_and_hand_on([Inbound(json.dumps(a)) for a in answers]))
+
+
+SHAPES = {"inline": _inline, "celery": _celery}
+
+
+def _row(fsm: Fsm, table: Any, parent: UUID) -> Any:
+    with fsm.engine.db.connect() as conn:
+        return conn.execute(select(table).where(table.c.parent_id == parent)).one()
+
+
+def _slots(fsm: Fsm, parent: UUID) -> list[str]:
+    c = fan_out_items.c
+    with fsm.engine.db.connect() as conn:
+        rows = conn.execute(select(c.status).where(c.parent_id == parent).order_by(c.slot)).all()
+    return [r.status for r in rows]
+
+
+def _children(fsm: Fsm, parent: UUID) -> dict[str, Any]:
+    with fsm.engine.db.connect() as conn:
+        rows = conn.execute(select(machines).where(machines.c.parent_id == parent)).all()
+    return {r.branch: r for r in rows}
+
+
+def _by_type(tasks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {t["machineType"]: t for t in tasks}
+
+
+@pytest.mark.parametrize("order", ["sibling first", "nested first"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_nested_branch_completed_with_the_sibling_that_meets_the_join_is_a_success(
+    fsm: Fsm, shape: str, order: str
+) -> None:
+    """An at_least 2 race of three: one branch succeeded; then in one transaction its sibling
+    succeeds (meeting the join) and the third branch, a parent of a one-item map, completes by
+    its own join (its item's answer). That branch counts as the success it is, everywhere."""
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_race", {"items": ["only"], "prefix": "p"})
+    tasks = _by_type(agent.tasks())
+    fsm.receive(ack(tasks["test_fan_race.RACE.a"], output={"a": 1}))  # one of two: no join
+    assert fsm.machine(mid).current_state == "RACE"
+    sibling = ack(tasks["test_fan_race.RACE.b"], output={"b": 2})
+    item = ack(tasks["test_fan_map.EACH"], output={"answer": "A"})
+    SHAPES[shape](fsm, [sibling, item] if order == "sibling first" else [item, sibling])
+
+    parent = fsm.machine(mid)
+    assert (parent.status, parent.current_state) == ("completed", "DONE")
+    assert parent.context["c"] == {"results": [{"answer": "A"}]}  # its result, not "cancelled"
+    nested = _children(fsm, mid)["c"]
+    assert nested.status == "completed"
+    assert "cancel" not in [h.event for h in fsm.history(nested.id)]
+    agent.tasks()  # reads the state_cancels sent, too
+    assert str(nested.id) not in {m["machineId"] for m in agent.cancels}
+    assert _slots(fsm, mid) == ["succeeded"] * 3
+    counts = _row(fsm, fan_outs, mid)
+    assert (counts.verdict, counts.succeeded, counts.failed) == ("met", 3, 0)
+    [join] = [h for h in fsm.history(mid) if h.event == "join"]
+    assert "3 succeeded, 0 failed" in (join.reason or "")
+    assert "cancelled by the join" not in (join.reason or "")
+    inner = _row(fsm, fan_outs, nested.id)
+    assert (inner.verdict, inner.succeeded, inner.closed_at is not None) == ("met", 1, True)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_branch_ending_in_the_transaction_that_meets_the_join_is_counted(
+    fsm: Fsm, shape: str
+) -> None:
+    """At_least 2 of four, three answering in one transaction: the three are counted and
+    merged, and only the fourth, still out, is the join's loser."""
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_at_least", {})
+    tasks = _by_type(agent.tasks())
+    answers = [ack(tasks[f"test_fan_at_least.RACE.{b}"], output={b: 1}) for b in "bca"]
+    SHAPES[shape](fsm, answers)
+
+    parent = fsm.machine(mid)
+    assert parent.status == "completed"
+    assert [parent.context[b] for b in "abc"] == [{"a": 1}, {"b": 1}, {"c": 1}]
+    assert parent.context["d"] == {"status": "cancelled", "error": "cancelled by the join"}
+    assert _slots(fsm, mid) == ["succeeded"] * 3 + ["cancelled"]
+    counts = _row(fsm, fan_outs, mid)
+    assert (counts.verdict, counts.succeeded, counts.failed) == ("met", 3, 0)
+    assert [k.status for _, k in sorted(_children(fsm, mid).items())] == ["completed"] * 3 + [
+        "cancelled"
+    ]
+    assert agent.tasks() == []  # the join sent no new work, only the loser's state_cancel
+    loser = tasks["test_fan_at_least.RACE.d"]["machineId"]
+    assert {m["machineId"] for m in agent.cancels} == {loser}
