@@ -291,7 +291,7 @@ class FanOut:
         a join that ends a parent which is itself a child (a nested branch completed by its own
         children) ends it in time to be counted with its siblings' ends of this transaction,
         never cancelled as a loser by a join they meet (DESIGN.md, invariant 10). Budgets are
-        judged once every end is counted."""
+        judged once every end is counted, an ancestor at a time."""
         ended: dict[tuple[UUID, int], list[tuple[q.AnyRow, Transition]]] = {}
         over_budget: dict[UUID, str] = {}
         while writes.settled < len(writes.log) or ended or over_budget:
@@ -306,10 +306,9 @@ class FanOut:
                 self._follow(conn, rows, row, t, event, writes)
             if ended:
                 self._settle_deepest(conn, rows, ended, writes)
-                continue
-            for ancestor, why in over_budget.items():
-                self._out_of_budget(conn, rows, ancestor, why, writes)
-            over_budget = {}
+            elif over_budget:  # the deepest first: the end its join makes counts in the next
+                ancestor = max(over_budget, key=lambda a: self._row(conn, rows, a).depth)
+                self._out_of_budget(conn, rows, ancestor, over_budget.pop(ancestor), writes)
 
     def _settle_deepest(
         self,

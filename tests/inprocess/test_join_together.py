@@ -116,3 +116,62 @@ def test_every_branch_ending_in_the_transaction_that_meets_the_join_is_counted(
     assert agent.tasks() == []  # the join sent no new work, only the loser's state_cancel
     loser = tasks["test_fan_at_least.RACE.d"]["machineId"]
     assert {m["machineId"] for m in agent.cancels} == {loser}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_an_answer_that_meets_the_join_and_spends_past_the_budget_is_counted_first(
+    fsm: Fsm, shape: str
+) -> None:
+    """The item's answer completes the nested branch (meeting the race with the first branch)
+    and takes the parent past its budget of 100 tokens: the budget is judged once that end is
+    counted, so the join is met with the branch's result, as an agent's answer that spends past
+    a machine's budget still moves it on, and the one loser is the branch still at work."""
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_fan_race", {"items": ["only"], "prefix": "p"})
+    tasks = _by_type(agent.tasks())
+    fsm.receive(ack(tasks["test_fan_race.RACE.a"], output={"a": 1}))
+    item = ack(tasks["test_fan_map.EACH"], output={"answer": "A", "tokensUsed": 150})
+    SHAPES[shape](fsm, [item])
+
+    parent = fsm.machine(mid)
+    assert (parent.status, parent.current_state, parent.tokens_used) == ("completed", "DONE", 150)
+    assert parent.context["c"] == {"results": [{"answer": "A", "tokensUsed": 150}]}
+    assert parent.context["b"] == {"status": "cancelled", "error": "cancelled by the join"}
+    kids = _children(fsm, mid)
+    assert {b: k.status for b, k in kids.items()} == {
+        "a": "completed",
+        "b": "cancelled",
+        "c": "completed",
+    }
+    assert _slots(fsm, mid) == ["succeeded", "cancelled", "succeeded"]
+    counts = _row(fsm, fan_outs, mid)
+    assert (counts.verdict, counts.succeeded, counts.failed) == ("met", 2, 0)
+    [join] = [h for h in fsm.history(mid) if h.event == "join"]
+    assert (join.reason or "").endswith(
+        "2 succeeded, 0 failed, 1 cancelled by the join; decided by " + str(kids["c"].id)
+    )
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_an_answer_past_two_ancestors_budgets_ends_the_nearer_before_the_farther_joins(
+    fsm: Fsm, shape: str
+) -> None:
+    """A grandchild's answer spends past its parent's budget and its grandparent's: the parent's
+    join fails and the parent fails, and that end is counted in the grandparent's join (a
+    failure), not recorded there as a child the join cancelled."""
+    agent = fsm.agent("tester")
+    root = fsm.start("test_fan_budgets", {"left": "L"})
+    [task] = agent.tasks()
+    SHAPES[shape](fsm, [ack(task, output={"first": 1, "tokensUsed": 150})])
+
+    middle = _children(fsm, root)["0"]
+    assert fsm.machine(middle.id).status == "failed"
+    assert "budget" in (fsm.machine(middle.id).error or "")
+    assert "cancel" not in [h.event for h in fsm.history(middle.id)]
+    assert fsm.machine(root).status == "failed"
+    assert _slots(fsm, root) == ["failed"]
+    counts = _row(fsm, fan_outs, root)
+    assert (counts.verdict, counts.succeeded, counts.failed) == ("failed", 0, 1)
+    [join] = [h for h in fsm.history(root) if h.event == "join"]
+    assert "0 succeeded, 1 failed" in (join.reason or "")
+    assert "cancelled by the join" not in (join.reason or "")
