@@ -6,6 +6,7 @@ join's losers; the losers are cancelled without completing."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -18,6 +19,8 @@ from fsm_celery.store.tables import fan_out_items, fan_outs, machines
 from tests.inprocess.conftest import Fsm, ack
 
 Apply = Callable[[Fsm, list[dict[str, Any]]], None]
+# what a child's slot says, by the status its machine ended with
+ENDED_AS = {"completed": "succeeded", "failed": "failed", "cancelled": "cancelled"}
 
 
 def _inline(fsm: Fsm, answers: list[dict[str, Any]]) -> None:
@@ -175,3 +178,64 @@ def test_an_answer_past_two_ancestors_budgets_ends_the_nearer_before_the_farther
     [join] = [h for h in fsm.history(root) if h.event == "join"]
     assert "0 succeeded, 1 failed" in (join.reason or "")
     assert "cancelled by the join" not in (join.reason or "")
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_whatever_arrives_together_every_join_record_agrees(
+    fsm: Fsm, shape: str, seed: int
+) -> None:
+    """Twelve races whose answers (some failures) arrive in random batches: every fan-out's
+    counts, slots, children and merged output agree, at both levels."""
+    rng = random.Random(seed)
+    agent = fsm.agent("tester")
+    roots = [
+        fsm.start("test_fan_race", {"items": [f"{i}.{k}" for k in range(1 + i % 2)], "prefix": "p"})
+        for i in range(12)
+    ]
+    tasks = agent.tasks()
+    while tasks:
+        rng.shuffle(tasks)
+        while tasks:
+            size = rng.randint(1, 8)
+            batch, tasks = tasks[:size], tasks[size:]
+            SHAPES[shape](fsm, [_answer(task, rng.random() < 0.8) for task in batch])
+        tasks = agent.tasks()
+    for root in roots:
+        assert fsm.machine(root).status in ("completed", "failed")
+        _assert_one_truth(fsm, root)
+        _assert_one_truth(fsm, _children(fsm, root)["c"].id)
+
+
+def _answer(task: dict[str, Any], success: bool) -> dict[str, Any]:
+    if not success:
+        return ack(task, success=False, error="no luck")
+    return ack(task, output={"answer": task["machineId"][:8]})
+
+
+def _assert_one_truth(fsm: Fsm, parent: UUID) -> None:
+    """The fan-out's counts are its slots' ends, each slot says how its child's machine ended,
+    and the parent's output (a met join) holds each branch's slot as it is."""
+    c = fan_out_items.c
+    with fsm.engine.db.connect() as conn:
+        slots = conn.execute(select(fan_out_items).where(c.parent_id == parent)).all()
+    fan_out = _row(fsm, fan_outs, parent)
+    if fan_out.verdict == "pending":
+        return  # a nested branch cancelled before its own join: nothing decided to agree with
+    statuses = [s.status for s in slots]
+    assert (fan_out.succeeded, fan_out.failed) == (
+        statuses.count("succeeded"),
+        statuses.count("failed"),
+    ), (parent, statuses)
+    kids = {k.id: k for k in _children(fsm, parent).values()}
+    for s in slots:
+        if s.child_id is not None:
+            assert ENDED_AS[kids[s.child_id].status] == s.status, (parent, s.slot)
+    machine = fsm.machine(parent)
+    if fan_out.verdict == "met" and machine.type == "test_fan_race":
+        for s, branch in zip(sorted(slots, key=lambda s: s.slot), "abc", strict=True):
+            value = machine.context[branch]
+            if s.status == "succeeded":
+                assert value == s.result, (parent, branch)
+            else:
+                assert value["status"] == s.status, (parent, branch, value)
