@@ -429,11 +429,12 @@ class FanOut:
         rule = rule_for(state, fan_out.total)
         ends = [slot.status is SlotStatus.SUCCEEDED for slot in slots]
         counted = ended_together(rule, fanouts.tally_of(fan_out), ends)
+        start = counted.start
         decided_by = None if counted.decider is None else children[counted.decider][0].id
         fanouts.count_txn(
             conn, parent_id, attempt, counted.tally, writes.now if decided_by else None, decided_by
         )
-        if start := counted.start:
+        if start:
             found = fanouts.waiting_txn(conn, parent_id, attempt, fan_out.started, start)
             waiting = [(r.slot, r.input) for r in found]
             plan = self._branches(conn, parent, definition, state)
