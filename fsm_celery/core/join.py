@@ -6,7 +6,7 @@ transaction that applies a child's last transition (docs/fan-out.md)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -150,6 +150,36 @@ def child_ended(rule: Rule, tally: Tally, succeeded: bool) -> Settled:
     start = min(rule.total - counted.started, rule.max_concurrency - counted.running)
     start = max(start, 0)
     return Settled(replace(counted, started=counted.started + start), start, False)
+
+
+@dataclass(frozen=True)
+class Together:
+    """What the ends of a fan-out's children that one transaction brings together do to it."""
+
+    tally: Tally
+    start: int  # map items to start now (none once the join is decided)
+    decider: int | None  # the position of the end that decided the join, if one did
+
+
+def ended_together(rule: Rule, tally: Tally, succeeded: Sequence[bool]) -> Together:
+    """Count the ends one transaction brings together, in order: the first to decide the join
+    decides it, and those after it are counted as what they are too (a child that completed in
+    the transaction that met the join is a success, not a loser to cancel). A fan-out decided
+    before counts nothing more; no item starts in a slot freed by an end that a decided join
+    would cancel at once."""
+    if tally.verdict is not Verdict.PENDING:
+        return Together(tally, 0, None)
+    start, decider = 0, None
+    for position, ok in enumerate(succeeded):
+        if decider is None:
+            settled = child_ended(rule, tally, ok)
+            tally, start = settled.tally, start + settled.start
+            decider = position if settled.decided else None
+        else:
+            tally = replace(tally, succeeded=tally.succeeded + ok, failed=tally.failed + (not ok))
+    if decider is not None:
+        tally, start = replace(tally, started=tally.started - start), 0
+    return Together(tally, start, decider)
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,12 @@ from fsm_celery.core.definition import (
     compile_guard,
 )
 from fsm_celery.core.join import (
-    Settled,
     Slot,
     SlotStatus,
     Tally,
     Verdict,
-    child_ended,
     describe,
+    ended_together,
     failure_of,
     kind_of,
     merge,
@@ -286,12 +285,18 @@ class FanOut:
 
     def settle_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
         """Settle every transition the transaction recorded since the last call, and those
-        that settling them records (a join moves a parent, which may be a child itself)."""
-        while writes.settled < len(writes.log):
+        that settling them records (a join moves a parent, which may be a child itself).
+
+        Children's ends are counted deepest fan-out first, and each fan-out's ends together:
+        a join that ends a parent which is itself a child (a nested branch completed by its own
+        children) ends it in time to be counted with its siblings' ends of this transaction,
+        never cancelled as a loser by a join they meet (DESIGN.md, invariant 10). Budgets are
+        judged once every end is counted, an ancestor at a time."""
+        ended: dict[tuple[UUID, int], list[tuple[q.AnyRow, Transition]]] = {}
+        over_budget: dict[UUID, str] = {}
+        while writes.settled < len(writes.log) or ended or over_budget:
             batch = writes.log[writes.settled :]
             writes.settled = len(writes.log)
-            ended: dict[tuple[UUID, int], list[tuple[q.AnyRow, Transition]]] = {}
-            over_budget: dict[UUID, str] = {}
             for row, t, event in batch:
                 if row.parent_id is not None:
                     if t.usage.tokens or t.usage.cost:
@@ -299,10 +304,24 @@ class FanOut:
                     if t.status in ENDED:
                         ended.setdefault((row.parent_id, row.parent_attempt), []).append((row, t))
                 self._follow(conn, rows, row, t, event, writes)
-            for (parent_id, attempt), children in ended.items():
-                self._children_ended(conn, rows, parent_id, attempt, children, writes)
-            for ancestor, why in over_budget.items():
-                self._out_of_budget(conn, rows, ancestor, why, writes)
+            if ended:
+                self._settle_deepest(conn, rows, ended, writes)
+            elif over_budget:  # the deepest first: the end its join makes counts in the next
+                ancestor = max(over_budget, key=lambda a: self._row(conn, rows, a).depth)
+                self._out_of_budget(conn, rows, ancestor, over_budget.pop(ancestor), writes)
+
+    def _settle_deepest(
+        self,
+        conn: Connection,
+        rows: Rows,
+        ended: dict[tuple[UUID, int], list[tuple[q.AnyRow, Transition]]],
+        writes: Writes,
+    ) -> None:
+        """Count the ends of the deepest children waiting to be counted (taken out of `ended`);
+        the shallower wait for what these joins end."""
+        deepest = max(children[0][0].depth for children in ended.values())
+        for key in [key for key, children in ended.items() if children[0][0].depth == deepest]:
+            self._children_ended(conn, rows, *key, ended.pop(key), writes)
 
     def _roll_up(
         self, conn: Connection, rows: Rows, row: q.AnyRow, t: Transition, writes: Writes
@@ -408,15 +427,12 @@ class FanOut:
         if fan_out.closed_at is not None or fan_out.verdict != Verdict.PENDING.value:
             return  # the parent moved on, or the join was decided: nothing more counts
         rule = rule_for(state, fan_out.total)
-        tally = fanouts.tally_of(fan_out)
-        start, decided_by = 0, None
-        for child, slot in zip((c for c, _ in children), slots, strict=True):
-            settled: Settled = child_ended(rule, tally, slot.status is SlotStatus.SUCCEEDED)
-            tally, start = settled.tally, start + settled.start
-            if settled.decided:
-                decided_by = child.id
+        ends = [slot.status is SlotStatus.SUCCEEDED for slot in slots]
+        counted = ended_together(rule, fanouts.tally_of(fan_out), ends)
+        start = counted.start
+        decided_by = None if counted.decider is None else children[counted.decider][0].id
         fanouts.count_txn(
-            conn, parent_id, attempt, tally, writes.now if decided_by else None, decided_by
+            conn, parent_id, attempt, counted.tally, writes.now if decided_by else None, decided_by
         )
         if start:
             found = fanouts.waiting_txn(conn, parent_id, attempt, fan_out.started, start)

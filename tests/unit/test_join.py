@@ -21,8 +21,10 @@ from fsm_celery.core.join import (
     Slot,
     SlotStatus,
     Tally,
+    Together,
     Verdict,
     child_ended,
+    ended_together,
     failure_of,
     merge,
     opening,
@@ -252,6 +254,46 @@ def test_a_failed_join_starts_no_more_items() -> None:
     assert child_ended(r, tally, False) == Settled(
         Tally(1, failed=1, verdict=Verdict.FAILED), 0, True
     )
+
+
+# -- ended_together -----------------------------------------------------------------------------
+
+
+def test_ends_arriving_with_the_one_that_meets_the_join_are_counted_too() -> None:
+    r = rule(parallel(3, {"at_least": 2}), 3)
+    one = child_ended(r, opening(r)[0], True).tally
+    together = ended_together(r, one, [True, True])
+    assert together == Together(Tally(3, succeeded=3, verdict=Verdict.MET), 0, 0)
+
+
+def test_a_failure_arriving_with_the_end_that_meets_the_join_is_counted_as_one() -> None:
+    r = rule(parallel(4, {"at_least": 2}), 4)
+    together = ended_together(r, opening(r)[0], [True, False, True, False])
+    assert together == Together(Tally(4, succeeded=2, failed=2, verdict=Verdict.MET), 0, 2)
+
+
+def test_the_first_end_that_decides_the_join_decided_it_whatever_follows() -> None:
+    r = rule(parallel(3, "any"), 3)
+    together = ended_together(r, opening(r)[0], [False, True, True])
+    assert (together.decider, together.tally.succeeded, together.tally.failed) == (1, 2, 1)
+
+
+def test_ends_that_leave_the_join_pending_start_the_items_their_slots_free() -> None:
+    r = rule(mapping(2, tolerated=1), 5)
+    together = ended_together(r, opening(r)[0], [True, False])
+    assert together == Together(Tally(4, succeeded=1, failed=1), 2, None)
+
+
+def test_no_item_starts_in_a_slot_freed_before_the_end_that_fails_the_map() -> None:
+    r = rule(mapping(2), 5)
+    together = ended_together(r, opening(r)[0], [True, False])
+    assert together == Together(Tally(2, succeeded=1, failed=1, verdict=Verdict.FAILED), 0, 1)
+
+
+def test_ends_after_a_join_decided_before_count_nothing() -> None:
+    r = rule(parallel(3, "any"), 3)
+    won = child_ended(r, opening(r)[0], True).tally
+    assert ended_together(r, won, [True, False]) == Together(won, 0, None)
 
 
 # -- to_cancel ----------------------------------------------------------------------------------
@@ -580,3 +622,32 @@ def test_any_and_at_least_are_met_as_soon_as_k_successes_are_in(
         assert len(cancelled) == len(run.slots) - ok - ko  # the children still out, each one
     else:
         assert ko == run.rule.tolerated + 1
+
+
+@given(fan_out=fan_outs(), groups=st.lists(st.integers(1, 4), max_size=12))
+@PROPERTY
+def test_ends_counted_together_decide_as_ends_counted_one_by_one(
+    fan_out: FanOut, groups: list[int]
+) -> None:
+    """Whatever ends one transaction brings together, the join is decided once, by the same
+    end and with the same verdict as if they came one by one, and its counts are every end
+    counted up to the deciding transaction's last."""
+    _, state, outcomes = fan_out
+    r = rule_for(state, len(outcomes))
+    ends = [o is SlotStatus.SUCCEEDED for o in outcomes][: min(r.total, r.max_concurrency)]
+    alone, alone_by = opening(r)[0], None
+    for i, ok in enumerate(ends):
+        settled = child_ended(r, alone, ok)
+        alone, alone_by = settled.tally, i if settled.decided else alone_by
+    tally, counted, decided = opening(r)[0], 0, []
+    for size in groups or [len(ends)]:
+        group = ends[counted : counted + size]
+        together = ended_together(r, tally, group)
+        if together.decider is not None:
+            decided.append(counted + together.decider)
+            assert together.tally.finished == counted + len(group)
+        tally, counted = together.tally, counted + len(group)
+    if counted >= len(ends):
+        assert decided == ([] if alone_by is None else [alone_by])
+        assert tally.verdict is alone.verdict
+    assert len(decided) <= 1
