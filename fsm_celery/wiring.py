@@ -96,7 +96,9 @@ def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
     if settings.queues:  # each ack on its machine's queue: its type read once per machine
         db = database.connect(settings.database_url, prepare=settings.database_prepare)
         route = relay.Routes(db, settings.queue_for)
-    return relay.Relay(app, settings.queue, settings.max_relay_bytes, route)
+    inbox = machine_engine(settings).inbox  # agents' statuses: applied here, never tasks
+    statuses = Applier(inbox.apply_and_hand_on, inbox.reject, Enqueue(settings))
+    return relay.Relay(app, settings.queue, settings.max_relay_bytes, route, statuses)
 
 
 def ack_bridge(settings: Settings, mode: TransitionMode, *, pubsub: bool) -> Bridge:
