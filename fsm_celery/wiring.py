@@ -22,6 +22,7 @@ from fsm_celery.acks.consumer import Consumer, Delivery
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.acks.pubsub import PubSubConsumer
 from fsm_celery.acks.streams import StreamConsumer
+from fsm_celery.channel import acl
 from fsm_celery.channel.redis import RedisDispatcher, connect
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
@@ -76,7 +77,10 @@ def dead_letters(settings: Settings) -> DeadLetters:
 def client(settings: Settings, engine: MachineEngine | None = None) -> Client:
     """The client: starts machines and enqueues their first states on the settings' queue."""
     return Client(
-        engine or machine_engine(settings), Enqueue(settings), dead_letters(settings).latest
+        engine or machine_engine(settings),
+        Enqueue(settings),
+        dead_letters(settings).latest,
+        partial(acl.revoke_agent_user, connect(settings.redis_url)),
     )
 
 

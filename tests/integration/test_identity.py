@@ -158,6 +158,55 @@ def test_an_agent_cannot_write_another_agents_acks_under_its_credentials(locked:
     client.close()
 
 
+def test_a_revoked_agent_is_refused_and_its_user_not_created_again(locked: FsmEnv) -> None:
+    agent_id = str(uuid.uuid4())
+    url = _credentials(locked, agent_id, "tester")
+    held = redis.Redis.from_url(url, retry_on_timeout=False)
+    held.ping()  # a connection the agent opened before
+
+    done = _cli(locked, "agents", "revoke", agent_id, "--reason", "laptop lost", "--actor", "ana")
+
+    assert done.returncode == 0, done.stderr
+    assert f"revoked {agent_id}: Redis user deleted" in done.stdout
+    with pytest.raises(redis.ConnectionError):  # closed, and refused when it connects again
+        held.ping()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(url).ping()
+    users = redis.Redis.from_url(locked.settings.redis_url, decode_responses=True)
+    watch_until = time.monotonic() + 3 * 2.0  # three of the bridge's checks for lost users
+    while time.monotonic() < watch_until:
+        assert agent_username(agent_id) not in users.acl_users(), "the bridge created it again"
+        time.sleep(0.2)
+    events = locked.client.credential_events(agent_id)
+    assert [(e["action"], e["actor"], e["reason"]) for e in events] == [
+        ("issued", "cli", ""),
+        ("revoked", "ana", "laptop lost"),
+    ]
+    [row] = [a for a in locked.client.agents() if a["id"] == agent_id]
+    assert row["status"] == "revoked" and row["acl_rules"] is None
+
+
+def test_revoking_an_agent_never_known_changes_nothing(locked: FsmEnv) -> None:
+    stranger = str(uuid.uuid4())
+    done = _cli(locked, "agents", "revoke", stranger)
+    assert done.returncode != 0
+    assert f"no agent {stranger}" in done.stderr
+    assert locked.client.credential_events(stranger) == []
+    assert stranger not in {a["id"] for a in locked.client.agents()}
+
+
+def _cli(env: FsmEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fsm_celery", *args],
+        cwd=ROOT,
+        env=env.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_the_shared_stream_is_not_read_when_shared_acks_are_refused(locked: FsmEnv) -> None:
     with ScriptedAgent(locked, {"FIRST": [SILENT]}, own_stream=True) as agent:
         mid = locked.client.start_machine("test_pair", {}, agent_id=agent.id)
