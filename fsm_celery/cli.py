@@ -363,7 +363,12 @@ def _agent_url(redis_url: str, user: str, password: str) -> str:
 
 @main.command()
 @click.option("--mock", is_flag=True, help="Serve every shipped definition with scripted outputs.")
-@click.option("--app", "app_path", default=None, help="module:attribute of your fsm_celery Agent.")
+@click.option(
+    "--app",
+    "app_path",
+    default=None,
+    help="module:attribute of your fsm_celery Agent, or of a list of them.",
+)
 @click.option(
     "--agent-type",
     "agent_types",
@@ -396,16 +401,16 @@ def agent(
     think: float,
 ) -> None:
     """Run an agent: the mock agents (--mock), or your own (--app module:attribute)."""
-    from fsm_celery.agent.run import run_agents, user_agent
+    from fsm_celery.agent.run import run_agents, user_agents
 
     settings = get_settings()
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
     if app_path is not None:
         try:
-            found = user_agent(app_path)
+            found = user_agents(app_path)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
-        run_agents([found])
+        run_agents(found)
         return
     if not mock:
         raise click.UsageError("pass --mock, or --app module:attribute naming your Agent")

@@ -33,6 +33,7 @@ from fsm_celery.redis_address import is_sentinel, parse_sentinel
 
 MAX_AGENT_TYPE = 10
 MIN_PASSWORD = 16
+USER_PREFIX = "fsm-agent-"  # an agent's Redis user is this and its id
 RESTORE_SECONDS = 2.0  # how often the bridge creates again the agents' users Redis lost
 
 _AGENT_TYPE = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_AGENT_TYPE}}}")
@@ -72,7 +73,7 @@ def database_of(redis_url: str) -> int:
 
 def agent_username(agent_id: UUID | str) -> str:
     """The Redis user of an agent."""
-    return f"fsm-agent-{_agent_id(agent_id)}"
+    return f"{USER_PREFIX}{_agent_id(agent_id)}"
 
 
 def new_password() -> str:
