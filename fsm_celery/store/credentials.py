@@ -7,10 +7,10 @@ from uuid import UUID
 
 from sqlalchemy import Connection, insert, select, update
 
-from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.queries import REVOKED, AnyRow
 from fsm_celery.store.tables import agent_credential_events, agents
 
-ISSUED, REVOKED = "issued", "revoked"
+ISSUED = "issued"
 
 
 def record_txn(conn: Connection, agent_id: UUID, action: str, actor: str, reason: str) -> None:

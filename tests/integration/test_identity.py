@@ -186,6 +186,37 @@ def test_a_revoked_agent_is_refused_and_its_user_not_created_again(locked: FsmEn
     assert row["status"] == "revoked" and row["acl_rules"] is None
 
 
+def test_a_revoked_agents_reports_do_not_count_until_it_gets_new_credentials(
+    locked: FsmEnv,
+) -> None:
+    agent_id = str(uuid.uuid4())
+    _credentials(locked, agent_id, "tester")
+    assert _cli(locked, "agents", "revoke", agent_id).returncode == 0
+    before = len(locked.client.rejected(None, limit=10_000))
+    _xadd_as(locked, agent_id, _status(agent_id))  # written before the revocation, read after
+    found = locked.wait_for_rejections(None, before + 1)
+    assert (found[-1]["reason"], found[-1]["detail"]) == (
+        "wrong_agent",
+        f"agent {agent_id}'s credentials were revoked",
+    )
+    assert _agent(locked, agent_id)["status"] == "revoked"
+
+    url = _credentials(locked, agent_id, "tester")  # issued again
+    redis.Redis.from_url(url).xadd(
+        agent_ack_stream(agent_id, locked.settings.channel_prefix),
+        {"message": json.dumps(_status(agent_id))},
+    )
+    deadline = time.monotonic() + 20
+    while _agent(locked, agent_id)["status"] != "active":
+        assert time.monotonic() < deadline, "its report did not count after new credentials"
+        time.sleep(0.1)
+
+
+def _agent(env: FsmEnv, agent_id: str) -> dict[str, Any]:
+    [row] = [a for a in env.client.agents() if a["id"] == agent_id]
+    return row
+
+
 def test_revoking_an_agent_never_known_changes_nothing(locked: FsmEnv) -> None:
     stranger = str(uuid.uuid4())
     done = _cli(locked, "agents", "revoke", stranger)
