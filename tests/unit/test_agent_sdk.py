@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from fsm_celery.agent import Agent, NoAck, Task, run
+from fsm_celery.agent.run import user_agents
 from tests.support.docs import agent_example, blocks
 
 ISSUED = "6b0d2f4e-8d1b-4c3a-9e5f-7a6b5c4d3e2f"
@@ -60,6 +61,18 @@ def test_one_process_serves_several_agent_types(tmp_path: Path) -> None:
     example = _example(tmp_path)
     assert [a.agent_type for a in example.agents] == ["analyzer", "researcher", "reviewer"]
     assert len({a.id for a in example.agents}) == 3
+
+
+def test_the_cli_runs_an_agent_or_a_list_of_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example = _example(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "research_agents", example)
+    assert user_agents("research_agents:agents") == example.agents
+    assert user_agents("research_agents:reviewer") == [example.reviewer]
+    with pytest.raises(ValueError, match="is a function, not an fsm_celery Agent or a list"):
+        user_agents("research_agents:review")
 
 
 def test_answer_for_runs_async_handlers_and_reports_no_ack() -> None:
