@@ -80,8 +80,17 @@ def client(settings: Settings, engine: MachineEngine | None = None) -> Client:
         engine or machine_engine(settings),
         Enqueue(settings),
         dead_letters(settings).latest,
-        partial(acl.revoke_agent_user, connect(settings.redis_url)),
+        partial(_revoke_agent_user, settings.redis_url),
     )
+
+
+def _revoke_agent_user(redis_url: str, agent_id: UUID) -> bool:
+    """channel.acl's revocation on a connection of its own (the client opens none otherwise)."""
+    admin = connect(redis_url)
+    try:
+        return acl.revoke_agent_user(admin, agent_id)
+    finally:
+        admin.close()
 
 
 def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
