@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import redis
 from fsm_celery.agent.sdk import Agent, Task
 from fsm_celery.channel.acl import agent_username
 from fsm_celery.core.messages import ack_stream, agent_ack_stream
+from fsm_celery.store.queries import live_agents_txn
 from tests.integration.conftest import ONE_MODE
 from tests.support import ROOT
 from tests.support.agents import ScriptedAgent, serving
@@ -200,6 +202,7 @@ def test_a_revoked_agents_reports_do_not_count_until_it_gets_new_credentials(
         f"agent {agent_id}'s credentials were revoked",
     )
     assert _agent(locked, agent_id)["status"] == "revoked"
+    assert uuid.UUID(agent_id) not in _live(locked, "tester")  # no machine is assigned to it
 
     url = _credentials(locked, agent_id, "tester")  # issued again
     redis.Redis.from_url(url).xadd(
@@ -210,6 +213,14 @@ def test_a_revoked_agents_reports_do_not_count_until_it_gets_new_credentials(
     while _agent(locked, agent_id)["status"] != "active":
         assert time.monotonic() < deadline, "its report did not count after new credentials"
         time.sleep(0.1)
+    assert uuid.UUID(agent_id) in _live(locked, "tester")
+
+
+def _live(env: FsmEnv, agent_type: str) -> list[uuid.UUID]:
+    """The agents of the type machines may be assigned to now."""
+    since = datetime.now(UTC) - timedelta(seconds=env.settings.agent_liveness_seconds)
+    with env.client.engine.db.connect() as conn:
+        return live_agents_txn(conn, agent_type, since)
 
 
 def _agent(env: FsmEnv, agent_id: str) -> dict[str, Any]:
