@@ -122,3 +122,18 @@ def _no_deployment_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(name, raising=False)
     yield
     sys.modules.pop("research_agents", None)
+
+
+def test_the_most_specific_handler_wins() -> None:
+    agent = Agent("cto", redis_url="redis://127.0.0.1:6379/0")
+    for machine_type, state in (("*", "*"), ("*", "B"), ("m", "*"), ("m", "A")):
+        agent.handler(machine_type, state)(lambda task, k=(machine_type, state): {"k": k})
+
+    def picked(machine_type: str, state: str) -> Any:
+        ack = agent.answer_for(machine_type, state)
+        return ack and ack["output"]["k"]
+
+    assert picked("m", "A") == ("m", "A")
+    assert picked("m", "B") == ("m", "*")  # its machine type before any type's state
+    assert picked("n", "B") == ("*", "B")
+    assert picked("n", "C") == ("*", "*")
