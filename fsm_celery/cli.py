@@ -295,7 +295,8 @@ def agents_list(as_json: bool = False) -> None:
     is_flag=True,
     help="Create the Redis user now, through FSM_REDIS_URL (which needs ACL rights).",
 )
-def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool) -> None:
+@_actor_option()
+def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool, actor: str) -> None:
     """Issue the agent its own Redis user: it may read only its tasks and write only its acks.
 
     Prints the ACL rule (for redis-cli or an ACL file) and the URL the agent connects with, and
@@ -319,7 +320,8 @@ def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool) -> Non
         rules = acl.create_agent_user(
             connect(settings.redis_url), agent_id, agent_type, prefix, password
         )
-        _client().register_agent(agent_id, agent_type, rules)  # kept: the bridge restores it
+        # kept: the bridge restores it
+        _client().register_agent(agent_id, agent_type, rules, actor=actor)
     else:
         _client().register_agent(agent_id, agent_type)
     user = acl.agent_username(agent_id)
@@ -329,6 +331,19 @@ def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool) -> Non
     click.echo(file_line)
     click.echo("# the agent connects with (keep it secret; shown once):")
     click.echo(_agent_url(settings.redis_url, user, password))
+
+
+@agents.command("revoke")
+@click.argument("agent_id", type=click.UUID)
+@click.option("--reason", default="", help="Why; kept in the agent's audit.")
+@_actor_option()
+def agents_revoke(agent_id: uuid.UUID, reason: str, actor: str) -> None:
+    """Revoke the agent's Redis credentials: its user deleted (its open connections closed,
+    its URL refused from then on), never created again by the bridge, no machine assigned to
+    it; audited. Issue new ones with `agents credentials`."""
+    existed = _client().revoke_agent(agent_id, actor, reason)
+    user = "deleted" if existed else "already absent"
+    click.echo(f"revoked {agent_id}: Redis user {user}; recorded as revoked by {actor}")
 
 
 def _agent_url(redis_url: str, user: str, password: str) -> str:
@@ -349,7 +364,12 @@ def _agent_url(redis_url: str, user: str, password: str) -> str:
 
 @main.command()
 @click.option("--mock", is_flag=True, help="Serve every shipped definition with scripted outputs.")
-@click.option("--app", "app_path", default=None, help="module:attribute of your fsm_celery Agent.")
+@click.option(
+    "--app",
+    "app_path",
+    default=None,
+    help="module:attribute of your fsm_celery Agent, or of a list of them.",
+)
 @click.option(
     "--agent-type",
     "agent_types",
@@ -387,16 +407,16 @@ def agent(
     think: float,
 ) -> None:
     """Run an agent: the mock agents (--mock), or your own (--app module:attribute)."""
-    from fsm_celery.agent.run import run_agents, user_agent
+    from fsm_celery.agent.run import run_agents, user_agents
 
     settings = get_settings()
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
     if app_path is not None:
         try:
-            found = user_agent(app_path)
+            found = user_agents(app_path)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
-        run_agents([found])
+        run_agents(found)
         return
     if not mock:
         raise click.UsageError("pass --mock, or --app module:attribute naming your Agent")

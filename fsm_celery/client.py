@@ -32,6 +32,7 @@ from fsm_celery.engine.replays import MachineReplay
 from fsm_celery.engine.retention import Outcome
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import (
+    AgentNotFound,
     AmbiguousMachineId,
     DefinitionError,
     FsmError,
@@ -53,12 +54,14 @@ from fsm_celery.records import (
     jsonable,
     notification_view,
 )
+from fsm_celery.store import credentials as credential_store
 from fsm_celery.store import gates as gate_store
 from fsm_celery.store import notify as notify_store
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
 from fsm_celery.store import signals as signal_store
 from fsm_celery.store import slots as slot_store
+from fsm_celery.store.credentials import ISSUED
 from fsm_celery.store.partitions import Partition
 from fsm_celery.store.reads import Cursor, MachineFilter
 
@@ -80,10 +83,12 @@ class Client:
         engine: MachineEngine,
         enqueue: Handoff,
         parked: Callable[[int], list[dict[str, str]]] | None = None,
+        revoke_user: Callable[[UUID], bool] | None = None,
     ) -> None:
         self.engine = engine
         self.enqueue = enqueue
         self._parked = parked
+        self._revoke_user = revoke_user  # deletes an agent's Redis user (channel.acl)
 
     def load_definitions(self, path: str | None = None) -> list[tuple[str, int, bool]]:
         """Load the YAML definitions at path (file or folder): (type, version, created)."""
@@ -612,7 +617,11 @@ class Client:
         return self._parked(limit) if self._parked is not None else []
 
     def register_agent(
-        self, agent_id: UUID | str, agent_type: str, acl_rules: list[str] | None = None
+        self,
+        agent_id: UUID | str,
+        agent_type: str,
+        acl_rules: list[str] | None = None,
+        actor: str = "cli",
     ) -> None:
         """Record that the agent was given credentials for the agent type: a status it sends
         claiming another type is refused; with its Redis user's rules (the password hashed),
@@ -621,6 +630,26 @@ class Client:
             q.register_agent_txn(
                 conn, _agent_uuid(agent_id), agent_type, self.engine.runtime.clock(), acl_rules
             )
+            if acl_rules is not None:
+                credential_store.record_txn(conn, _agent_uuid(agent_id), ISSUED, actor, "")
+
+    def revoke_agent(self, agent_id: UUID | str, actor: str, reason: str = "") -> bool:
+        """Revoke the agent's Redis credentials, audited: its rules forgotten (the bridge no
+        longer creates its user again), no machine assigned to it, its Redis user deleted and
+        the connections it opened closed; whether Redis had its user (AgentNotFound when the
+        deployment never knew the agent)."""
+        _check_actor(actor)
+        aid = _agent_uuid(agent_id)
+        with self.engine.db.begin() as conn:
+            if not credential_store.revoke_txn(conn, aid, actor, reason):
+                raise AgentNotFound(str(aid))
+        return self._revoke_user(aid) if self._revoke_user is not None else False
+
+    def credential_events(self, agent_id: UUID | str) -> list[dict[str, Any]]:
+        """Who issued and who revoked the agent's credentials, when and why, oldest first."""
+        with self.engine.db.connect() as conn:
+            rows = credential_store.events_txn(conn, _agent_uuid(agent_id))
+        return [jsonable(dict(r._mapping)) for r in rows]
 
 
 def _agent_uuid(value: UUID | str) -> UUID:

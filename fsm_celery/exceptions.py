@@ -8,6 +8,7 @@ FsmError                      root of everything this package raises
 ├── DefinitionError           a machine definition is invalid (carries every problem)
 ├── CannotListen              the dashboard's address is taken or not this machine's
 ├── ScheduleNotFound          no schedule has that name
+├── AgentNotFound             the deployment never knew an agent of that id
 ├── InvalidActor              who acted does not fit the history's column
 └── MachineError              an operation on a machine instance was refused
     ├── UnknownMachineType    no definition is loaded for that type
@@ -280,6 +281,17 @@ class Unstorable(MachineError):
         self.machine_id = machine_id
         self.detail = detail
         super().__init__(f"machine {machine_id}: {detail}")
+
+
+class AgentNotFound(FsmError):
+    """The deployment never issued credentials to, nor heard from, an agent of that id."""
+
+    def __init__(self, agent_id: str) -> None:
+        self.agent_id = agent_id
+        super().__init__(
+            f"no agent {agent_id}: it was never issued credentials (fsm-celery agents "
+            "credentials) and never reported"
+        )
 
 
 class ScheduleNotFound(FsmError):

@@ -22,6 +22,7 @@ from fsm_celery.acks.consumer import Consumer, Delivery
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.acks.pubsub import PubSubConsumer
 from fsm_celery.acks.streams import StreamConsumer
+from fsm_celery.channel import acl
 from fsm_celery.channel.redis import RedisDispatcher, connect
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
@@ -76,8 +77,20 @@ def dead_letters(settings: Settings) -> DeadLetters:
 def client(settings: Settings, engine: MachineEngine | None = None) -> Client:
     """The client: starts machines and enqueues their first states on the settings' queue."""
     return Client(
-        engine or machine_engine(settings), Enqueue(settings), dead_letters(settings).latest
+        engine or machine_engine(settings),
+        Enqueue(settings),
+        dead_letters(settings).latest,
+        partial(_revoke_agent_user, settings.redis_url),
     )
+
+
+def _revoke_agent_user(redis_url: str, agent_id: UUID) -> bool:
+    """channel.acl's revocation on a connection of its own (the client opens none otherwise)."""
+    admin = connect(redis_url)
+    try:
+        return acl.revoke_agent_user(admin, agent_id)
+    finally:
+        admin.close()
 
 
 def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
@@ -96,7 +109,9 @@ def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
     if settings.queues:  # each ack on its machine's queue: its type read once per machine
         db = database.connect(settings.database_url, prepare=settings.database_prepare)
         route = relay.Routes(db, settings.queue_for)
-    return relay.Relay(app, settings.queue, settings.max_relay_bytes, route)
+    inbox = machine_engine(settings).inbox  # agents' statuses: applied here, never tasks
+    statuses = Applier(inbox.apply_and_hand_on, inbox.reject, Enqueue(settings))
+    return relay.Relay(app, settings.queue, settings.max_relay_bytes, route, statuses)
 
 
 def ack_bridge(settings: Settings, mode: TransitionMode, *, pubsub: bool) -> Bridge:

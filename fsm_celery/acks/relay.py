@@ -2,6 +2,11 @@
 fsm.apply_acks tasks (Relay), and a worker applies each (apply_acks), in one transaction,
 handing every state decided on to an fsm.enter_state task.
 
+Agents' status reports are no machine's step: the bridge applies them itself (a small upsert
+of the agent registry), so that Flower lists the machines' work and not every agent's report
+every few seconds. While the database is away they are relayed with the acks instead, so
+that nothing waits on them.
+
 Once Relay returns, the broker holds the batch (late acks keep it there until a worker applied
 it), so the bridge settles the stream entries. A failed publish raises a transient error: the
 bridge keeps the batch and tries again (a part already published is applied once anyway: its
@@ -13,6 +18,7 @@ recorded is tried again alone, a second later, until the dead-letter policy give
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,7 +28,7 @@ from uuid import UUID
 from celery import Celery, Task, shared_task
 from sqlalchemy import Engine
 
-from fsm_celery.acks.apply import RETRY
+from fsm_celery.acks.apply import RETRY, TRANSIENT
 from fsm_celery.acks.consumer import Delivery
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.engine.ports import Inbound
@@ -30,6 +36,9 @@ from fsm_celery.store.queries import machine_types_txn
 
 APPLY_ACKS = "fsm.apply_acks"
 ACKS_SHOWN = 20  # machines an apply_acks task names in Flower
+STATUS_BYTES = 4096  # an agent_status is far smaller: anything larger is relayed as it is
+
+log = logging.getLogger(__name__)
 
 Wire = list[list[str | None]]  # [message, sender's id or None, source] per message (JSON)
 
@@ -38,7 +47,8 @@ class Relay:
     """The bridge's handler in the celery mode: each batch becomes fsm.apply_acks tasks on the
     queue, each carrying at most max_bytes of messages. With `route` (FSM_QUEUES), each message
     goes on its machine's queue instead: route maps machine ids (as text, read from the raw
-    messages, unchecked: the worker checks them) to queues, those it does not know to `queue`."""
+    messages, unchecked: the worker checks them) to queues, those it does not know to `queue`.
+    With `statuses`, the agents' status reports are handed to it instead of to a task."""
 
     def __init__(
         self,
@@ -46,10 +56,33 @@ class Relay:
         queue: str,
         max_bytes: int,
         route: Callable[[set[str]], dict[str, str]] | None = None,
+        statuses: Callable[[list[Delivery]], list[Delivery]] | None = None,
     ) -> None:
         self.app, self.queue, self.max_bytes, self.route = app, queue, max_bytes, route
+        self.statuses = statuses
 
     def __call__(self, batch: list[Delivery]) -> list[Delivery]:
+        failed, batch = self._apply_statuses(batch)
+        if batch:
+            self._publish(batch)
+        return failed
+
+    def _apply_statuses(self, batch: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
+        """Apply the batch's status reports here; those that failed, and what is to relay."""
+        if self.statuses is None:
+            return [], batch
+        reports = [d for d in batch if is_status(d.item.raw)]
+        if not reports:
+            return [], batch
+        try:
+            failed = self.statuses(reports)
+        except TRANSIENT as exc:  # the acks must not wait for the database: a worker retries
+            log.warning("agents' statuses relayed, not applied here: %s", exc)
+            return [], batch
+        shown = {id(d) for d in reports}
+        return failed, [d for d in batch if id(d) not in shown]
+
+    def _publish(self, batch: list[Delivery]) -> None:
         with self.app.producer_or_acquire() as producer:  # one connection for the whole batch
             for queue, part in self._by_queue(batch):
                 for chunk in chunks(part, self.max_bytes):
@@ -60,7 +93,6 @@ class Relay:
                         argsrepr=acks_repr(chunk),
                         producer=producer,
                     )
-        return []
 
     def _by_queue(self, batch: list[Delivery]) -> list[tuple[str, list[Delivery]]]:
         if self.route is None:
@@ -75,6 +107,20 @@ class Relay:
 
 
 _MACHINE_ID = re.compile(r'"machineId"\s*:\s*"([0-9A-Fa-f-]{36})"')
+
+
+_STATUS = re.compile(r'"type"\s*:\s*"agent_status"')
+
+
+def is_status(raw: str) -> bool:
+    """Whether a raw message is an agent_status (a cheap look; the applier checks it all)."""
+    if len(raw) > STATUS_BYTES or not _STATUS.search(raw):
+        return False
+    try:
+        message = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(message, dict) and message.get("type") == "agent_status"
 
 
 def machine_id_in(raw: str) -> str | None:

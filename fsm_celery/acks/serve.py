@@ -17,7 +17,6 @@ from fsm_celery.acks.bridge import Bridge
 from fsm_celery.config import Settings, TransitionMode, get_settings
 
 log = logging.getLogger("fsm_celery.acks.bridge")
-ACL_CHECK_SECONDS = 2.0  # how often the bridge checks that Redis has the agents' users
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def _keep_consumers(
 
 
 def _keep_acl_users(stop: threading.Event) -> None:
-    """Create again, every ACL_CHECK_SECONDS, the agents' Redis users the primary lost: it
+    """Create again, every acl.RESTORE_SECONDS, the agents' Redis users the primary lost: it
     restarted without an aclfile, or Sentinel promoted a replica (ACL users are not
     replicated). An agent refused meanwhile retries its connection until its user is back."""
     from fsm_celery.channel import acl
@@ -81,7 +80,7 @@ def _keep_acl_users(stop: threading.Event) -> None:
     settings = get_settings()
     db = database.connect(settings.database_url, prepare=settings.database_prepare)
     admin = connect(settings.redis_url)
-    while not stop.wait(ACL_CHECK_SECONDS):
+    while not stop.wait(acl.RESTORE_SECONDS):
         try:
             with db.connect() as conn:
                 users = q.acl_users_txn(conn)

@@ -50,8 +50,8 @@ def mock_agents(
     return made
 
 
-def user_agent(path: str) -> Agent:
-    """The Agent object named by module:attribute."""
+def user_agents(path: str) -> list[Agent]:
+    """The Agent, or the list of Agents (one per agent type, say), named by module:attribute."""
     module_name, _, attribute = path.partition(":")
     if not module_name:
         raise ValueError(f"--app {path!r}: expected module:attribute (e.g. myagents:agent)")
@@ -62,9 +62,16 @@ def user_agent(path: str) -> Agent:
     found = getattr(module, attribute or "agent", None)
     if found is None:
         raise ValueError(f"--app {path!r}: {module_name} has no attribute {attribute or 'agent'!r}")
-    if not isinstance(found, Agent):
-        raise ValueError(f"--app {path!r} is a {type(found).__name__}, not an fsm_celery Agent")
-    return found
+    agents = list(found) if isinstance(found, list | tuple) else [found]
+    if not agents or not all(isinstance(a, Agent) for a in agents):
+        kind = type(found).__name__
+        raise ValueError(f"--app {path!r} is a {kind}, not an fsm_celery Agent or a list of them")
+    return agents
+
+
+def run(*agents: Agent) -> None:
+    """Run the agents in this process until SIGTERM or SIGINT (docs/agents.md)."""
+    run_agents(list(agents))
 
 
 def run_agents(agents: list[Agent]) -> None:

@@ -1,6 +1,7 @@
-"""The agent SDK: a daemon that serves state_task messages with registered handlers.
+"""The agent SDK: a daemon that serves state_task messages with registered handlers
+(docs/agents.md).
 
-    agent = Agent("cto", redis_url="redis://127.0.0.1:6379/0")
+    agent = Agent("cto")                    # FSM_REDIS_URL, FSM_CHANNEL_PREFIX, FSM_REDIS_REPLICAS
 
     @agent.handler("cto_build_project", "WRITE_CODE")
     def write_code(task: Task) -> dict:     # or `async def`
@@ -41,14 +42,17 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from pydantic import ValidationError
 
 from fsm_celery.agent.task import Slot, Task, cancellable, reply
+from fsm_celery.channel.acl import USER_PREFIX
 from fsm_celery.channel.redis import Replication, connect
+from fsm_celery.config import Settings
 from fsm_celery.core.messages import (
     TASK_MESSAGE_TYPES,
     StateCancel,
@@ -85,25 +89,32 @@ class Agent:
         self,
         agent_type: str,
         *,
-        redis_url: str = "redis://127.0.0.1:6379/0",
+        redis_url: str | None = None,
         agent_id: uuid.UUID | str | None = None,
         concurrency: int = 4,
-        prefix: str = "",
+        prefix: str | None = None,
         status_interval: float = 5.0,
         shutdown_grace: float = 30.0,
-        replicas: int = 0,
-        replica_timeout_ms: int = 500,
+        replicas: int | None = None,
+        replica_timeout_ms: int | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        """What is not given is the deployment's, read from the environment as every process
+        reads it (FSM_REDIS_URL, FSM_CHANNEL_PREFIX, FSM_REDIS_REPLICAS,
+        FSM_REDIS_REPLICA_TIMEOUT_MS); the id, unless given, is the one the URL's credentials
+        were issued to (`fsm-agent-<id>`), else a new one."""
+        settings = settings or Settings()
         self.agent_type = agent_type
+        self.redis_url = redis_url or settings.redis_url
         # The canonical form: the Redis ACL names its keys with it.
-        self.id = str(uuid.UUID(str(agent_id)) if agent_id else uuid.uuid4())
-        self.redis_url = redis_url
+        self.id = _agent_id(agent_id, self.redis_url)
         self.concurrency = concurrency
-        self.prefix = prefix
+        self.prefix = settings.channel_prefix if prefix is None else prefix
         self.status_interval = status_interval
         self.shutdown_grace = shutdown_grace
-        self.replicas = replicas  # an answer counts as sent once this many replicas hold it
-        self.replica_timeout_ms = replica_timeout_ms
+        # an answer counts as sent once this many replicas hold it
+        self.replicas = settings.redis_replicas if replicas is None else replicas
+        self.replica_timeout_ms = replica_timeout_ms or settings.redis_replica_timeout_ms
         self._handlers: dict[tuple[str, str], Handler] = {}
         self._stop = threading.Event()
         self._stop_asked = 0.0  # monotonic time of stop(): the grace counts from it
@@ -134,6 +145,25 @@ class Agent:
             if key in self._handlers:
                 return self._handlers[key]
         return None
+
+    def answer_for(
+        self, machine_type: str, state: str, context: Mapping[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """The ack the handlers send for a task of that machine type and state, without Redis
+        or an engine (a test's; None for no ack): a handler's error is a failed ack."""
+        message = StateTask(
+            machine_id=uuid.uuid4(),
+            machine_type=machine_type,
+            state=state,
+            attempt=1,
+            context=dict(context or {}),
+            prompt="",
+            required_output=[],
+            timeout=60_000,
+            deadline=datetime.now(UTC) + timedelta(minutes=1),
+            task_token="not-signed",
+        )
+        return self._answer(Task(message, lambda _: None))
 
     # running ----------------------------------------------------------------------------
 
@@ -439,6 +469,29 @@ class Agent:
             time.sleep(0.05)
         for slot in self._slots(lambda _: True):
             self._drop(slot, SHUTTING_DOWN, _handback(slot.message))
+
+
+def _agent_id(given: uuid.UUID | str | None, redis_url: str) -> str:
+    """The agent's id: the one given, else the one its credentials were issued to, else a new
+    one; ValueError when the one given is not the credentials' (Redis would refuse its keys)."""
+    user = unquote(urlsplit(redis_url).username or "")
+    issued = None
+    if user.startswith(USER_PREFIX):
+        issued = _uuid(user.removeprefix(USER_PREFIX), "the Redis URL's user")
+    found = _uuid(given, "agent_id") if given else issued or uuid.uuid4()
+    if issued is not None and found != issued:
+        raise ValueError(
+            f"agent_id: the Redis URL's credentials were issued to agent {issued}, not {found} "
+            "(leave agent_id out: it is read from them)"
+        )
+    return str(found)
+
+
+def _uuid(value: object, what: str) -> uuid.UUID:
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except ValueError:
+        raise ValueError(f"{what}: expected an agent's UUID, got {value!r}") from None
 
 
 def _where(loc: tuple[int | str, ...]) -> str:

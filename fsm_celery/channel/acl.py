@@ -6,7 +6,7 @@ subscribe to the two matching task channels, and XADD to its own ack stream
 `PREFIXstream:state:ack:<id>` — write-only, so it cannot read another agent's acks or its own.
 It cannot touch the shared ack stream or channel, add tasks, or run anything else.
 
-Every builder here is pure; create_agent_user is the one function that talks to Redis. The
+Every builder here is pure; create_agent_user, restore_users and the deletions talk to Redis. The
 rules are built for Redis 7.0+ (root permissions plus one selector) and store a SHA-256 of the
 password, so a printed rule never carries it in clear.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import time
 from collections.abc import Iterable, Mapping
 from uuid import UUID
 
@@ -32,6 +33,8 @@ from fsm_celery.redis_address import is_sentinel, parse_sentinel
 
 MAX_AGENT_TYPE = 10
 MIN_PASSWORD = 16
+USER_PREFIX = "fsm-agent-"  # an agent's Redis user is this and its id
+RESTORE_SECONDS = 2.0  # how often the bridge creates again the agents' users Redis lost
 
 _AGENT_TYPE = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_AGENT_TYPE}}}")
 # A rule must stay one token both in redis-cli (which splits on blanks and honours quotes) and
@@ -70,7 +73,7 @@ def database_of(redis_url: str) -> int:
 
 def agent_username(agent_id: UUID | str) -> str:
     """The Redis user of an agent."""
-    return f"fsm-agent-{_agent_id(agent_id)}"
+    return f"{USER_PREFIX}{_agent_id(agent_id)}"
 
 
 def new_password() -> str:
@@ -206,6 +209,24 @@ def restore_users(admin: redis.Redis, users: Mapping[UUID, list[str]]) -> list[s
             admin.execute_command("ACL SETUSER", name, *rules)  # type: ignore[no-untyped-call]
             created.append(name)
     return created
+
+
+def delete_agent_user(admin: redis.Redis, agent_id: UUID | str) -> bool:
+    """Delete the agent's Redis user, which also closes every connection it authenticated;
+    whether it existed. Called again RESTORE_SECONDS later by a revocation: a bridge that read
+    the rules just before they were forgotten may create the user once more meanwhile."""
+    deleted = admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL DELUSER", agent_username(agent_id)
+    )
+    return bool(deleted)
+
+
+def revoke_agent_user(admin: redis.Redis, agent_id: UUID | str) -> bool:
+    """Delete the agent's Redis user now and once more after the bridge's next check (whose
+    rules were forgotten before: see delete_agent_user); whether it existed."""
+    existed = delete_agent_user(admin, agent_id)
+    time.sleep(RESTORE_SECONDS + 0.5)
+    return delete_agent_user(admin, agent_id) or existed
 
 
 def known_optional_commands(admin: redis.Redis) -> list[str]:

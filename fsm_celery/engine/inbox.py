@@ -123,10 +123,11 @@ class Inbox:
     def _record_statuses(
         self, conn: Connection, statuses: Iterable[tuple[AgentStatus, Inbound]], writes: Writes
     ) -> None:
-        """Record each agent's report, unless it came from another agent's stream or claims a
-        type other than the one the agent was registered with."""
+        """Record each agent's report, unless it came from another agent's stream, claims a
+        type other than the one the agent was registered with, or its credentials were revoked
+        (a report it wrote before, read after)."""
         statuses = list(statuses)
-        registered = q.registered_types_txn(conn, [s.agent_id for s, _ in statuses])
+        registered = q.registrations_txn(conn, [s.agent_id for s, _ in statuses])
         accepted = []
         for status, item in statuses:
             wrong = _wrong_reporter(status, item.agent, registered.get(status.agent_id))
@@ -210,14 +211,21 @@ class _Senders:
         )
 
 
-def _wrong_reporter(status: AgentStatus, sender: UUID | None, registered: str | None) -> str | None:
-    """Why an agent_status must be refused: sent from another agent's stream, or claiming a
-    type other than the one the agent was registered with."""
+def _wrong_reporter(
+    status: AgentStatus, sender: UUID | None, registered: q.Registration | None
+) -> str | None:
+    """Why an agent_status must be refused: sent from another agent's stream, from an agent
+    whose credentials were revoked, or claiming a type other than the one the agent was
+    registered with."""
     if sender is not None and status.agent_id != sender:
         return f"agent {sender} reported a status for agent {status.agent_id}"
-    if registered is not None and status.agent_type != registered:
+    if registered is None:
+        return None
+    if registered.revoked:
+        return f"agent {status.agent_id}'s credentials were revoked"
+    if registered.agent_type is not None and status.agent_type != registered.agent_type:
         return (
-            f"agent {status.agent_id} is registered as type {registered!r}, "
+            f"agent {status.agent_id} is registered as type {registered.agent_type!r}, "
             f"not {status.agent_type!r}"
         )
     return None

@@ -36,6 +36,7 @@ from fsm_celery.http.models import (
     DecisionRequest,
     EventRequest,
     ForceRequest,
+    RevokeRequest,
     RewindRequest,
     StartRequest,
     decode_cursor,
@@ -400,6 +401,19 @@ def approvals(
 )
 def list_agents(fsm: Fsm, _: Viewer) -> dict[str, Any]:
     return {"items": [jsonable(asdict(a)) for a in fsm.agents_at_work()]}
+
+
+@router.post(
+    "/agents/{agent_id}/revoke",
+    summary="Revoke an agent's Redis credentials (admin; recorded as the signed-in identity)",
+    responses=answer("revoke_agent"),
+)
+def revoke_agent(
+    fsm: Fsm, who: Admin, agent_id: UUID, body: RevokeRequest | None = None
+) -> dict[str, Any]:
+    body = body or RevokeRequest()
+    existed = fsm.revoke_agent(agent_id, who.name, body.reason)
+    return {"agent": str(agent_id), "revoked": True, "user_deleted": existed}
 
 
 @router.get(

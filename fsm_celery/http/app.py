@@ -31,6 +31,7 @@ from fsm_celery.client import Client
 from fsm_celery.config import Settings, get_settings
 from fsm_celery.core.messages import events_channel
 from fsm_celery.exceptions import (
+    AgentNotFound,
     CommandRefused,
     FsmError,
     InsecureDashboard,
@@ -50,6 +51,7 @@ from fsm_celery.http.pages import router as pages_router
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 NOT_FOUND = (
+    AgentNotFound,
     MachineNotFound,
     UnknownMachineType,
     ScheduleNotFound,

@@ -163,6 +163,7 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
     ],
     "CommandRequest": [COMMAND, {}],
     "ForceRequest": [{"state": "RUN_TESTS", "reason": "the tests were fixed by hand"}],
+    "RevokeRequest": [{"reason": "the laptop holding its credentials was lost"}, {}],
     "BudgetRequest": [{"tokens": 200000, "cost": 5.0, "reason": "the refactor needs more room"}],
     "RewindRequest": [
         {"step": 5, "set": {"testCommand": "pytest -x"}, "reason": "the tests ran the wrong suite"}
@@ -444,6 +445,7 @@ ANSWERS: dict[str, Any] = {
             }
         ]
     },
+    "revoke_agent": {"agent": AGENT_ID, "revoked": True, "user_deleted": True},
     "list_schedules": {"items": [SCHEDULE]},
     "schedule_action": {"schedule": SCHEDULE | {"paused": True}},
 }

@@ -66,6 +66,10 @@ class CommandRequest(_Body):
     actor: Actor | None = Field(default=None, description="who; by default the signed-in name")
 
 
+class RevokeRequest(_Body):
+    reason: Reason = ""
+
+
 class ForceRequest(CommandRequest):
     state: Name
 

@@ -11,10 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, delete, func, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    and_,
+    case,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
@@ -40,6 +52,7 @@ from fsm_celery.store.tables import (
 )
 
 AnyRow = Row[*tuple[Any, ...]]
+REVOKED = "revoked"  # an agent's status once its credentials were revoked
 PAYLOAD_KEEP = 4096  # characters of a rejected payload kept for the record
 
 
@@ -372,16 +385,24 @@ def agent_types_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, str]:
     return {row[0]: row[1] for row in rows}
 
 
-def registered_types_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, str]:
-    """The type each of the agents was registered with (agents never registered are left out)."""
+class Registration(NamedTuple):
+    """What the deployment says of an agent's credentials."""
+
+    agent_type: str | None  # the type they were issued for
+    revoked: bool  # `fsm-celery agents revoke`: nothing it sends counts any more
+
+
+def registrations_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, Registration]:
+    """The agents' registrations (agents never registered nor revoked are left out)."""
     if not ids:
         return {}
     rows = conn.execute(
-        select(agents.c.id, agents.c.registered_type).where(
-            agents.c.id.in_(ids), agents.c.registered_type.is_not(None)
+        select(agents.c.id, agents.c.registered_type, agents.c.status).where(
+            agents.c.id.in_(ids),
+            or_(agents.c.registered_type.is_not(None), agents.c.status == REVOKED),
         )
     ).all()
-    return {row[0]: row[1] for row in rows}
+    return {row[0]: Registration(row[1], row[2] == REVOKED) for row in rows}
 
 
 def register_agent_txn(
@@ -411,7 +432,13 @@ def register_agent_txn(
     conn.execute(
         statement.on_conflict_do_update(
             index_elements=[agents.c.id],
-            set_={"registered_type": agent_type, "agent_type": agent_type, "acl_rules": acl_rules},
+            set_={
+                "registered_type": agent_type,
+                "agent_type": agent_type,
+                "acl_rules": acl_rules,
+                # new credentials after a revocation: its reports count again
+                "status": case((agents.c.status == REVOKED, "stopped"), else_=agents.c.status),
+            },
         )
     )
 

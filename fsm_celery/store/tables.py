@@ -232,6 +232,19 @@ agents = Table(
     Index("idx_agents_type_seen", "agent_type", "status", "last_seen_at"),
 )
 
+# 0020: who issued and who revoked an agent's Redis credentials, when and why.
+agent_credential_events = Table(
+    "agent_credential_events",
+    metadata,
+    Column("id", BigId, primary_key=True),
+    Column("agent_id", Uuid, nullable=False),
+    Column("action", String(16), nullable=False),  # issued, revoked
+    Column("actor", String(100), nullable=False),
+    Column("reason", Text, nullable=False, server_default=""),
+    _created(),
+    Index("idx_agent_credential_events_agent", "agent_id", "created_at"),
+)
+
 # A definition's schedules (synced from it on load); paused is the operators', kept across loads.
 schedules = Table(
     "schedules",

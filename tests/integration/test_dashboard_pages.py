@@ -366,6 +366,26 @@ def test_an_agents_work_is_one_machine_a_line_and_follows_it_live(
         assert_not_reloaded(page)
 
 
+def test_an_admin_revokes_an_agent_from_the_agents_table(dashboard: Dashboard, page: Page) -> None:
+    env = dashboard.env
+    agent = str(uuid.uuid4())
+    env.client.register_agent(agent, "tester", ["reset", "off"], actor="ops")
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada")
+    row = page.locator(f'tr[data-agent="{agent}"]')
+    row.locator("button[data-revoke]").click()
+    expect(page.locator("dialog#confirm")).to_be_visible(timeout=WAIT_MS)
+    page.fill("#confirm-reason", "its laptop was lost")
+    page.click("#confirm-ok")
+    expect(row.locator(".badge")).to_have_text("revoked", timeout=WAIT_MS)
+    expect(row.locator("button[data-revoke]")).to_have_count(0)
+    [*_, revoked] = env.client.credential_events(agent)
+    assert (revoked["action"], revoked["actor"], revoked["reason"]) == (
+        "revoked",
+        "Ada",
+        "its laptop was lost",
+    )
+
+
 def test_the_bulk_dialog_says_how_many_machines_the_filter_matches(
     dashboard: Dashboard, page: Page
 ) -> None:

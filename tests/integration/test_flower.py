@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from fsm_celery.agent.mock import OUTPUTS
+from fsm_celery.agent.sdk import Agent, Task
 from fsm_celery.store.tables import liveness
 from tests.support import ROOT
-from tests.support.agents import ScriptedAgent
+from tests.support.agents import ScriptedAgent, serving
 from tests.support.processes import FsmEnv
 
 AUTH = "operator:flower-test-password"
@@ -97,6 +99,43 @@ def test_flower_lists_the_machines_tasks_not_the_engines_housekeeping(
     listed = Counter(t["name"] for t in get(port, "/api/tasks?limit=10000").values())
     assert listed["fsm.enter_state"] >= len(INFRA_STATES), listed
     assert not HOUSEKEEPING & set(listed), listed  # ~30 scan/schedules/notify before
+
+
+def test_flower_lists_no_task_for_agents_statuses(flower: tuple[FsmEnv, int]) -> None:
+    env, port = flower
+    agent = Agent(
+        "cto",
+        redis_url=env.settings.redis_url,
+        prefix=env.settings.channel_prefix,
+        status_interval=0.2,  # a report every 0.2 s: each was a task of its own
+    )
+
+    @agent.handler()
+    def answer(task: Task) -> dict[str, Any]:
+        return OUTPUTS[task.state]
+
+    with serving(agent):
+        first = _last_seen(env, agent.id)
+        mid = env.client.start_machine("cto_infrastructure_check", {}, agent_id=agent.id)
+        assert env.wait_until_done(mid).status == "completed"
+        _wait_until(lambda: _last_seen(env, agent.id) > first)  # its reports are applied
+    assert tasks_of(port, str(mid), "fsm.apply_acks", 1)  # Flower has the machine's acks
+    relayed = get(port, "/api/tasks?taskname=fsm.apply_acks&limit=10000").values()
+    assert [t["args"] for t in relayed if "agent_status" in t["args"]] == []
+
+
+def _last_seen(env: FsmEnv, agent_id: str) -> str:
+    """When the agent's latest status was applied (once it was)."""
+    _wait_until(lambda: any(a["id"] == agent_id for a in env.client.agents()))
+    [found] = [a for a in env.client.agents() if a["id"] == agent_id]
+    return str(found["last_seen_at"])
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within 20 s"
+        time.sleep(0.1)
 
 
 def test_flowers_task_list_shows_what_each_task_is_for(flower: tuple[FsmEnv, int]) -> None:

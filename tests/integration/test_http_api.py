@@ -534,3 +534,28 @@ def test_the_live_feed_carries_a_machines_transitions(http: Any) -> None:
         "paused",
     )
     _error(http.get("/api/events"), 401)
+
+
+def test_an_admin_revokes_an_agent_recorded_as_its_own_identity(http: Any, env: FsmEnv) -> None:
+    agent = str(uuid.uuid4())
+    env.client.register_agent(agent, "tester", ["reset", "off"], actor="ops")
+    path = f"/api/agents/{agent}/revoke"
+    assert http.post(path, json={"reason": "r"}, headers=VIEWER).status_code == 403
+    _error(http.post(path, json={"actor": "bob"}, headers=ADMIN), 422, "actor")  # not a field
+
+    response = http.post(path, json={"reason": "left the team"}, headers=ADMIN)
+
+    assert response.status_code == 200, response.text
+    assert response.json() == {"agent": agent, "revoked": True, "user_deleted": False}
+    events = env.client.credential_events(agent)
+    assert [(e["action"], e["actor"], e["reason"]) for e in events] == [
+        ("issued", "ops", ""),
+        ("revoked", "admin", "left the team"),
+    ]
+    [row] = [a for a in http.get("/api/agents", headers=VIEWER).json()["items"] if a["id"] == agent]
+    assert row["status"] == "revoked"
+
+
+def test_revoking_an_unknown_agent_is_a_404(http: Any, env: FsmEnv) -> None:
+    _error(http.post(f"/api/agents/{MISSING}/revoke", headers=ADMIN), 404, f"no agent {MISSING}")
+    assert env.client.credential_events(MISSING) == []

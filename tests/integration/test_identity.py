@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import redis
 from fsm_celery.agent.sdk import Agent, Task
 from fsm_celery.channel.acl import agent_username
 from fsm_celery.core.messages import ack_stream, agent_ack_stream
+from fsm_celery.store.queries import live_agents_txn
 from tests.integration.conftest import ONE_MODE
 from tests.support import ROOT
 from tests.support.agents import ScriptedAgent, serving
@@ -156,6 +158,95 @@ def test_an_agent_cannot_write_another_agents_acks_under_its_credentials(locked:
         client.xadd(ack_stream(prefix), {"message": json.dumps(_status(other))})
     client.xadd(agent_ack_stream(mine, prefix), {"message": json.dumps(_status(mine))})
     client.close()
+
+
+def test_a_revoked_agent_is_refused_and_its_user_not_created_again(locked: FsmEnv) -> None:
+    agent_id = str(uuid.uuid4())
+    url = _credentials(locked, agent_id, "tester")
+    held = redis.Redis.from_url(url, retry_on_timeout=False)
+    held.ping()  # a connection the agent opened before
+
+    done = _cli(locked, "agents", "revoke", agent_id, "--reason", "laptop lost", "--actor", "ana")
+
+    assert done.returncode == 0, done.stderr
+    assert f"revoked {agent_id}: Redis user deleted" in done.stdout
+    with pytest.raises(redis.ConnectionError):  # closed, and refused when it connects again
+        held.ping()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(url).ping()
+    users = redis.Redis.from_url(locked.settings.redis_url, decode_responses=True)
+    watch_until = time.monotonic() + 3 * 2.0  # three of the bridge's checks for lost users
+    while time.monotonic() < watch_until:
+        assert agent_username(agent_id) not in users.acl_users(), "the bridge created it again"
+        time.sleep(0.2)
+    events = locked.client.credential_events(agent_id)
+    assert [(e["action"], e["actor"], e["reason"]) for e in events] == [
+        ("issued", "cli", ""),
+        ("revoked", "ana", "laptop lost"),
+    ]
+    [row] = [a for a in locked.client.agents() if a["id"] == agent_id]
+    assert row["status"] == "revoked" and row["acl_rules"] is None
+
+
+def test_a_revoked_agents_reports_do_not_count_until_it_gets_new_credentials(
+    locked: FsmEnv,
+) -> None:
+    agent_id = str(uuid.uuid4())
+    _credentials(locked, agent_id, "tester")
+    assert _cli(locked, "agents", "revoke", agent_id).returncode == 0
+    before = len(locked.client.rejected(None, limit=10_000))
+    _xadd_as(locked, agent_id, _status(agent_id))  # written before the revocation, read after
+    found = locked.wait_for_rejections(None, before + 1)
+    assert (found[-1]["reason"], found[-1]["detail"]) == (
+        "wrong_agent",
+        f"agent {agent_id}'s credentials were revoked",
+    )
+    assert _agent(locked, agent_id)["status"] == "revoked"
+    assert uuid.UUID(agent_id) not in _live(locked, "tester")  # no machine is assigned to it
+
+    url = _credentials(locked, agent_id, "tester")  # issued again
+    redis.Redis.from_url(url).xadd(
+        agent_ack_stream(agent_id, locked.settings.channel_prefix),
+        {"message": json.dumps(_status(agent_id))},
+    )
+    deadline = time.monotonic() + 20
+    while _agent(locked, agent_id)["status"] != "active":
+        assert time.monotonic() < deadline, "its report did not count after new credentials"
+        time.sleep(0.1)
+    assert uuid.UUID(agent_id) in _live(locked, "tester")
+
+
+def _live(env: FsmEnv, agent_type: str) -> list[uuid.UUID]:
+    """The agents of the type machines may be assigned to now."""
+    since = datetime.now(UTC) - timedelta(seconds=env.settings.agent_liveness_seconds)
+    with env.client.engine.db.connect() as conn:
+        return live_agents_txn(conn, agent_type, since)
+
+
+def _agent(env: FsmEnv, agent_id: str) -> dict[str, Any]:
+    [row] = [a for a in env.client.agents() if a["id"] == agent_id]
+    return row
+
+
+def test_revoking_an_agent_never_known_changes_nothing(locked: FsmEnv) -> None:
+    stranger = str(uuid.uuid4())
+    done = _cli(locked, "agents", "revoke", stranger)
+    assert done.returncode != 0
+    assert f"no agent {stranger}" in done.stderr
+    assert locked.client.credential_events(stranger) == []
+    assert stranger not in {a["id"] for a in locked.client.agents()}
+
+
+def _cli(env: FsmEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fsm_celery", *args],
+        cwd=ROOT,
+        env=env.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_the_shared_stream_is_not_read_when_shared_acks_are_refused(locked: FsmEnv) -> None:

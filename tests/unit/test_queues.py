@@ -4,7 +4,10 @@ else its root's, else FSM_QUEUE); the bridge's relay splitting a batch by its ma
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import sqlalchemy.exc
 from pydantic import ValidationError
 
 from fsm_celery.acks.consumer import Delivery
@@ -66,3 +69,30 @@ def test_the_relay_splits_a_batch_by_its_machines_queues() -> None:
     assert [d.item.raw for d in parts["fsm"]] == [batch[1].item.raw, batch[2].item.raw]
     assert machine_id_in("{}") is None
     assert Relay(app=None, queue="fsm", max_bytes=1)._by_queue(batch) == [("fsm", batch)]
+
+
+STATUS = json.dumps({"type": "agent_status", "agentId": A, "agentType": "cto", "status": "active"})
+
+
+def test_the_relay_applies_agents_statuses_itself_and_relays_the_rest() -> None:
+    applied: list[str] = []
+
+    def statuses(batch: list[Delivery]) -> list[Delivery]:
+        applied.extend(d.item.raw for d in batch)
+        return []
+
+    relay = Relay(app=None, queue="fsm", max_bytes=1 << 20, statuses=statuses)
+    ack = f'{{"type": "state_ack", "machineId": "{A}", "output": {{"type": "agent_status"}}}}'
+    batch = [_delivery(STATUS), _delivery(ack), _delivery('{"type": "agent_status"' + " " * 5000)]
+    failed, rest = relay._apply_statuses(batch)
+    assert (failed, applied) == ([], [STATUS])
+    assert rest == batch[1:]  # an ack that names the type inside, and no JSON at all: relayed
+
+
+def test_the_relay_relays_statuses_when_the_database_is_away() -> None:
+    def away(batch: list[Delivery]) -> list[Delivery]:
+        raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    relay = Relay(app=None, queue="fsm", max_bytes=1 << 20, statuses=away)
+    batch = [_delivery(STATUS), _delivery(f'{{"type": "state_ack", "machineId": "{A}"}}')]
+    assert relay._apply_statuses(batch) == ([], batch)  # nothing waits for the database

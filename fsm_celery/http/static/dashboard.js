@@ -344,6 +344,24 @@ function wireActions(id) {
 
 // -- the machines list ----------------------------------------------------------------------
 
+// An admin revokes an agent's Redis credentials from the agents' table.
+function wireRevoke() {
+  const box = document.getElementById("agents");
+  if (!box) return;
+  box.addEventListener("click", (click) => {
+    const id = click.target.dataset.revoke;
+    if (!id) return;
+    confirmAction({
+      title: `Revoke agent ${id.slice(0, 8)}'s credentials?`,
+      text: "Its Redis user is deleted and its connections closed; recorded with your name and reason.",
+      run: async (reason) => {
+        await send("POST", `/api/agents/${id}/revoke`, { reason });
+        location.reload();
+      },
+    });
+  });
+}
+
 function machinesPage(table) {
   const filters = JSON.parse(table.dataset.filters || "{}");
   const body = table.tBodies[0];
@@ -355,6 +373,7 @@ function machinesPage(table) {
     !filters.github_issue && !filters.agent_id && !filters.created_before && !filters.cursor;
 
   if (isAdmin()) wireBulk(filters);
+  if (isAdmin()) wireRevoke();
 
   const handle = (event) => {
     let row = body.querySelector(`tr[data-machine="${event.machineId}"]`);
