@@ -48,6 +48,7 @@ from fsm_celery.records import (
     DefinitionVersion,
     FanOutProgress,
     MachineInfo,
+    Rewinding,
     TransitionRecord,
     TreeNode,
     jsonable,
@@ -493,14 +494,16 @@ class Client:
         actor: str,
         reason: str = "",
         edits: Mapping[str, Any] | None = None,
-    ) -> MachineInfo:
+    ) -> Rewinding:
         """Put the machine back at the state it was in after `step`, with the context it had
         then and `edits` over it, as a new attempt (whatever its status); recorded as a
-        `rewind` with who and why, the history before it kept."""
+        `rewind` with who and why, the history before it kept: that row's step, and the
+        machine."""
         _check_actor(actor)
         mid = self.full_id(machine_id)
-        self.enqueue(self.engine.rewind.rewind(mid, step, actor, reason, edits))
-        return self.get_machine(mid)
+        rewound = self.engine.rewind.rewind(mid, step, actor, reason, edits)
+        self.enqueue(rewound.next)
+        return Rewinding(rewound.step, self.get_machine(mid))
 
     def fork(
         self,

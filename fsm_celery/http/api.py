@@ -261,8 +261,8 @@ def force(fsm: Fsm, who: Admin, machine_id: UUID, body: ForceRequest) -> dict[st
     responses=answer("rewind"),
 )
 def rewind(fsm: Fsm, who: Admin, machine_id: UUID, body: RewindRequest) -> dict[str, Any]:
-    info = fsm.rewind(machine_id, body.step, _actor(who, body.actor), body.reason, body.set)
-    return {"machine": info.to_dict()}
+    done = fsm.rewind(machine_id, body.step, _actor(who, body.actor), body.reason, body.set)
+    return {"machine": done.machine.to_dict(), "step": done.step}
 
 
 @router.post(

@@ -276,7 +276,7 @@ ANSWERS: dict[str, Any] = {
     },
     "command": {"machine": MACHINE | {"status": "paused"}},
     "force": {"machine": MACHINE | {"current_state": "RUN_TESTS"}},
-    "rewind": {"machine": MACHINE | {"current_state": "RUN_TESTS", "attempt": 12}},
+    "rewind": {"machine": MACHINE | {"current_state": "RUN_TESTS", "attempt": 12}, "step": 11},
     "fork": {
         "machine": MACHINE
         | {
