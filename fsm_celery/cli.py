@@ -130,6 +130,7 @@ def status(machine_id: str, as_json: bool) -> None:
 
 main.add_command(cli_history.history)
 main.add_command(cli_run.stop)
+main.add_command(cli_run.dev)
 
 
 @main.command()
