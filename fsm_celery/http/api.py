@@ -149,9 +149,18 @@ def get_machine(fsm: Fsm, who: Viewer, machine_id: UUID) -> dict[str, Any]:
     responses=answer("history"),
 )
 def history(
-    fsm: Fsm, _: Viewer, machine_id: UUID, context: Annotated[bool, Query()] = False
+    fsm: Fsm,
+    _: Viewer,
+    machine_id: UUID,
+    context: Annotated[bool, Query()] = False,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    after: Annotated[int, Query(ge=-1, le=INT32_MAX)] = -1,
 ) -> dict[str, Any]:
-    return {"items": [h.to_dict() for h in fsm.history(machine_id, context=context)]}
+    """A page of steps, those after step `after`; `next` is the `after` of the next page."""
+    found = fsm.history(machine_id, context=context, after=after, limit=limit + 1)
+    page = found[:limit]
+    more = len(found) > limit
+    return {"items": [h.to_dict() for h in page], "next": page[-1].attempt if more else None}
 
 
 @router.get(

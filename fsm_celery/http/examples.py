@@ -233,7 +233,8 @@ ANSWERS: dict[str, Any] = {
                 "context": {"projectName": "sla-api", "githubIssue": 726, "testsPassed": True},
                 "known": True,
             }
-        ]
+        ],
+        "next": None,
     },
     "context_at": {
         "machine_id": MACHINE_ID,

@@ -534,3 +534,33 @@ def test_the_live_feed_carries_a_machines_transitions(http: Any) -> None:
         "paused",
     )
     _error(http.get("/api/events"), 401)
+
+
+def test_a_viewer_reads_a_long_history_with_its_contexts_a_bounded_page_at_a_time(
+    env: FsmEnv, http: Any
+) -> None:
+    mid = _start(http)["id"]
+    for _ in range(6):  # each command a step: 0 start, then 12 more
+        env.client.pause(mid, "ops")
+        env.client.resume(mid, "ops")
+    whole = env.client.history(mid, context=True)
+    pages, after = [], -1
+    while after is not None:
+        answer = http.get(
+            f"/api/machines/{mid}/history",
+            params={"context": "true", "limit": 5, "after": after},
+            headers=VIEWER,
+        )
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["items"]) <= 5
+        pages.append(answer.json()["items"])
+        after = answer.json()["next"]
+    assert [len(p) for p in pages] == [5, 5, 3]
+    steps = [step for page in pages for step in page]
+    assert [s["attempt"] for s in steps] == [r.attempt for r in whole]
+    assert [s["context"] for s in steps] == [r.context for r in whole]  # folded, not restarted
+    _error(
+        http.get(f"/api/machines/{mid}/history", params={"limit": 501}, headers=VIEWER),
+        422,
+        "limit",
+    )
