@@ -4,6 +4,7 @@ the state again, and the abandoned attempt's late ack is refused and recorded.""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -67,6 +68,12 @@ def test_rewind_through_the_api_and_the_cli(rewinding: FsmEnv) -> None:
         assert "this fork's own steps:" in shown_history
         inherited = shown_history[: shown_history.index("this fork's own steps:")]
         assert any("ONE" in line and "->" in line for line in inherited)  # the source's step 1
+        as_json = json.loads(_cli(env, "history", fork_id[:8], "--json"))
+        assert [(r["attempt"], r.get("inherited_from")) for r in as_json[:2]] == [
+            (0, str(mid)),
+            (1, str(mid)),
+        ]
+        assert "inherited_from" not in as_json[2]
         shown = http.get(f"/api/machines/{mid}", headers=admin).json()
         assert [f["id"] for f in shown["forks"]] == [fork_id]
         page = http.get(f"/machines/{fork_id}", headers=admin)
