@@ -564,3 +564,19 @@ def test_a_viewer_reads_a_long_history_with_its_contexts_a_bounded_page_at_a_tim
         422,
         "limit",
     )
+
+
+def test_the_api_takes_the_short_ids_the_cli_and_dashboard_show(http: Any) -> None:
+    mid = _start(http)["id"]
+    short = mid[:8]
+    shown = http.get(f"/api/machines/{short}", headers=VIEWER)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["machine"]["id"] == mid
+    steps = http.get(f"/api/machines/{short}/history", headers=VIEWER)
+    assert steps.status_code == 200 and steps.json()["items"][0]["event"] == "start"
+    paused = http.post(f"/api/machines/{short}/pause", json={}, headers=ADMIN)
+    assert paused.status_code == 200 and paused.json()["machine"]["status"] == "paused"
+    # an outsider learns nothing of which ids exist: the same 401 for one that does and one not
+    assert http.get(f"/api/machines/{short}").status_code == 401
+    assert http.get("/api/machines/0123abcd").status_code == 401
+    _error(http.get("/api/machines/0123abcd", headers=VIEWER), 404, "0123abcd")
