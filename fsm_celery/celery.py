@@ -8,7 +8,7 @@ from typing import Any
 from celery.signals import beat_init, celeryd_after_setup, celeryd_init, worker_process_init
 from pydantic import ValidationError
 
-from fsm_celery import wiring
+from fsm_celery import processes, wiring
 from fsm_celery.config import get_settings
 from fsm_celery.exits import fail
 from fsm_celery.worker.app import app
@@ -31,6 +31,17 @@ def _refuse_a_guessable_secret(**_: Any) -> None:
         from fsm_celery.exceptions import InsecureSecret
 
         fail(InsecureSecret(problem))
+
+
+@celeryd_init.connect
+def _record_the_worker(**_: Any) -> None:
+    """Recorded in the deployment's state directory, for `fsm-celery stop`."""
+    processes.record(_settings.state_directory, "worker")
+
+
+@beat_init.connect
+def _record_beat(**_: Any) -> None:
+    processes.record(_settings.state_directory, "beat")
 
 
 @worker_process_init.connect

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from fsm_celery import cli_gates, cli_history, views
+from fsm_celery import cli_gates, cli_history, cli_run, views
 from fsm_celery.cli_common import Duration
 from fsm_celery.cli_common import actor as _actor
 from fsm_celery.cli_common import actor_option as _actor_option
@@ -25,6 +25,7 @@ from fsm_celery.config import get_settings
 from fsm_celery.engine.schedules import ScheduleInfo
 from fsm_celery.exceptions import CannotListen
 from fsm_celery.exits import EPILOG, Exit, FailCleanly
+from fsm_celery.processes import record
 from fsm_celery.terminal import safe, table
 
 BIGINT_MAX = 2**63 - 1
@@ -129,6 +130,8 @@ def status(machine_id: str, as_json: bool) -> None:
 
 
 main.add_command(cli_history.history)
+main.add_command(cli_run.stop)
+main.add_command(cli_run.dev)
 
 
 @main.command()
@@ -411,6 +414,7 @@ def agent(
 
     settings = get_settings()
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
+    record(settings.state_directory, "agent")
     if app_path is not None:
         try:
             found = user_agents(app_path)
@@ -629,6 +633,7 @@ def ack_bridge(processes: int, inline: bool) -> None:
     settings = get_settings()
     settings.require_secret()
     mode = TransitionMode.INLINE if inline else settings.transition_mode
+    record(settings.state_directory, "ack-bridge")
     run_bridge(processes, Plan(ack_bridge, mode))
     click.echo("ack bridge stopped")
 
@@ -656,6 +661,7 @@ def dashboard(host: str, port: int, workers: int) -> None:
 
     create_app()  # refuse bad settings here, in one line, before the server starts
     _check_address(host, port)
+    record(get_settings().state_directory, "dashboard")
     uvicorn.run(
         "fsm_celery.http:create_app",
         factory=True,

@@ -178,8 +178,9 @@ def events(machine_id: str, as_json: bool) -> None:
 def rewind(machine_id: str, step: int, edits: dict[str, Any], reason: str, actor: str) -> None:
     """Put a machine back at the state it was in after a step (`history --context` shows them),
     with the context it had then and the edits over it, as a new attempt."""
-    info = client().rewind(machine_id, step, actor, reason, edits)
-    click.echo(f"{info.id}  {info.status}  {info.current_state}  step {info.attempt}")
+    done = client().rewind(machine_id, step, actor, reason, edits)
+    info = done.machine
+    click.echo(f"{info.id}  {info.status}  {info.current_state}  step {done.step}")
 
 
 @click.command("fork")

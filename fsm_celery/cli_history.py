@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from uuid import UUID
 
 import click
 
 from fsm_celery import views
 from fsm_celery.cli_common import Duration, client, echo_json, echo_lines
 from fsm_celery.config import ARCHIVE_TABLE
-from fsm_celery.exceptions import ARCHIVED
+from fsm_celery.exceptions import ARCHIVED, MachineNotFound
 from fsm_celery.exits import Exit
+from fsm_celery.records import TransitionRecord
 from fsm_celery.terminal import table
 
 SQLITE = "the history is partitioned on PostgreSQL only (this database is SQLite)"
@@ -46,10 +48,30 @@ def show(machine_id: str, with_context: bool, as_json: bool) -> None:
     records = client().history(machine_id, context=with_context)
     if not records:  # every machine has its start's row
         click.echo(f"machine {machine_id} has no history: {ARCHIVED}", err=True)
+    source, inherited = _inherited(machine_id, with_context)
     if as_json:
-        echo_json([r.to_dict() for r in records])
+        earlier = [r.to_dict() | {"inherited_from": str(source)} for r in inherited]
+        echo_json(earlier + [r.to_dict() for r in records])
         return
-    echo_lines(views.changes(records) if with_context else views.history(records))
+    show = views.changes if with_context else views.history
+    if inherited:
+        echo_lines([f"steps 0-{inherited[-1].attempt} inherited from {source}:", *show(inherited)])
+        click.echo("this fork's own steps:")
+    echo_lines(show(records))
+
+
+def _inherited(machine_id: str, with_context: bool) -> tuple[UUID | None, list[TransitionRecord]]:
+    """A fork's source and the source's steps up to the one it was forked from (a fork's
+    earlier steps are its source's); no steps for a machine that is no fork."""
+    fsm = client()
+    info = fsm.get_machine(machine_id)
+    if info.forked_from is None or info.forked_at is None:
+        return None, []
+    try:
+        records = fsm.history(info.forked_from, context=with_context)
+    except MachineNotFound:  # the source was deleted: the fork's own steps are all there is
+        return info.forked_from, []
+    return info.forked_from, [r for r in records if r.attempt <= info.forked_at]
 
 
 @history.command("months")

@@ -8,10 +8,8 @@ fsm_celery.api's functions use the process's default client, built from FSM_* se
 from __future__ import annotations
 
 import logging
-import operator
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -49,6 +47,7 @@ from fsm_celery.records import (
     DefinitionVersion,
     FanOutProgress,
     MachineInfo,
+    Rewinding,
     TransitionRecord,
     TreeNode,
     jsonable,
@@ -472,24 +471,40 @@ class Client:
             machine_type, row.version, row.created_at, definition, problems, versions
         )
 
-    def history(self, machine_id: UUID | str, *, context: bool = False) -> list[TransitionRecord]:
+    def history(
+        self,
+        machine_id: UUID | str,
+        *,
+        context: bool = False,
+        after: int = -1,
+        limit: int | None = None,
+    ) -> list[TransitionRecord]:
         """The machine's transitions in attempt order (MachineNotFound if no such machine);
         with `context`, each with what it changed in the machine's context and the context
-        after it, reconstructed from the changes the history records (core.timeline)."""
+        after it, reconstructed from the changes the history records (core.timeline). Only
+        the steps after step `after`, `limit` of them at most (a page: the contexts of the
+        steps before it are folded, never kept)."""
         with self.engine.db.connect() as conn:
             mid = _full_id_txn(conn, machine_id)
             rows = q.history_txn(conn, mid)
             if not rows and q.get_machine_txn(conn, mid) is None:
                 raise MachineNotFound(str(machine_id))
+        first = next((i for i, r in enumerate(rows) if r.attempt > after), len(rows))
+        last = len(rows) if limit is None else min(len(rows), first + limit)
         if not context:
-            return [TransitionRecord.from_row(r) for r in rows]
-        deltas = [r.context_delta for r in rows]
-        known = accumulate((d is not None for d in deltas), operator.and_)
-        after = timeline.contexts(deltas)
-        return [
-            TransitionRecord.from_row(row, delta or {}, state if sure else None, sure)
-            for row, delta, state, sure in zip(rows, deltas, after, known, strict=True)
-        ]
+            return [TransitionRecord.from_row(r) for r in rows[first:last]]
+        records = []
+        state: dict[str, Any] = {}
+        sure = True
+        for i, row in enumerate(rows[:last]):
+            delta = row.context_delta
+            sure = sure and delta is not None
+            state = timeline.apply(state, delta)
+            if i >= first:
+                records.append(
+                    TransitionRecord.from_row(row, delta or {}, state if sure else None, sure)
+                )
+        return records
 
     def rewind(
         self,
@@ -498,14 +513,16 @@ class Client:
         actor: str,
         reason: str = "",
         edits: Mapping[str, Any] | None = None,
-    ) -> MachineInfo:
+    ) -> Rewinding:
         """Put the machine back at the state it was in after `step`, with the context it had
         then and `edits` over it, as a new attempt (whatever its status); recorded as a
-        `rewind` with who and why, the history before it kept."""
+        `rewind` with who and why, the history before it kept: that row's step, and the
+        machine."""
         _check_actor(actor)
         mid = self.full_id(machine_id)
-        self.enqueue(self.engine.rewind.rewind(mid, step, actor, reason, edits))
-        return self.get_machine(mid)
+        rewound = self.engine.rewind.rewind(mid, step, actor, reason, edits)
+        self.enqueue(rewound.next)
+        return Rewinding(rewound.step, self.get_machine(mid))
 
     def fork(
         self,

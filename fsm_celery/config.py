@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from enum import StrEnum
@@ -15,15 +16,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fsm_celery.exceptions import InsecureSecret
 from fsm_celery.redis_address import is_sentinel, kombu_options, kombu_url, parse_sentinel
+from fsm_celery.secret_strength import weak_secret
 
 DEFAULT_SECRET = "change-me-in-production"
 MIN_SECRET_BYTES = 32
-# A secret with fewer different characters than this, or one character in more than half of it,
-# is a pattern someone typed, not random bytes. Thresholds chosen never to refuse a generated
-# one: 32 random hex characters (secrets.token_hex(16), the shortest accepted) have fewer than 8
-# different ones with probability 3.5e-8, one character in more than half of them 1.2e-11;
-# token_hex(32) and token_urlsafe(32) less than 1e-12.
-MIN_DISTINCT_CHARACTERS = 8
 
 
 class TransitionMode(StrEnum):
@@ -112,8 +108,9 @@ class Settings(BaseSettings):
     )
     state_dir: str | None = Field(
         default=None,
-        description="Where processes keep their local state (beat's celerybeat-schedule); "
-        "unset, $XDG_STATE_HOME/fsm-celery, else ~/.local/state/fsm-celery.",
+        description="Where this deployment's processes keep their local state (beat's "
+        "celerybeat-schedule, the records `fsm-celery stop` reads); unset, a folder of the "
+        "deployment's own in $XDG_STATE_HOME/fsm-celery, else ~/.local/state/fsm-celery.",
     )
     task_token_secret: str = Field(
         default=DEFAULT_SECRET,
@@ -332,8 +329,8 @@ class Settings(BaseSettings):
     )
     notify_secret: str = Field(
         default="",
-        description="Signs notifications (X-FSM-Signature-256: HMAC-SHA256 of the body); "
-        "needed as soon as any notification is to be sent.",
+        description="Signs notifications (X-FSM-Signature-256: HMAC-SHA256 of the body); 32+ "
+        "bytes, needed as soon as any notification is to be sent.",
     )
     notify_max_attempts: int = Field(
         default=8, ge=1, le=100, description="Tries of a notification before it is failed."
@@ -427,12 +424,22 @@ class Settings(BaseSettings):
 
     @property
     def state_directory(self) -> Path:
-        """FSM_STATE_DIR, else the user's state directory (XDG's convention)."""
+        """FSM_STATE_DIR, else this deployment's folder in the user's state directory (XDG's
+        convention): deployments of one OS user never share a beat schedule or records."""
         if self.state_dir:
             return Path(self.state_dir).expanduser()
         xdg = os.environ.get("XDG_STATE_HOME", "")
         base = Path(xdg) if Path(xdg).is_absolute() else Path.home() / ".local" / "state"
-        return base / "fsm-celery"
+        return base / "fsm-celery" / self.deployment
+
+    @property
+    def deployment(self) -> str:
+        """A name of this deployment: its database's, and a digest of where it keeps its
+        state and tasks (the URLs masked: no password is digested where others may read)."""
+        where = (mask(self.database_url), mask(self.redis_url), self.channel_prefix, self.queue)
+        digest = hashlib.sha256("\n".join(where).encode()).hexdigest()[:12]
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", urlsplit(self.database_url).path.strip("/"))
+        return f"{name or 'fsm'}-{digest}"
 
     @property
     def housekeeping_queue(self) -> str:
@@ -487,7 +494,7 @@ class Settings(BaseSettings):
             problem = weak_secret(secret, MIN_SECRET_BYTES)
             if problem is not None:
                 return f"FSM_TASK_TOKEN_SECRET {problem}"
-        return _optional_secret_problem("FSM_NOTIFY_SECRET", self.notify_secret)
+        return _optional_secret_problem("FSM_NOTIFY_SECRET", self.notify_secret, MIN_SECRET_BYTES)
 
     def require_secret(self) -> None:
         """Refuse to run a long-lived process with a guessable task token secret."""
@@ -539,17 +546,6 @@ class Settings(BaseSettings):
         if not (self.admin_tokens or self.viewer_tokens or self.public_reads):
             return "neither FSM_ADMIN_TOKEN nor FSM_VIEWER_TOKEN is set (and reads are not public)"
         return None
-
-
-def weak_secret(secret: str, min_bytes: int = 0) -> str | None:
-    """Why a secret is guessable ("is shorter than 32 bytes", ...), or None."""
-    if len(secret.encode()) < min_bytes:
-        return f"is shorter than {min_bytes} bytes"
-    if len(set(secret)) < MIN_DISTINCT_CHARACTERS:
-        return f"has fewer than {MIN_DISTINCT_CHARACTERS} different characters (a pattern)"
-    if 2 * max(secret.count(c) for c in set(secret)) > len(secret):
-        return "is more than half one character repeated"
-    return None
 
 
 def _optional_secret_problem(name: str, value: str, min_bytes: int = 0) -> str | None:

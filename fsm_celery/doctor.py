@@ -269,17 +269,24 @@ class Doctor:
 
     def agents(self) -> Result:
         """An agent alive for every agent type the definitions name (their states' and their
-        children's too): without one, machines wait in a state of that type until it times
-        out."""
+        children's too), those of the definitions folder and every type loaded in the database
+        (its newest version): without one, machines wait in a state of that type until it
+        times out."""
         from fsm_celery.store import queries as q
+        from fsm_celery.store import reads
 
-        needed: dict[str, list[str]] = {}
-        for definition in load_all(definition_files(self.settings.definitions)):
-            for agent_type in definition.agent_types_named():
-                needed.setdefault(agent_type, []).append(definition.type)
+        found = {d.type: d for d in load_all(definition_files(self.settings.definitions))}
         since = datetime.now(UTC) - timedelta(seconds=self.settings.agent_liveness_seconds)
         with self._database().connect() as conn:
+            for machine_type in reads.machine_types_txn(conn):
+                latest = q.latest_definition_txn(conn, machine_type)
+                if latest is not None:
+                    found[machine_type] = latest[1]  # what machines of the type start on
             alive = q.alive_agents_by_type_txn(conn, since)
+        needed: dict[str, list[str]] = {}
+        for definition in found.values():
+            for agent_type in definition.agent_types_named():
+                needed.setdefault(agent_type, []).append(definition.type)
         missing = sorted(t for t in needed if not alive.get(t))
         if missing:
             serves = "; ".join(f"{t} ({', '.join(sorted(needed[t]))})" for t in missing)

@@ -7,6 +7,7 @@ FsmError                      root of everything this package raises
 ├── DatabaseNotCreated        db upgrade --create could not create the database
 ├── DefinitionError           a machine definition is invalid (carries every problem)
 ├── CannotListen              the dashboard's address is taken or not this machine's
+├── DevStackError             `fsm-celery dev` could not start its PostgreSQL or Redis
 ├── ScheduleNotFound          no schedule has that name
 ├── AgentNotFound             the deployment never knew an agent of that id
 ├── InvalidActor              who acted does not fit the history's column
@@ -129,6 +130,14 @@ class CannotListen(FsmError):
     @classmethod
     def in_use(cls, host: str, port: int) -> CannotListen:
         return cls(host, port, f"port {port} on {host} is in use — pick another with --port")
+
+
+class DevStackError(FsmError):
+    """`fsm-celery dev` could not start a server: what (a binary, a server) and why."""
+
+    def __init__(self, what: str, why: str) -> None:
+        self.what, self.why = what, why
+        super().__init__(f"{what}: {why}")
 
 
 class MachineError(FsmError):

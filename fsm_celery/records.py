@@ -90,6 +90,14 @@ class MachineInfo:
 
 
 @dataclass(frozen=True)
+class Rewinding:
+    """A rewind's outcome: the step of the `rewind` row it wrote, and the machine after it."""
+
+    step: int
+    machine: MachineInfo
+
+
+@dataclass(frozen=True)
 class TransitionRecord:
     """One history row: the outcome of one attempt (attempt 0 is the start)."""
 

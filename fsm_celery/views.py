@@ -45,6 +45,8 @@ SHOWN = (
     "depth",
     "queued_at",
     "queue_position",
+    "forked_from",
+    "forked_at",
 )
 SHORT_ID = 8  # hex digits of an id a tree shows (as the dashboard; the CLI takes the prefix)
 

@@ -59,8 +59,24 @@ class Applier:
             if len(batch) > 1:
                 return [failed for delivery in batch for failed in self([delivery])]
             return self._reject(batch[0], exc)
-        self.handoff(next_states)
+        self._hand_on(len(batch), next_states)
         return []
+
+    def _hand_on(self, applied: int, next_states: Next) -> None:
+        """Hand the committed batch's states on. Redis or the broker away (a failover) loses
+        nothing: each state's dispatch is due in PostgreSQL and the scan enters it. Trying the
+        task again (or Celery's `reject requeue=False` when even that cannot be sent) would read
+        as a batch lost, so the log says what happened instead."""
+        try:
+            self.handoff(next_states)
+        except TRANSIENT as exc:
+            log.warning(
+                "applied and committed %d messages; the %d states they moved machines to could "
+                "not be handed on (%s): nothing is lost, the scan enters each when it is due",
+                applied,
+                len(next_states),
+                _first_line(exc),
+            )
 
     def _reject(self, delivery: Delivery, error: Exception) -> list[Delivery]:
         log.error("a message could not be applied; it is recorded as rejected", exc_info=error)
@@ -73,6 +89,11 @@ class Applier:
             log.exception("the rejection of a message could not be recorded either")
             return [delivery]
         return []
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"
 
 
 # How a Celery task of the engine retries on those errors (fsm.apply_acks, fsm.enter_state and

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -32,6 +32,13 @@ from fsm_celery.store import queries as q
 from fsm_celery.store.rows import NewMachine
 
 
+class Rewound(NamedTuple):
+    """A rewind done: the step of the history row it wrote, and the states it left to enter."""
+
+    step: int
+    next: Next
+
+
 class Rewind:
     def __init__(self, runtime: Runtime, entry: Entry) -> None:
         self._rt = runtime
@@ -44,7 +51,7 @@ class Rewind:
         actor: str,
         reason: str,
         edits: Mapping[str, Any] | None = None,
-    ) -> Next:
+    ) -> Rewound:
         """Put the machine back at the state it was in after `step`, with that step's context
         and `edits` over it; CommandRefused, with the reason, when it cannot be."""
         writes = Writes(self._rt.clock())
@@ -75,7 +82,7 @@ class Rewind:
             cancel_in_flight(writes, row, secret, f"rewound by {actor} {why}")
             self._entry.enter_due_txn(conn, rows, writes)
             self._entry.send_and_write(conn, writes)
-        return writes.next()
+        return Rewound(row.attempt, writes.next())  # its row is the attempt it interrupted
 
 
 def _after_step(

@@ -6,6 +6,7 @@ Each route is one call of the Python client."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Annotated, Any
@@ -47,7 +48,31 @@ from fsm_celery.records import MachineInfo, definition_view, jsonable
 from fsm_celery.store.reads import MachineFilter
 from fsm_celery.store.tables import TYPE_CHARS
 
-router = APIRouter(prefix="/api")
+
+def whole_machine_id(request: Request) -> None:
+    """A machine id in the path may be the start of one (4 hex digits or more, as the CLI and
+    the dashboard show them): made whole before the route reads it, for a reader alone (an
+    outsider learns nothing of which ids exist)."""
+    given = request.path_params.get("machine_id")
+    if given is None or _whole(given):
+        return
+    viewer(request, principal(request))
+    found: Client = request.app.state.client
+    request.scope["path_params"]["machine_id"] = str(found.full_id(given))
+
+
+def _whole(value: str) -> bool:
+    """A whole id, or no id at all (the route's validation refuses that one, 422)."""
+    if not re.fullmatch(r"[0-9a-fA-F-]{1,36}", value):
+        return True
+    try:
+        UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+router = APIRouter(prefix="/api", dependencies=[Depends(whole_machine_id)])
 Viewer = Annotated[Principal, Depends(viewer)]
 Admin = Annotated[Principal, Depends(admin)]
 Decider = Annotated[Principal, Depends(decider)]
@@ -150,9 +175,18 @@ def get_machine(fsm: Fsm, who: Viewer, machine_id: UUID) -> dict[str, Any]:
     responses=answer("history"),
 )
 def history(
-    fsm: Fsm, _: Viewer, machine_id: UUID, context: Annotated[bool, Query()] = False
+    fsm: Fsm,
+    _: Viewer,
+    machine_id: UUID,
+    context: Annotated[bool, Query()] = False,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    after: Annotated[int, Query(ge=-1, le=INT32_MAX)] = -1,
 ) -> dict[str, Any]:
-    return {"items": [h.to_dict() for h in fsm.history(machine_id, context=context)]}
+    """A page of steps, those after step `after`; `next` is the `after` of the next page."""
+    found = fsm.history(machine_id, context=context, after=after, limit=limit + 1)
+    page = found[:limit]
+    more = len(found) > limit
+    return {"items": [h.to_dict() for h in page], "next": page[-1].attempt if more else None}
 
 
 @router.get(
@@ -262,8 +296,8 @@ def force(fsm: Fsm, who: Admin, machine_id: UUID, body: ForceRequest) -> dict[st
     responses=answer("rewind"),
 )
 def rewind(fsm: Fsm, who: Admin, machine_id: UUID, body: RewindRequest) -> dict[str, Any]:
-    info = fsm.rewind(machine_id, body.step, _actor(who, body.actor), body.reason, body.set)
-    return {"machine": info.to_dict()}
+    done = fsm.rewind(machine_id, body.step, _actor(who, body.actor), body.reason, body.set)
+    return {"machine": done.machine.to_dict(), "step": done.step}
 
 
 @router.post(

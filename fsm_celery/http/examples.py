@@ -234,7 +234,8 @@ ANSWERS: dict[str, Any] = {
                 "context": {"projectName": "sla-api", "githubIssue": 726, "testsPassed": True},
                 "known": True,
             }
-        ]
+        ],
+        "next": None,
     },
     "context_at": {
         "machine_id": MACHINE_ID,
@@ -277,7 +278,7 @@ ANSWERS: dict[str, Any] = {
     },
     "command": {"machine": MACHINE | {"status": "paused"}},
     "force": {"machine": MACHINE | {"current_state": "RUN_TESTS"}},
-    "rewind": {"machine": MACHINE | {"current_state": "RUN_TESTS", "attempt": 12}},
+    "rewind": {"machine": MACHINE | {"current_state": "RUN_TESTS", "attempt": 12}, "step": 11},
     "fork": {
         "machine": MACHINE
         | {

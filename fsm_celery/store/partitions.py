@@ -22,10 +22,12 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Engine, text
@@ -225,30 +227,42 @@ def empty(db: Engine, table: str) -> bool:
 
 def archive_to_file(db: Engine, table: str, directory: Path) -> tuple[Path, int]:
     """Write a detached month to directory/<table>.csv.gz (PostgreSQL's CSV, a header line):
-    written to a temporary name, synced, then renamed, so a file of that name is whole; the
+    written to a temporary file, synced, then renamed, so a file of that name is whole; the
     file and the rows written, checked against the table's count."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     final = directory / f"{table}.csv.gz"
-    partial = directory / f".{table}.csv.gz.partial"
+    # mkstemp: a name no one can guess, created exclusively (O_EXCL), never through a symlink,
+    # readable by its owner alone (0600); the history holds every agent's outputs.
+    fd, name = tempfile.mkstemp(prefix=f".{table}.csv.gz.", suffix=".partial", dir=directory)
+    partial = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            written, expected = _copy_out(db, table, raw)
+        if written != expected:
+            raise RuntimeError(f"{table}: {written} rows written to its archive, {expected} in it")
+        os.replace(partial, final)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    _fsync_directory(directory)
+    return final, written
+
+
+def _copy_out(db: Engine, table: str, raw: BinaryIO) -> tuple[int, int]:
+    """The table's rows as gzipped CSV into raw, synced: the rows written, and its count."""
     with db.connect() as conn:
         expected = int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
         cursor = conn.connection.cursor()
-        with open(partial, "wb") as raw:
-            with gzip.GzipFile(fileobj=raw, mode="wb") as out:
-                cursor.copy_expert(
-                    f"COPY (SELECT * FROM {table} ORDER BY id) TO STDOUT WITH (FORMAT csv, HEADER)",
-                    out,
-                )
-                written = cursor.rowcount
-            raw.flush()
-            os.fsync(raw.fileno())
+        with gzip.GzipFile(fileobj=raw, mode="wb") as out:
+            cursor.copy_expert(
+                f"COPY (SELECT * FROM {table} ORDER BY id) TO STDOUT WITH (FORMAT csv, HEADER)",
+                out,
+            )
+            written = cursor.rowcount
+        raw.flush()
+        os.fsync(raw.fileno())
         conn.rollback()
-    if written != expected:
-        partial.unlink()
-        raise RuntimeError(f"{table}: {written} rows written to its archive, {expected} in it")
-    os.replace(partial, final)
-    _fsync_directory(directory)
-    return final, written
+    return written, expected
 
 
 def _fsync_directory(directory: Path) -> None:

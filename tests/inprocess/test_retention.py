@@ -287,3 +287,26 @@ def test_sqlite_keeps_one_table(lite: Fsm) -> None:
     assert lite.engine.retention.months() == {}
     assert lite.engine.retention.run(retention_days=1) == []
     assert len(lite.history(mid)) > 1
+
+
+def test_an_archive_file_is_its_owners_alone_and_never_written_through_a_planted_link(
+    fsm: Fsm, tmp_path: Path
+) -> None:
+    table = f"archive_probe_{uuid.uuid4().hex[:8]}"
+    with fsm.engine.db.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {table} AS SELECT g AS id FROM generate_series(1, 3) g"))
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file")
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / f".{table}.csv.gz.partial").symlink_to(victim)  # the name it used to write to
+    try:
+        path, rows = partitions.archive_to_file(fsm.engine.db, table, archive)
+    finally:
+        with fsm.engine.db.begin() as conn:
+            conn.execute(text(f"DROP TABLE {table}"))
+    assert rows == 3 and victim.read_text() == "someone else's file"
+    assert path.stat().st_mode & 0o777 == 0o600
+    with gzip.open(path, "rt") as archived:
+        assert archived.read().split() == ["id", "1", "2", "3"]
+    assert [p.name for p in archive.iterdir() if not p.is_symlink()] == [path.name]

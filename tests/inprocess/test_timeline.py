@@ -77,11 +77,12 @@ def test_rewind_puts_the_machine_back_with_that_steps_context_and_edits(fsm: Fsm
     fsm.receive(ack(agent.task(), output={"one": 1, "draft": "first"}))  # step 1: ONE -> TWO
     fsm.receive(ack(agent.task(), output={"two": 2, "draft": "second"}))  # step 2: TWO -> THREE
     abandoned = agent.task()  # THREE's, in flight
-    fsm.enter_all(
-        fsm.engine.rewind.rewind(mid, 1, "ops", "redo TWO with a fix", {"hint": "use v2"})
-    )
+    rewound = fsm.engine.rewind.rewind(mid, 1, "ops", "redo TWO with a fix", {"hint": "use v2"})
+    fsm.enter_all(rewound.next)
     machine = fsm.machine(mid)
     assert (machine.current_state, machine.status, machine.attempt) == ("TWO", "running", 4)
+    [written] = [h for h in fsm.history(mid) if h.event == "rewind"]
+    assert rewound.step == written.attempt == 3  # the step of its own row, not the machine's
     assert machine.context == {
         "ticket": 7,
         "one": 1,
@@ -126,7 +127,7 @@ def test_a_finished_machine_rewinds_and_what_cannot_be_rewound_is_refused(fsm: F
     with pytest.raises(InvalidContext, match="maxRetries must be a whole number"):
         fsm.engine.rewind.rewind(mid, 2, "ops", "", {"maxRetries": "many"})
     assert fsm.machine(mid).status == "completed"  # refused: nothing changed
-    fsm.enter_all(fsm.engine.rewind.rewind(mid, 2, "ops", "the deploy was rolled back"))
+    fsm.enter_all(fsm.engine.rewind.rewind(mid, 2, "ops", "the deploy was rolled back").next)
     machine = fsm.machine(mid)
     assert (machine.current_state, machine.status) == ("THREE", "running")
     assert agent.task()["state"] == "THREE"

@@ -95,14 +95,15 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         assert lines["agents"].startswith(
             "✘ agents: none alive for agent type analyzer (research_fanout, research_pipeline); "
             "cto (cto_build_parallel, cto_build_project, cto_fix_bug, cto_infrastructure_check); "
-            "docwriter (cto_build_parallel); researcher (research_fanout, research_pipeline); "
-            "reviewer (research_fanout, research_pipeline); tester (cto_build_parallel)"
+            "docwriter (cto_build_parallel, "
         )
+        # the types of definitions loaded in the database and not in the folder (the tests')
+        assert "; writer (test_fan_parallel, test_fan_step, test_fan_ten)" in lines["agents"]
         assert (
             "start one: fsm-celery agent --mock --agent-type analyzer --agent-type cto "
-            "--agent-type docwriter --agent-type researcher --agent-type reviewer "
-            "--agent-type tester" in (lines["agents"])
-        )
+            "--agent-type docwriter --agent-type limited --agent-type researcher "
+            "--agent-type reviewer --agent-type tester --agent-type writer" in (lines["agents"])
+        ), lines["agents"]
 
         server_client = env.redis.__class__.from_url(server.url)
         server_client.config_set("maxmemory-policy", "noeviction")
@@ -123,7 +124,7 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         status, lines = _doctor(env)
         assert status == 1  # nothing serves the research pipelines, nor the build's branches
         assert lines["agents"].startswith("✘ agents: none alive for agent type analyzer ")
-        others = ("analyzer", "docwriter", "researcher", "reviewer", "tester")
+        others = ("analyzer", "docwriter", "limited", "researcher", "reviewer", "tester", "writer")
         env.start_agent("--mock", *(flag for t in others for flag in ("--agent-type", t)))
         env.wait_for_agents(1 + len(others))
         status, lines = _doctor(env)
@@ -131,8 +132,8 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         assert all(line.startswith("✔") for line in lines.values()), lines
         assert "1 answering" in lines["workers"] and "1 alive" in lines["bridges"]
         assert lines["agents"] == (
-            "✔ agents: alive for every agent type (analyzer 1, cto 1, docwriter 1, researcher 1, "
-            "reviewer 1, tester 1)"
+            "✔ agents: alive for every agent type (analyzer 1, cto 1, docwriter 1, limited 1, "
+            "researcher 1, reviewer 1, tester 1, writer 1)"
         )
 
         env.stop_all()

@@ -176,13 +176,15 @@ def test_beat_keeps_its_schedule_in_the_state_directory(
         FSM_QUEUE=f"fsm-state-dir-{os.getpid()}",  # nobody consumes what it sends
         **{setting: str(state)},
     )
+    # unset, a folder of the deployment's own in $XDG_STATE_HOME/fsm-celery
     expected = state if setting == "FSM_STATE_DIR" else state / "fsm-celery"
+    depth = 1 if setting == "FSM_STATE_DIR" else 2
     argv = [sys.executable, "-m", "celery", "-A", "fsm_celery", "beat", "-l", "info"]
     with (tmp_path / "beat.log").open("wb") as log:
         beat = subprocess.Popen(argv, cwd=work, env=environ, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 30
-        while not list(expected.glob("celerybeat-schedule*")):
+        while not (found := list(expected.glob("**/celerybeat-schedule*"))):
             assert beat.poll() is None, (tmp_path / "beat.log").read_text()
             assert time.monotonic() < deadline, (tmp_path / "beat.log").read_text()
             time.sleep(0.2)
@@ -190,3 +192,4 @@ def test_beat_keeps_its_schedule_in_the_state_directory(
         beat.terminate()
         beat.wait(timeout=30)
     assert list(work.iterdir()) == []  # nothing left where it was started
+    assert len(found[0].relative_to(expected).parts) == depth, found

@@ -559,3 +559,49 @@ def test_an_admin_revokes_an_agent_recorded_as_its_own_identity(http: Any, env: 
 def test_revoking_an_unknown_agent_is_a_404(http: Any, env: FsmEnv) -> None:
     _error(http.post(f"/api/agents/{MISSING}/revoke", headers=ADMIN), 404, f"no agent {MISSING}")
     assert env.client.credential_events(MISSING) == []
+
+
+def test_a_viewer_reads_a_long_history_with_its_contexts_a_bounded_page_at_a_time(
+    env: FsmEnv, http: Any
+) -> None:
+    mid = _start(http)["id"]
+    for _ in range(6):  # each command a step: 0 start, then 12 more
+        env.client.pause(mid, "ops")
+        env.client.resume(mid, "ops")
+    whole = env.client.history(mid, context=True)
+    pages, after = [], -1
+    while after is not None:
+        answer = http.get(
+            f"/api/machines/{mid}/history",
+            params={"context": "true", "limit": 5, "after": after},
+            headers=VIEWER,
+        )
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["items"]) <= 5
+        pages.append(answer.json()["items"])
+        after = answer.json()["next"]
+    assert [len(p) for p in pages] == [5, 5, 3]
+    steps = [step for page in pages for step in page]
+    assert [s["attempt"] for s in steps] == [r.attempt for r in whole]
+    assert [s["context"] for s in steps] == [r.context for r in whole]  # folded, not restarted
+    _error(
+        http.get(f"/api/machines/{mid}/history", params={"limit": 501}, headers=VIEWER),
+        422,
+        "limit",
+    )
+
+
+def test_the_api_takes_the_short_ids_the_cli_and_dashboard_show(http: Any) -> None:
+    mid = _start(http)["id"]
+    short = mid[:8]
+    shown = http.get(f"/api/machines/{short}", headers=VIEWER)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["machine"]["id"] == mid
+    steps = http.get(f"/api/machines/{short}/history", headers=VIEWER)
+    assert steps.status_code == 200 and steps.json()["items"][0]["event"] == "start"
+    paused = http.post(f"/api/machines/{short}/pause", json={}, headers=ADMIN)
+    assert paused.status_code == 200 and paused.json()["machine"]["status"] == "paused"
+    # an outsider learns nothing of which ids exist: the same 401 for one that does and one not
+    assert http.get(f"/api/machines/{short}").status_code == 401
+    assert http.get("/api/machines/0123abcd").status_code == 401
+    _error(http.get("/api/machines/0123abcd", headers=VIEWER), 404, "0123abcd")

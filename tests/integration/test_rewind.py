@@ -4,6 +4,7 @@ the state again, and the abandoned attempt's late ack is refused and recorded.""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -42,6 +43,7 @@ def test_rewind_through_the_api_and_the_cli(rewinding: FsmEnv) -> None:
             headers=admin,
         )
         assert answer.status_code == 200, answer.text
+        assert answer.json()["step"] == 3  # its own row's step: the attempt it interrupted
         assert env.wait_until_done(mid).status == "completed"  # TWO and THREE again
         refused = http.post(f"/api/machines/{mid}/rewind", json={"step": 99}, headers=admin)
         assert refused.status_code == 409 and "not in its past" in refused.text
@@ -51,12 +53,27 @@ def test_rewind_through_the_api_and_the_cli(rewinding: FsmEnv) -> None:
         done = subprocess.run(argv, env=env.env, cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
         info = env.wait_until_done(mid)
+        [written] = [h for h in env.client.history(mid) if h.reason == "to step 4: once more"]
+        assert done.stdout.split()[-2:] == ["step", str(written.attempt)]  # the row it wrote
         argv = [sys.executable, "-m", "fsm_celery", "fork", str(mid), "--from", "1"]
         argv += ["--set", "plan=d", "--reason", "try plan d beside it", "--actor", "ops"]
         forked = subprocess.run(argv, env=env.env, cwd=ROOT, capture_output=True, text=True)
         assert forked.returncode == 0, forked.stdout + forked.stderr
         fork_id = forked.stdout.strip()
         fork_info = env.wait_until_done(fork_id)  # type: ignore[arg-type]
+        status = _cli(env, "status", fork_id[:8])
+        assert f"forked_from    {mid}" in status and "forked_at      1" in status
+        shown_history = _cli(env, "history", fork_id[:8]).splitlines()
+        assert shown_history[0] == f"steps 0-1 inherited from {mid}:"
+        assert "this fork's own steps:" in shown_history
+        inherited = shown_history[: shown_history.index("this fork's own steps:")]
+        assert any("ONE" in line and "->" in line for line in inherited)  # the source's step 1
+        as_json = json.loads(_cli(env, "history", fork_id[:8], "--json"))
+        assert [(r["attempt"], r.get("inherited_from")) for r in as_json[:2]] == [
+            (0, str(mid)),
+            (1, str(mid)),
+        ]
+        assert "inherited_from" not in as_json[2]
         shown = http.get(f"/api/machines/{mid}", headers=admin).json()
         assert [f["id"] for f in shown["forks"]] == [fork_id]
         page = http.get(f"/machines/{fork_id}", headers=admin)
@@ -74,3 +91,15 @@ def test_rewind_through_the_api_and_the_cli(rewinding: FsmEnv) -> None:
     assert info.context["two"] == 22
     states = [t["state"] for t in agent.tasks]
     assert states == ["ONE", "TWO", "THREE", "TWO", "THREE", "THREE", "TWO", "THREE"]
+
+
+def _cli(env: FsmEnv, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "fsm_celery", *args],
+        env=env.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout

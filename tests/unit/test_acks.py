@@ -5,10 +5,12 @@ dead-letter policy, and the relay's wire format."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Callable
 
+import kombu.exceptions
 import pytest
 import redis
 
@@ -81,6 +83,27 @@ def test_a_transient_error_is_raised_whole_and_nothing_is_rejected(error: Except
     with pytest.raises(type(error)):
         _applier(inbox, handed)(_deliveries("a", "b"))
     assert inbox.rejected == [] and handed == []
+
+
+def test_a_committed_batch_whose_states_cannot_be_handed_on_says_so_and_is_done(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis failed over after the commit: the batch is not tried again (nor rejected by Celery
+    with a bare `Error 111`); the log line says it was applied and the scan enters its states."""
+    inbox = Inbox()
+
+    def unreachable(_: Next) -> None:
+        raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379.")
+
+    with caplog.at_level(logging.WARNING, logger="fsm_celery.acks.apply"):
+        assert Applier(inbox.apply, inbox.reject, unreachable)(_deliveries("a", "b")) == []
+    assert inbox.applied == [["a", "b"]] and inbox.rejected == []
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line == (
+        "applied and committed 2 messages; the 2 states they moved machines to could not be "
+        "handed on (OperationalError: Error 111 connecting to 127.0.0.1:6379.): nothing is "
+        "lost, the scan enters each when it is due"
+    )
 
 
 def test_a_message_that_cannot_even_be_recorded_is_returned_and_the_others_applied() -> None:
