@@ -180,7 +180,13 @@ def test_what_is_no_event(event: str, payload: object, why: str) -> None:
 
 
 def test_finished_checks_are_checks_completed_for_their_branch() -> None:
-    run = {"head_branch": "feature-x", "head_sha": "e1", "conclusion": "failure", "name": "CI"}
+    run = {
+        "head_branch": "feature-x",
+        "head_sha": "e1",
+        "conclusion": "failure",
+        "name": "CI",
+        "head_repository": _repository(),  # the run's own repository: no fork
+    }
     found = github.outside_event(
         "workflow_run", {"action": "completed", "workflow_run": run, "repository": _repository()}
     )
