@@ -25,7 +25,8 @@ FsmError                      root of everything this package raises
     ├── NotAnApprover         the person deciding is in none of the gate's groups
     ├── InvalidDecision       a decision's fields do not fill in its gate's form
     ├── InvalidEvent          an event no state of the machine waits for, or a payload unfit
-    └── Unstorable            what a transition would write does not fit its columns
+    ├── Unstorable            what a transition would write does not fit its columns
+    └── InvalidChildInput     a fan-out child's input expression fails or gives no object
 """
 
 from __future__ import annotations
@@ -280,6 +281,14 @@ class Unstorable(MachineError):
         self.machine_id = machine_id
         self.detail = detail
         super().__init__(f"machine {machine_id}: {detail}")
+
+
+class InvalidChildInput(MachineError):
+    """A fan-out child's input expression failed, or did not give an object."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
 
 
 class ScheduleNotFound(FsmError):
