@@ -185,7 +185,8 @@ class FanOut:
         }
         if state.map is None:
             inputs = [
-                self._input(body, context, branch, kinds[branch][0]) for branch, body in children
+                self._input(body, context, index, branch, kinds[branch][0])
+                for index, (branch, body) in enumerate(children)
             ]
             _within(settings.max_fanout_bytes, [_size(built) for built in inputs])
             return _Plan([(branch, *kinds[branch]) for branch, _ in children], inputs, {})
@@ -221,12 +222,13 @@ class FanOut:
         self,
         body: Body,
         context: Mapping[str, Any],
+        index: int,
         branch: str | None,
         child: MachineDefinition,
     ) -> dict[str, Any]:
         """A branch's or child machine's starting context: its input from the parent's
-        context, checked as a machine's start would be."""
-        data = {"context": context, "item": None, "index": 0}
+        context (and its position, as `index`), checked as a machine's start would be."""
+        data = {"context": context, "item": None, "index": index}
         where = f"branch {branch}" if branch else "input"
         try:
             built = _evaluate(body.input, data, default=True, context=context)
