@@ -207,6 +207,15 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="The most children one map state may start (more is refused, not cut).",
     )
+    max_fanout_bytes: int = Field(
+        default=67_108_864,
+        ge=1,
+        le=2**40,
+        description=(
+            "The most bytes one fan-out's children's starting contexts may take together "
+            "(more fails its state, before anything is written)."
+        ),
+    )
     agent_type_limits: dict[str, int] = Field(
         default_factory=dict,
         description="Work in flight per agent type across all machines, as JSON "

@@ -27,7 +27,8 @@ FsmError                      root of everything this package raises
     ├── NotAnApprover         the person deciding is in none of the gate's groups
     ├── InvalidDecision       a decision's fields do not fill in its gate's form
     ├── InvalidEvent          an event no state of the machine waits for, or a payload unfit
-    └── Unstorable            what a transition would write does not fit its columns
+    ├── Unstorable            what a transition would write does not fit its columns
+    └── InvalidChildInput     a fan-out child's input expression fails or gives no object
 """
 
 from __future__ import annotations
@@ -301,6 +302,14 @@ class AgentNotFound(FsmError):
             f"no agent {agent_id}: it was never issued credentials (fsm-celery agents "
             "credentials) and never reported"
         )
+
+
+class InvalidChildInput(MachineError):
+    """A fan-out child's input expression failed, or did not give an object."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
 
 
 class ScheduleNotFound(FsmError):

@@ -32,6 +32,14 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         return Usage(self.tokens + other.tokens, round(self.cost + other.cost, 6))
 
+    def rolled(self, spent: Usage) -> Usage:
+        """These totals with a descendant's spending added, saturating at the bounds of a
+        machine's own totals: 1,025 children each at the bound would pass BIGINT, and their
+        parent's totals count what they spent, not what a row can add up."""
+        tokens = min(self.tokens + spent.tokens, max(self.tokens, MAX_TOKENS))
+        cost = min(round(self.cost + spent.cost, 6), max(self.cost, MAX_COST))
+        return Usage(tokens, cost)
+
     def past_bounds(self) -> str | None:
         """Why these totals are more than a machine may have spent, or None."""
         if self.tokens > MAX_TOKENS:

@@ -29,6 +29,7 @@ from uuid import UUID
 import jmespath.exceptions
 from sqlalchemy import Connection
 
+from fsm_celery.core import inputs
 from fsm_celery.core.admin import Action, Command, decide_command
 from fsm_celery.core.context import context_problem
 from fsm_celery.core.definition import (
@@ -67,7 +68,7 @@ from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.ports import Step
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import ENDED, Writes, start_record
-from fsm_celery.exceptions import UnknownMachineType, Unstorable
+from fsm_celery.exceptions import InvalidChildInput, UnknownMachineType, Unstorable
 from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import NewMachine
@@ -80,13 +81,19 @@ class Refused(Exception):
     """A fan-out that cannot start: what its state says does not fit its context."""
 
 
+class TooLarge(Refused):
+    """A fan-out whose children's starting contexts together are past FSM_MAX_FANOUT_BYTES."""
+
+
 @dataclass(frozen=True)
 class _Plan:
-    """What a fan-out starts: each child's definition, type, version and starting context."""
+    """What a fan-out starts: each child's definition, type, version and starting context
+    (what a map's children share, stored once, and each one's own part)."""
 
     # per branch (a map's one body): its name, definition and version
     branches: list[tuple[str | None, MachineDefinition, int]]
     inputs: list[dict[str, Any]]
+    shared: dict[str, Any]
 
 
 class FanOut:
@@ -117,22 +124,44 @@ class FanOut:
         try:
             plan = self._plan(conn, row, definition, state, machine.context)
         except Refused as exc:
-            failed = DispatchFailed(state.name, machine.attempt, f"{state.name}: {exc}")
-            decision = decide(definition, machine, failed, self._rt.limits)
-            assert not isinstance(decision, Rejected)  # the machine is at that attempt
-            writes.transition(row, decision, "dispatch_error")
+            self._refuse(row, definition, state, exc, writes)
             return
         total = len(plan.inputs)
         rule = rule_for(state, total)
         tally, start = opening(rule)
         kind = kind_of(state).value
-        fanouts.open_txn(conn, row.id, machine.attempt, state.name, kind, total, tally, writes.now)
+        opened = fanouts.Opened(state.name, kind, total, tally, plan.shared or None)
+        fanouts.open_txn(conn, row.id, machine.attempt, opened, writes.now)
         fanouts.insert_slots_txn(conn, row.id, machine.attempt, plan.inputs)
         writes.entering(row.id, writes.now + state.timeout, row.agent_id)
-        waiting = [(slot, plan.inputs[slot]) for slot in range(start)]
+        waiting = [(slot, {**plan.shared, **plan.inputs[slot]}) for slot in range(start)]
         self._start(conn, rows, row, machine.attempt, state, plan.branches, waiting, writes)
         if tally.verdict is not Verdict.PENDING:  # an empty map is met at once
             self._join_now(conn, rows, row, definition, machine.attempt, writes)
+
+    def _refuse(
+        self,
+        row: q.AnyRow,
+        definition: MachineDefinition,
+        state: StateDefinition,
+        exc: Refused,
+        writes: Writes,
+    ) -> None:
+        """A fan-out that cannot start fails its state, nothing of it written: one planned past
+        its bound (what an agent answered) by the state's failure edge, as a failed join; any
+        other where it is, as a state whose instruction cannot be made."""
+        machine = writes.machine(row)
+        error = f"{state.name}: {exc}"
+        if isinstance(exc, TooLarge):
+            joined = Joined(state.name, machine.attempt, False, {}, error)
+            decision = decide(definition, machine, joined, self._rt.limits)
+            assert not isinstance(decision, Rejected)  # the machine is at that attempt
+            writes.transition(row, decision, "join", reason=f"fan-out refused: {exc}")
+            return
+        failed = DispatchFailed(state.name, machine.attempt, error)
+        decision = decide(definition, machine, failed, self._rt.limits)
+        assert not isinstance(decision, Rejected)
+        writes.transition(row, decision, "dispatch_error")
 
     def _plan(
         self,
@@ -153,19 +182,21 @@ class FanOut:
             branch: self._definition(conn, row, definition, state, branch, body)
             for branch, body in children
         }
-        bodies = dict(children)
         if state.map is None:
-            slots: list[tuple[str | None, Any, bool]] = [(b, None, False) for b, _ in children]
-        else:
-            items = _items(state, context, settings.max_fanout_items)
-            slots = [(None, item, True) for item in items]
-        inputs = [
-            self._input(bodies[branch], state, context, item, i, branch, kinds[branch][0])
-            for i, (branch, item, _) in enumerate(slots)
-        ]
-        if state.map is not None:  # every item runs the one body
-            return _Plan([(None, *kinds[None])], inputs)
-        return _Plan([(branch, *kinds[branch]) for branch, _ in children], inputs)
+            inputs = [
+                self._input(body, context, index, branch, kinds[branch][0])
+                for index, (branch, body) in enumerate(children)
+            ]
+            _within(settings.max_fanout_bytes, [_size(built) for built in inputs])
+            return _Plan([(branch, *kinds[branch]) for branch, _ in children], inputs, {})
+        items = _items(state, context, settings.max_fanout_items)
+        ((_, body),) = children
+        shared, own = self._map_inputs(state, body, context, items)
+        child = kinds[None][0]
+        if child.context_schema is not None:  # checked once every size is known to fit
+            for index, part in enumerate(own):
+                _check_schema(child, {**shared, **part}, f"item {index}")
+        return _Plan([(None, *kinds[None])], own, shared)
 
     def _definition(
         self,
@@ -189,37 +220,52 @@ class FanOut:
     def _input(
         self,
         body: Body,
-        state: StateDefinition,
         context: Mapping[str, Any],
-        item: Any,
         index: int,
         branch: str | None,
         child: MachineDefinition,
     ) -> dict[str, Any]:
-        """A child's starting context: its input from the parent's context (a map's item under
-        its item_key), checked as a machine's start would be."""
-        data = {"context": context, "item": item, "index": index}
-        mapped = state.map is not None
-        where = f"item {index}" if mapped else (f"branch {branch}" if branch else "input")
+        """A branch's or child machine's starting context: its input from the parent's
+        context (and its position, as `index`), checked as a machine's start would be."""
+        data = {"context": context, "item": None, "index": index}
+        where = f"branch {branch}" if branch else "input"
         try:
-            built = _evaluate(body.input, data, default=not mapped, context=context)
+            built = _evaluate(body.input, data, default=True, context=context)
         except Refused as exc:
             raise Refused(f"{where}: {exc}") from None
-        if state.map is not None:
-            built[state.map.item_key] = item
-        size = len(json.dumps(built))
-        if size > self._rt.settings.max_context_bytes:
-            raise Refused(
-                f"{where}: the child's context would be {size} bytes, over the limit of "
-                f"{self._rt.settings.max_context_bytes}"
-            )
-        if child.context_schema is not None:
-            mismatch = context_problem(child.context_schema, built)
-            if mismatch is not None:
-                raise Refused(
-                    f"{where}: the input does not match {child.type}'s schema: {mismatch}"
-                )
+        self._fits(where, _size(built))
+        _check_schema(child, built, where)
         return built
+
+    def _map_inputs(
+        self, state: StateDefinition, body: Body, context: Mapping[str, Any], items: list[Any]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """A map's input: what its children share, rendered once, and each item's own part
+        (its item under its item_key); each child's context and all of them together bounded
+        before anything is written."""
+        assert state.map is not None
+        own: list[dict[str, Any]] = []
+        try:
+            parts = inputs.split(body.input)
+            shared = inputs.shared_part(parts, context)
+            for index, item in enumerate(items):
+                data = {"context": context, "item": item, "index": index}
+                own.append(inputs.own_part(parts, data) | {state.map.item_key: item})
+        except InvalidChildInput as exc:
+            raise Refused(f"item {len(own)}: {exc.detail}") from None
+        shared_size = _size(shared)
+        sizes = [inputs.joined_size(shared_size, _size(part)) for part in own]
+        for index, size in enumerate(sizes):
+            self._fits(f"item {index}", size)
+        _within(self._rt.settings.max_fanout_bytes, sizes)
+        return shared, own
+
+    def _fits(self, where: str, size: int) -> None:
+        most = self._rt.settings.max_context_bytes
+        if size > most:
+            raise Refused(
+                f"{where}: the child's context would be {size} bytes, over the limit of {most}"
+            )
 
     def _start(
         self,
@@ -418,9 +464,12 @@ class FanOut:
         definition = self._rt.catalog.version(conn, parent.type, parent.definition_version)
         state = definition.state(fan_out.state)
         bodies = dict(definition.children(state))
-        inputs = fanouts.inputs_txn(conn, parent_id, attempt, [c.slot for c, _ in children])
+        started = fanouts.inputs_txn(conn, parent_id, attempt, [c.slot for c, _ in children])
+        if state.map is not None and any(t.status is MachineStatus.COMPLETED for _, t in children):
+            shared = fanouts.shared_txn(conn, parent_id, attempt)
+            started = {slot: {**shared, **(own or {})} for slot, own in started.items()}
         slots = [
-            _slot(child, t, bodies[child.branch if state.parallel is not None else None], inputs)
+            _slot(child, t, bodies[child.branch if state.parallel is not None else None], started)
             for child, t in children
         ]
         fanouts.end_slots_txn(conn, parent_id, attempt, slots)
@@ -436,7 +485,8 @@ class FanOut:
         )
         if start:
             found = fanouts.waiting_txn(conn, parent_id, attempt, fan_out.started, start)
-            waiting = [(r.slot, r.input) for r in found]
+            shared = fanouts.shared_txn(conn, parent_id, attempt) if found else {}
+            waiting = [(r.slot, {**shared, **r.input}) for r in found]
             plan = self._branches(conn, parent, definition, state)
             self._start(conn, rows, parent, attempt, state, plan, waiting, writes)
         if decided_by is not None:
@@ -604,6 +654,29 @@ def _evaluate(
         return {key: compile_guard(expr).search(data) for key, expr in spec.items()}
     except jmespath.exceptions.JMESPathError as exc:
         raise Refused(f"{exc}") from None
+
+
+def _size(built: Mapping[str, Any]) -> int:
+    return len(json.dumps(built))
+
+
+def _within(most: int, sizes: Sequence[int]) -> None:
+    """Refuse a fan-out whose children's starting contexts would take more than `most` bytes
+    together (each child's row holds its own; all of them are what one answer plans)."""
+    total = sum(sizes)
+    if total > most:
+        raise TooLarge(
+            f"its {len(sizes)} children's starting contexts would take {total} bytes together, "
+            f"over FSM_MAX_FANOUT_BYTES={most}"
+        )
+
+
+def _check_schema(child: MachineDefinition, built: Mapping[str, Any], where: str) -> None:
+    if child.context_schema is None:
+        return
+    mismatch = context_problem(child.context_schema, built)
+    if mismatch is not None:
+        raise Refused(f"{where}: the input does not match {child.type}'s schema: {mismatch}")
 
 
 def _result(final: Mapping[str, Any], started: Mapping[str, Any], body: Body) -> dict[str, Any]:

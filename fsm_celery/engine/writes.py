@@ -299,12 +299,12 @@ class Writes:
     def roll_up(self, row: q.AnyRow, usage: Usage) -> None:
         """Count a descendant's spending against a machine (its budget sees its children's)."""
         machine = self.machine(row)
-        self.machines[row.id] = replace(machine, usage=machine.usage + usage)
-        self.rolled_up[row.id] = self.rolled_up.get(row.id, NOTHING) + usage
+        self.machines[row.id] = replace(machine, usage=machine.usage.rolled(usage))
+        self.rolled_up[row.id] = self.rolled_up.get(row.id, NOTHING).rolled(usage)
         moved = self.moves.get(row.id)
         if moved is not None:
-            moved.tokens_used += usage.tokens
-            moved.cost += usage.cost
+            total = Usage(moved.tokens_used, moved.cost).rolled(usage)
+            moved.tokens_used, moved.cost = total.tokens, total.cost
 
     def due_now(self) -> list[UUID]:
         """Machines this transaction moved on whose next state is to be entered at once. Not the

@@ -6,6 +6,7 @@ one fan-out."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -13,12 +14,14 @@ from uuid import UUID
 from sqlalchemy import Connection, and_, bindparam, case, insert, select, update
 
 from fsm_celery.core.join import Slot, SlotStatus, Tally, Verdict
-from fsm_celery.core.usage import Usage
+from fsm_celery.core.usage import MAX_COST, MAX_TOKENS, Usage
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.rows import NewMachine, values
 from fsm_celery.store.tables import fan_out_items, fan_outs, machines
 
 AT_WORK = ("running", "paused")
+# a fan-out's row without its shared input, read only where a child starts or hands back
+_COUNTS = [column for column in fan_outs.c if column.name != "shared"]
 
 
 def insert_machines_txn(conn: Connection, children: Sequence[NewMachine]) -> list[AnyRow]:
@@ -32,36 +35,48 @@ def insert_machines_txn(conn: Connection, children: Sequence[NewMachine]) -> lis
     return list(rows)
 
 
+@dataclass(frozen=True)
+class Opened:
+    """A fan-out as it opens: its state, kind, children, counts and shared input (a map's)."""
+
+    state: str
+    kind: str
+    total: int
+    tally: Tally
+    shared: Mapping[str, Any] | None
+
+
 def open_txn(
-    conn: Connection,
-    parent_id: UUID,
-    attempt: int,
-    state: str,
-    kind: str,
-    total: int,
-    tally: Tally,
-    now: datetime,
+    conn: Connection, parent_id: UUID, attempt: int, opened: Opened, now: datetime
 ) -> None:
+    tally = opened.tally
     conn.execute(
         insert(fan_outs).values(
             parent_id=parent_id,
             attempt=attempt,
-            state=state,
-            kind=kind,
-            total=total,
+            state=opened.state,
+            kind=opened.kind,
+            total=opened.total,
             started=tally.started,
             succeeded=tally.succeeded,
             failed=tally.failed,
             verdict=tally.verdict.value,
+            shared=dict(opened.shared) if opened.shared is not None else None,
             created_at=now,
         )
     )
 
 
+def shared_txn(conn: Connection, parent_id: UUID, attempt: int) -> dict[str, Any]:
+    """What every child of a map starts with besides its own slot's input (stored once)."""
+    found = conn.execute(select(fan_outs.c.shared).where(_fan_out(parent_id, attempt))).scalar()
+    return dict(found or {})
+
+
 def insert_slots_txn(
     conn: Connection, parent_id: UUID, attempt: int, inputs: Sequence[Mapping[str, Any]]
 ) -> None:
-    """A slot per child, each waiting with its starting context."""
+    """A slot per child, each waiting with its starting context (a map's: its own part)."""
     if inputs:
         conn.execute(
             insert(fan_out_items),
@@ -81,14 +96,12 @@ def insert_slots_txn(
 def open_fan_out_txn(conn: Connection, parent_id: UUID) -> AnyRow | None:
     """The parent's fan-out its moving on has not closed (at most one)."""
     return conn.execute(
-        select(fan_outs).where(fan_outs.c.parent_id == parent_id, fan_outs.c.closed_at.is_(None))
+        select(*_COUNTS).where(fan_outs.c.parent_id == parent_id, fan_outs.c.closed_at.is_(None))
     ).first()
 
 
 def fan_out_txn(conn: Connection, parent_id: UUID, attempt: int) -> AnyRow | None:
-    return conn.execute(
-        select(fan_outs).where(fan_outs.c.parent_id == parent_id, fan_outs.c.attempt == attempt)
-    ).first()
+    return conn.execute(select(*_COUNTS).where(_fan_out(parent_id, attempt))).first()
 
 
 def tally_of(row: AnyRow) -> Tally:
@@ -268,14 +281,20 @@ def children_txn(
 
 
 def add_usage_txn(conn: Connection, spent: Mapping[UUID, Usage]) -> None:
-    """Add descendants' spending to machines that did not move (a move writes its totals)."""
+    """Add descendants' spending to machines that did not move (a move writes its totals),
+    saturating as Usage.rolled does."""
     if spent:
         conn.execute(
             update(machines)
             .where(machines.c.id == bindparam("_id"))
             .values(
-                tokens_used=machines.c.tokens_used + bindparam("t"),
-                cost=machines.c.cost + bindparam("c"),
+                tokens_used=_saturated(machines.c.tokens_used, bindparam("t"), MAX_TOKENS),
+                cost=_saturated(machines.c.cost, bindparam("c"), MAX_COST),
             ),
             [{"_id": mid, "t": u.tokens, "c": u.cost} for mid, u in spent.items()],
         )
+
+
+def _saturated(total: Any, added: Any, most: float) -> Any:
+    """total + added, no further than `most` (a total already past it stays as it is)."""
+    return case((total >= most, total), (total + added > most, most), else_=total + added)

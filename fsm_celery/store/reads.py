@@ -262,7 +262,8 @@ def tree_txn(conn: Connection, machine_id: UUID, shown: int, most: int) -> Tree 
 
 def fan_outs_txn(conn: Connection, parent_id: UUID, limit: int) -> list[AnyRow]:
     """The machine's latest fan-outs (one per attempt of a fan-out state), newest first."""
-    query = select(fan_outs).where(fan_outs.c.parent_id == parent_id)
+    counts = [column for column in fan_outs.c if column.name != "shared"]  # not its input
+    query = select(*counts).where(fan_outs.c.parent_id == parent_id)
     return list(conn.execute(query.order_by(fan_outs.c.attempt.desc()).limit(limit)).all())
 
 

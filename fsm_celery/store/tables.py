@@ -375,6 +375,8 @@ fan_outs = Table(
     # once the parent has moved on (by the join, or out of the state another way); a parent
     # paused when its join was decided keeps it open, to join when resumed
     Column("closed_at", DateTime(timezone=True)),
+    # what every child of a map starts with besides its slot's input, stored once (0021)
+    Column("shared", Json),
     _created(),
     Index("idx_fan_outs_open", "parent_id", postgresql_where=OPEN, sqlite_where=OPEN),
 )
@@ -388,7 +390,8 @@ fan_out_items = Table(
     Column("parent_id", Uuid, primary_key=True),
     Column("attempt", Integer, primary_key=True),
     Column("slot", Integer, primary_key=True),
-    Column("input", Json, nullable=False),  # the child's starting context (a map's item in it)
+    # the child's starting context (a map's: its own part, its item in it; see fan_outs.shared)
+    Column("input", Json, nullable=False),
     Column("child_id", Uuid),
     Column("status", String(10), nullable=False),  # waiting, running, succeeded, failed, ...
     Column("result", Json),
