@@ -61,7 +61,19 @@ def retries_text(used: int, allowed: int | None) -> str:
     return f"retry {used} of {allowed}"
 
 
+def deadline_text(machine: MachineInfo) -> str:
+    """A machine's deadline as its page shows it: a finished or paused machine has none (the
+    scan times out running machines only), whatever its last state's was (static/dashboard.js
+    says it too)."""
+    if machine.status == MachineStatus.PAUSED.value:
+        return "none while paused"
+    if machine.status != MachineStatus.RUNNING.value or machine.deadline_at is None:
+        return "—"
+    return machine.deadline_at.strftime("%Y-%m-%d %H:%M:%S")
+
+
 templates.env.filters["duration"] = duration
+templates.env.globals["deadline_text"] = deadline_text
 templates.env.globals["retries_text"] = retries_text
 templates.env.globals["more_text"] = more_text  # static/dashboard.js writes it the same way
 

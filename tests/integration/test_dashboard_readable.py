@@ -64,3 +64,23 @@ def test_every_control_on_every_page_stands_out_from_its_background(
     found["the force dialog"] = low_contrast(page)
     unreadable = {where: low for where, low in found.items() if low}
     assert not unreadable, unreadable
+
+
+def test_a_machine_shows_its_deadline_only_while_it_runs(dashboard: Dashboard, page: Page) -> None:
+    env = dashboard.env
+    mid = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada", then=f"/machines/{mid}")
+    wait_live(page)
+    deadline = page.locator(".facts div", has=page.locator("dt", has_text="deadline")).locator("dd")
+    expect(page.locator("#m-status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(deadline).to_have_text("—")  # live: the last state's deadline is gone
+    page.reload()
+    expect(deadline).to_have_text("—")
+
+    waiting = waiting_machine(env)
+    page.goto(dashboard.at(f"/machines/{waiting}"))
+    running = env.client.get_machine(waiting).deadline_at
+    assert running is not None
+    expect(deadline).to_have_text(running.strftime("%Y-%m-%d %H:%M:%S"))
+    env.client.pause(waiting, "ops", "a look at its page (browser test)")
+    expect(deadline).to_have_text("none while paused", timeout=WAIT_MS)

@@ -115,6 +115,8 @@ function machinePage(section) {
     const badgeNow = document.getElementById("m-status");
     badgeNow.replaceWith(Object.assign(badge(status), { id: "m-status" }));
     showCommands(status);
+    // as pages.py's `deadline_text`; a running machine's new deadline comes with a read
+    if (status !== "running") document.getElementById("m-deadline").textContent = status === "paused" ? "none while paused" : "—";
     graph.update(state, status, visited);
   };
 
@@ -154,6 +156,9 @@ function machinePage(section) {
       });
     }
     showMachine(machine.current_state, machine.status, machine.attempt, machine.state_retries);
+    if (machine.status === "running" && machine.deadline_at) {
+      document.getElementById("m-deadline").textContent = machine.deadline_at.slice(0, 19).replace("T", " ");
+    }
   };
 
   return { handle, caughtUp };
