@@ -84,3 +84,39 @@ def test_a_machine_shows_its_deadline_only_while_it_runs(dashboard: Dashboard, p
     expect(deadline).to_have_text(running.strftime("%Y-%m-%d %H:%M:%S"))
     env.client.pause(waiting, "ops", "a look at its page (browser test)")
     expect(deadline).to_have_text("none while paused", timeout=WAIT_MS)
+
+
+def test_a_definitions_states_table_names_every_way_out_of_each_state(
+    dashboard: Dashboard, page: Page
+) -> None:
+    """An approval's and a wait's edges too: their verdicts, events and deadline."""
+    env = dashboard.env
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada", then="/definitions")
+    missing = []
+    for machine_type in env.client.machine_types():
+        page.goto(dashboard.at(f"/definitions/{machine_type}"))
+        for state in env.client.definition(machine_type).definition.states:
+            row = page.locator(f'table#states tr[data-state="{state.name}"]')
+            cells = row.locator("td").nth(4).inner_text() + row.locator("td").nth(5).inner_text()
+            targets = {e.target for e in state.edges}
+            missing += [f"{machine_type} {state.name} → {t}" for t in targets if t not in cells]
+    assert not missing, missing
+
+    page.goto(dashboard.at("/definitions/test_gate"))
+    review = page.locator('table#states tr[data-state="REVIEW"]')
+    expect(review.locator(".on-success div")).to_have_text(
+        ["approved: SHIP_PROD if output.target == 'production'", "approved: SHIP"]
+    )
+    expect(review.locator(".on-failure div")).to_have_text(
+        ["rejected: BUILD (loop)", "no decision in 1 h: ESCALATE"]
+    )
+    escalate = page.locator('table#states tr[data-state="ESCALATE"]')
+    expect(escalate.locator(".on-failure div")).to_have_text(
+        ["rejected: FAILED", "no decision in 10 min: rejected"]
+    )
+    page.goto(dashboard.at("/definitions/test_wait"))
+    waits = page.locator('table#states tr[data-state="WAIT_MERGE"]')
+    expect(waits.locator(".on-success div")).to_have_text(
+        ["pr_merged: DEPLOY if output.merged", "pr_merged: BUILD (loop)"]
+    )
+    expect(waits.locator(".on-failure div")).to_have_text(["no event in 1 h: FAILED"])
