@@ -8,6 +8,7 @@ of them on asking).
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -120,3 +121,77 @@ def test_a_definitions_states_table_names_every_way_out_of_each_state(
         ["pr_merged: DEPLOY if output.merged", "pr_merged: BUILD (loop)"]
     )
     expect(waits.locator(".on-failure div")).to_have_text(["no event in 1 h: FAILED"])
+
+
+def test_the_machines_list_shows_roots_and_a_parent_shows_its_children(
+    dashboard: Dashboard, page: Page
+) -> None:
+    """A fan-out's children are on their parent's page, not in the list (unless asked for):
+    neither those there when the list loads nor those that start while it is open."""
+    env = dashboard.env
+    before = env.client.start_machine("test_fan_map", {"items": list(range(3)), "prefix": "p"})
+    started = _children(env, before, 2)
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada")
+    wait_live(page)
+    rows = page.locator("table#machines tr[data-machine]")
+    expect(page.locator(f'table#machines tr[data-machine="{before}"]')).to_have_count(1)
+    after = env.client.start_machine("test_fan_map", {"items": list(range(3)), "prefix": "q"})
+    expect(page.locator(f'table#machines tr[data-machine="{after}"]')).to_have_count(1)
+    started += _children(env, after, 2)
+    env.client.cancel(started[0].id, "ops", "the next item starts (browser test)")
+    page.wait_for_timeout(1500)  # long enough for a child's start to have reached the page
+    listed = set(rows.evaluate_all("rows => rows.map(r => r.dataset.machine)"))
+    children = {str(c.id) for c in env.client.children(before) + env.client.children(after)}
+    assert listed & children == set()
+    page.reload()
+    listed = set(rows.evaluate_all("rows => rows.map(r => r.dataset.machine)"))
+    assert {str(before), str(after)} <= listed
+    assert listed & children == set()
+
+    page.check("#filters input[name=children]")
+    page.click("#filters button[type=submit]")
+    expect(page).to_have_url(re.compile(r"[?&]children=true"))
+    for child in children:
+        expect(page.locator(f'table#machines tr[data-machine="{child}"]')).to_have_count(1)
+
+    page.goto(dashboard.at(f"/machines/{after}"))
+    expect(page.locator("#children tr[data-machine]")).to_have_count(
+        len(env.client.children(after))
+    )
+    page.click("text=every child →")
+    for child in env.client.children(after):
+        expect(page.locator(f'table#machines tr[data-machine="{child.id}"]')).to_have_count(1)
+
+
+# The parts of #graph's drawing (edges, their labels, nodes, clusters) that reach past the
+# drawing's own box, where the page cuts them off, by how many pixels.
+OUTSIDE = """
+() => {
+  const svg = document.querySelector("#graph svg");
+  const box = svg.getBoundingClientRect();
+  const out = [];
+  for (const part of svg.querySelectorAll("g.edge path, text, g.node rect, g.cluster rect")) {
+    const r = part.getBoundingClientRect();
+    const past = Math.max(box.left - r.left, r.right - box.right, box.top - r.top,
+      r.bottom - box.bottom);
+    if (past > 0.5) out.push(`${part.closest("g").getAttribute("class")}: ${past.toFixed(1)} px`);
+  }
+  return out;
+}
+"""
+
+
+def test_the_graph_draws_every_edge_inside_its_panel(dashboard: Dashboard, page: Page) -> None:
+    env = dashboard.env
+    sign_in(page, dashboard, ADMIN_TOKEN, "Ada", then="/definitions")
+    clipped = {}
+    for machine_type in env.client.machine_types():
+        page.goto(dashboard.at(f"/definitions/{machine_type}"))
+        expect(page.locator("#graph g.node").first).to_be_visible()
+        if found := page.evaluate(OUTSIDE):
+            clipped[machine_type] = found
+        panel = page.locator("#graph").bounding_box()
+        drawn = page.locator("#graph svg").bounding_box()
+        assert panel is not None and drawn is not None
+        assert drawn["x"] + drawn["width"] <= panel["x"] + panel["width"] + 0.5, machine_type
+    assert not clipped, clipped
