@@ -149,6 +149,13 @@ def test_the_machines_list_shows_roots_and_a_parent_shows_its_children(
     assert {str(before), str(after)} <= listed
     assert listed & children == set()
 
+    api = page.request.get(dashboard.at("/api/machines?roots=true&limit=500")).json()["items"]
+    assert {m["parent_id"] for m in api} == {None} and {str(before), str(after)} <= {
+        m["id"] for m in api
+    }
+    counted = page.request.get(dashboard.at("/api/machines/count?roots=true&type=test_fan_map"))
+    assert counted.json()["total"] == 2
+
     page.check("#filters input[name=children]")
     page.click("#filters button[type=submit]")
     expect(page).to_have_url(re.compile(r"[?&]children=true"))
