@@ -25,6 +25,7 @@ from tests.integration.browser import (
     wait_live,
     waiting_machine,
 )
+from tests.support.agents import ScriptedAgent
 from tests.support.credentials import ADMIN_TOKEN
 from tests.support.processes import FsmEnv
 
@@ -43,7 +44,9 @@ def test_every_control_on_every_page_stands_out_from_its_background(
 ) -> None:
     env = dashboard.env
     waiting = waiting_machine(env)
-    gate = env.client.start_machine("test_gate", {})
+    with ScriptedAgent(env) as agent:  # BUILD answered: the machine waits at its gate's form
+        gate = env.client.start_machine("test_gate", {}, agent_id=agent.id)
+        env.wait_for_state(gate, "REVIEW")
     done = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
     assert env.wait_until_done(done).status == "completed"
     page.goto(dashboard.at("/login"))
@@ -59,6 +62,9 @@ def test_every_control_on_every_page_stands_out_from_its_background(
         if path.startswith("/definitions/"):
             expect(page.locator("#graph g.node").first).to_be_visible()
         found[path] = low_contrast(page)
+    page.goto(dashboard.at(f"/machines/{gate}"))
+    expect(page.locator("form#decision button#reject")).to_be_visible()
+    assert low_contrast(page) == [], "the gate's form"
     page.goto(dashboard.at(f"/machines/{waiting}"))  # the timeline's rewind and fork, a dialog
     expect(page.locator("#timeline button[data-travel=rewind]")).to_have_count(1)
     page.locator("#actions button[data-action=force]").click()
