@@ -12,7 +12,14 @@ from uuid import UUID
 
 from fastapi import HTTPException, Query
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from fsm_celery.core.messages import INT32_MAX, INT64_MAX, unstorable
 from fsm_celery.core.transition import MachineStatus
@@ -123,6 +130,7 @@ class FilterBody(_Body):
     parent: UUID | None = Field(default=None, description="the children of this machine")
     created_after: datetime | None = None
     created_before: datetime | None = None
+    roots: bool = Field(default=False, description="only machines no fan-out started")
 
     def to_filter(self) -> MachineFilter:
         return MachineFilter(
@@ -134,6 +142,7 @@ class FilterBody(_Body):
             parent_id=self.parent,
             created_after=self.created_after,
             created_before=self.created_before,
+            roots=self.roots,
         )
 
 
@@ -145,15 +154,20 @@ class BulkRequest(_Body):
     limit: int = Field(default=100, ge=1, le=1000, description="the most machines acted on")
 
 
+# A field the page's filter form sends empty filters nothing (as if it were not sent).
+BLANK = BeforeValidator(lambda value: None if value == "" else value)
+
+
 def machine_filter(
-    status: MachineStatus | None = None,
+    status: Annotated[MachineStatus | None, BLANK] = None,
     type: Annotated[str | None, Query(max_length=TYPE_CHARS)] = None,
     agent_type: Annotated[str | None, Query(max_length=10)] = None,
     agent_id: UUID | None = None,
-    github_issue: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    github_issue: Annotated[int | None, BLANK] = None,  # bounded by FilterBody
     parent: Annotated[UUID | None, Query(description="the children of this machine")] = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
+    roots: Annotated[bool, Query(description="only machines no fan-out started")] = False,
 ) -> MachineFilter:
     """The list's filters, from the query string (an empty one filters nothing, as a page's
     form sends it)."""
@@ -167,6 +181,7 @@ def machine_filter(
             parent=parent,
             created_after=created_after,
             created_before=created_before,
+            roots=roots,
         )
     except ValidationError as exc:  # raised here, it would be a 500: it is the query's fault
         raise RequestValidationError(

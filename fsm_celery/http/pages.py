@@ -6,6 +6,7 @@ definitions, sign in and out. The browser script
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from http import HTTPStatus
 from pathlib import Path
 from typing import Annotated, Any
@@ -61,7 +62,19 @@ def retries_text(used: int, allowed: int | None) -> str:
     return f"retry {used} of {allowed}"
 
 
+def deadline_text(machine: MachineInfo) -> str:
+    """A machine's deadline as its page shows it: a finished or paused machine has none (the
+    scan times out running machines only), whatever its last state's was (static/dashboard.js
+    says it too)."""
+    if machine.status == MachineStatus.PAUSED.value:
+        return "none while paused"
+    if machine.status != MachineStatus.RUNNING.value or machine.deadline_at is None:
+        return "—"
+    return machine.deadline_at.strftime("%Y-%m-%d %H:%M:%S")
+
+
 templates.env.filters["duration"] = duration
+templates.env.globals["deadline_text"] = deadline_text
 templates.env.globals["retries_text"] = retries_text
 templates.env.globals["more_text"] = more_text  # static/dashboard.js writes it the same way
 
@@ -100,8 +113,12 @@ def machines_page(
     who: Reader,
     where: Annotated[MachineFilter, Depends(machine_filter)],
     cursor: Annotated[str | None, Query(max_length=200)] = None,
+    children: Annotated[bool, Query(description="fan-outs' children listed too")] = False,
 ) -> HTMLResponse:
     fsm = _client(request)
+    # a map of 10,000 items would bury the machines people started: its children are on its page
+    roots = not children and where.parent_id is None
+    where = replace(where, roots=where.roots or roots)
     found = fsm.find_machines(where, PAGE + 1, decode_cursor(cursor))
     page = found[:PAGE]
     filters = {k: v for k, v in request.query_params.items() if k != "cursor" and v}
@@ -118,6 +135,7 @@ def machines_page(
         filters=filters,
         types=types,
         more=more,
+        roots=where.roots,
     )
 
 

@@ -21,7 +21,8 @@ UNFINISHED = ("running", "paused")
 
 @dataclass(frozen=True)
 class MachineFilter:
-    """Which machines: every field given must match (created_* bound created_at)."""
+    """Which machines: every field given must match (created_* bound created_at; roots: only
+    machines no fan-out started)."""
 
     status: str | None = None
     machine_type: str | None = None
@@ -31,6 +32,7 @@ class MachineFilter:
     parent_id: UUID | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    roots: bool = False
 
     def apply(self, query: Select[tuple[object, ...]]) -> Select[tuple[object, ...]]:
         c = machines.c
@@ -44,6 +46,8 @@ class MachineFilter:
         ):
             if value is not None:
                 query = query.where(column == value)
+        if self.roots:
+            query = query.where(c.parent_id.is_(None))
         if self.created_after is not None:
             query = query.where(c.created_at >= self.created_after)
         if self.created_before is not None:

@@ -185,3 +185,66 @@ def page_fetch(page: Page, method: str, path: str, body: dict[str, Any]) -> dict
         [method, path, body],
     )
     return result
+
+
+# Every control a person can see and use (links, buttons, fields, summaries) whose text has a
+# WCAG 2 contrast ratio below the bound against what it is drawn on: the text's computed colour
+# over the first opaque background up its ancestors (translucent ones blended in), white at the
+# top. Disabled controls are exempt, as WCAG exempts them.
+LOW_CONTRAST = """
+(least) => {
+  const parse = (text) => {
+    const m = text.match(/rgba?\\(([^)]+)\\)/);
+    if (!m) return [0, 0, 0, 0];
+    const parts = m[1].split(/[ ,\\/]+/).filter(Boolean).map(Number);
+    return [parts[0], parts[1], parts[2], parts.length > 3 ? parts[3] : 1];
+  };
+  const over = ([r, g, b, a], [R, G, B]) =>
+    [r * a + R * (1 - a), g * a + G * (1 - a), b * a + B * (1 - a)];
+  const background = (node) => {
+    const layers = [];
+    for (let n = node; n && n.nodeType === 1; n = n.parentElement) {
+      const c = parse(getComputedStyle(n).backgroundColor);
+      if (c[3] > 0) layers.push(c);
+      if (c[3] >= 1) break;
+    }
+    let rgb = [255, 255, 255];
+    for (const layer of layers.reverse()) rgb = over(layer, rgb);
+    return rgb;
+  };
+  const luminance = (rgb) => {
+    const [r, g, b] = rgb.map((v) => {
+      const s = v / 255;
+      return s <= 0.03928 ? s / 12.92 : ((s + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const ratio = (a, b) => {
+    const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+    return (hi + 0.05) / (lo + 0.05);
+  };
+  const controls = document.querySelectorAll(
+    "a[href], button, input:not([type=hidden]), select, textarea, summary, [role=button]");
+  const low = [];
+  for (const c of controls) {
+    const box = c.getBoundingClientRect();
+    const hidden = !box.width || !box.height || getComputedStyle(c).visibility !== "visible";
+    if (c.disabled || hidden) continue;
+    const back = background(c);
+    const fore = over(parse(getComputedStyle(c).color), back);
+    const found = ratio(fore, back);
+    if (found < least) {
+      const text = (c.innerText || c.value || c.getAttribute("aria-label") || c.name || "").trim();
+      low.push(`${c.tagName.toLowerCase()} "${text.slice(0, 40)}": ${found.toFixed(2)}:1`);
+    }
+  }
+  return low;
+}
+"""
+TEXT_CONTRAST = 4.5  # WCAG 2 AA for text
+
+
+def low_contrast(page: Page) -> list[str]:
+    """The controls of the page whose text does not stand out enough (see LOW_CONTRAST)."""
+    found: list[str] = page.evaluate(LOW_CONTRAST, TEXT_CONTRAST)
+    return found

@@ -115,6 +115,8 @@ function machinePage(section) {
     const badgeNow = document.getElementById("m-status");
     badgeNow.replaceWith(Object.assign(badge(status), { id: "m-status" }));
     showCommands(status);
+    // as pages.py's `deadline_text`; a running machine's new deadline comes with a read
+    if (status !== "running") document.getElementById("m-deadline").textContent = status === "paused" ? "none while paused" : "—";
     graph.update(state, status, visited);
   };
 
@@ -154,6 +156,9 @@ function machinePage(section) {
       });
     }
     showMachine(machine.current_state, machine.status, machine.attempt, machine.state_retries);
+    if (machine.status === "running" && machine.deadline_at) {
+      document.getElementById("m-deadline").textContent = machine.deadline_at.slice(0, 19).replace("T", " ");
+    }
   };
 
   return { handle, caughtUp };
@@ -364,15 +369,17 @@ function wireRevoke() {
 
 function machinesPage(table) {
   const filters = JSON.parse(table.dataset.filters || "{}");
+  const roots = table.dataset.roots === "true";  // no child listed (pages.py)
   const body = table.tBodies[0];
   const matches = (event) =>
+    (!roots || !event.parentId) &&
     (!filters.status || filters.status === event.status) &&
     (!filters.type || filters.type === event.machineType) &&
     (!filters.agent_type || filters.agent_type === event.agentType) &&
     (!filters.parent || filters.parent === event.parentId) &&
     !filters.github_issue && !filters.agent_id && !filters.created_before && !filters.cursor;
 
-  if (isAdmin()) wireBulk(filters);
+  if (isAdmin()) wireBulk(roots ? { ...filters, roots: true } : filters);
   if (isAdmin()) wireRevoke();
 
   const handle = (event) => {
@@ -397,6 +404,7 @@ function machinesPage(table) {
     if (!shown) return;
     const query = new URLSearchParams(location.search);
     query.set("limit", String(Math.min(shown, 500)));
+    if (roots) query.set("roots", "true");
     const response = await fetch(`/api/machines?${query}`, { credentials: "same-origin" });
     if (!response.ok) return;  // no telling: go on live
     for (const m of (await response.json()).items) {
@@ -491,7 +499,7 @@ const BULK_LIMIT = 1000;  // the API's most machines in one bulk command
 
 function bulkFilter(filters) {
   const filter = {};
-  for (const key of ["status", "type", "agent_type", "agent_id", "github_issue", "parent"]) {
+  for (const key of ["status", "type", "agent_type", "agent_id", "github_issue", "parent", "roots"]) {
     if (filters[key]) filter[key] = filters[key];
   }
   return filter;
@@ -500,7 +508,7 @@ function bulkFilter(filters) {
 // What the dialog says: how many machines the filter matches, and how many of them the action
 // takes (the others' status refuses it).
 function bulkText(action, filters, counted) {
-  const described = Object.entries(filters).filter(([k]) => k !== "cursor").map(([k, v]) => `${k}=${v}`).join(", ") || "any";
+  const described = Object.entries(filters).filter(([k]) => k !== "cursor" && k !== "roots").map(([k, v]) => `${k}=${v}`).join(", ") || "any";
   const number = (n) => n.toLocaleString("en");
   const total = counted.total;
   const taking = Object.entries(counted.by_status)

@@ -33,6 +33,30 @@ function countsText(p) {
   return `${n(p.done)} done · ${n(p.failed)} failed · ${n(p.running)} running · ${n(p.waiting)} waiting`;
 }
 
+// The box holding everything drawn: dagre's graph size leaves out the edges' routes, which may
+// pass outside its nodes (a failure edge around the side), and a stroke and arrowhead go past
+// their points, so the drawing would cut them off at its right or left.
+function drawnBox(g) {
+  const PAD = 8;
+  let [left, top, right, bottom] = [Infinity, Infinity, -Infinity, -Infinity];
+  const take = (x, y, w = 0, h = 0) => {
+    left = Math.min(left, x - w / 2); right = Math.max(right, x + w / 2);
+    top = Math.min(top, y - h / 2); bottom = Math.max(bottom, y + h / 2);
+  };
+  for (const id of g.nodes()) {
+    const n = g.node(id);
+    take(n.x, n.y, n.width, n.height);
+  }
+  for (const e of g.edges()) {
+    const edge = g.edge(e);
+    for (const p of edge.points) take(p.x, p.y);
+    if (edge.label) take(edge.x, edge.y, edge.width, 2 * edge.height);
+  }
+  const x = Math.floor(left - PAD);
+  const y = Math.floor(top - PAD);
+  return { x, y, width: Math.ceil(right + PAD) - x, height: Math.ceil(bottom + PAD) - y };
+}
+
 class MachineGraph {
   constructor(container, drawing) {
     this.container = container;
@@ -106,9 +130,9 @@ class MachineGraph {
       g.setEdge(source, l.target, { label, width, height: label ? 14 : 0, data: l }, "e" + i);
     });
     dagre.layout(g);
-    const { width, height } = g.graph();
+    const { x, y, width, height } = drawnBox(g);
     const svg = svgEl("svg", {
-      viewBox: `0 0 ${Math.ceil(width)} ${Math.ceil(height)}`,
+      viewBox: `${x} ${y} ${width} ${height}`,
       width: "100%",
       role: "img",
       "aria-label": "state machine graph",
