@@ -95,7 +95,15 @@ Fsm = Annotated[Client, Depends(client)]
 
 
 def _actor(who: Principal, given: str | None) -> str:
-    return given or who.name
+    """Who acts: the signed-in identity. A body's `actor` may repeat it, never name another
+    (an admin's credential acting as someone else would make the audit trail lie)."""
+    if given is not None and given != who.name:
+        raise HTTPException(
+            422,
+            f"actor: what you do is recorded as who signed in ({who.name}), "
+            f"not as {given!r}; leave actor out",
+        )
+    return who.name
 
 
 @router.get(
@@ -329,17 +337,10 @@ def set_budget(
     responses=answer("decide"),
 )
 def decide(fsm: Fsm, who: Decider, machine_id: UUID, body: DecisionRequest) -> dict[str, Any]:
-    if body.actor is not None and body.actor != who.name:
-        # a decision is the signed-in identity's: naming another would vote as them
-        raise HTTPException(
-            422,
-            f"actor: a decision is recorded as who signed in ({who.name}), "
-            f"not as {body.actor!r}; leave actor out",
-        )
     decided = fsm.decide(
         machine_id,
         body.decision,
-        who.name,
+        _actor(who, body.actor),  # naming another would vote as them
         fields=body.fields,
         comment=body.comment,
         via="dashboard" if who.via == "session" else "api",

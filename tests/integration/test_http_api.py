@@ -334,7 +334,10 @@ def test_each_command_is_recorded_with_who_and_why(http: Any) -> None:
         return result
 
     assert machine["commands"] == ["pause", "cancel", "retry", "force", "budget"]
-    paused = act("pause", reason="look", actor="dana")
+    named = http.post(f"{path}/pause", json={"reason": "look", "actor": "dana"}, headers=ADMIN)
+    _error(named, 422, "recorded as who signed in (admin)", "'dana'")  # a field names no one
+    assert http.get(path, headers=VIEWER).json()["machine"]["status"] == "running"
+    paused = act("pause", reason="look", actor="admin")  # repeating oneself is fine
     assert (paused["status"], paused["commands"]) == (
         "paused",
         ["resume", "cancel", "retry", "force", "budget"],
@@ -360,7 +363,7 @@ def test_each_command_is_recorded_with_who_and_why(http: Any) -> None:
     )
     history = shown["history"]
     assert [(h["event"], h["actor"], h["reason"]) for h in history[1:]] == [
-        ("pause", "dana", "look"),
+        ("pause", "admin", "look"),
         ("resume", "admin", ""),
         ("force", "admin", "skip ahead"),
         ("cancel", "admin", "done with it"),
