@@ -107,6 +107,7 @@ def serve_acks(plan: Plan, *, pubsub: bool, stop: threading.Event | None = None)
         signal.signal(sig, lambda *_: stopping.set())
     _quiet_gc()
     bridge.run(stopping)
+    log.info("ack bridge stopped reading: told to stop")
 
 
 def _warn_about_trust(settings: Settings) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 
 import psutil
@@ -24,11 +23,12 @@ def test_a_term_to_the_main_process_stops_every_consumer_at_once(
     assert len([c for c in consumers if "spawn_main" in " ".join(c.cmdline())]) == 2
 
     os.kill(main.pid, signal.SIGTERM)  # the main process alone, not its group
-    started = time.monotonic()
-    bridge.popen.wait(timeout=30)
-    took = time.monotonic() - started
+    bridge.popen.wait(timeout=60)
     _, alive = psutil.wait_procs(consumers, timeout=5)
     assert not alive, f"consumers left running: {[p.pid for p in alive]}"
-    # it used to wait 15 s for consumers nobody had told to stop
-    assert took < 10, f"the bridge took {took:.1f} s to stop"
-    assert "ack bridge stopped" in bridge.log.read_text()
+    # It used to wait 15 s for consumers nobody had told to stop, then kill them: now each stops
+    # because it was told (and says so), not because a timer ran out.
+    log = bridge.log.read_text()
+    for name in ("bridge-1", "bridge-2"):
+        assert f"{name} INFO ack bridge stopped reading: told to stop" in log, log
+    assert "ack bridge stopped" in log

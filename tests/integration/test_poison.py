@@ -277,15 +277,14 @@ def test_hand_backs_in_a_row_past_the_limit_count_as_a_failure(poison: FsmEnv) -
 
 @ONE_MODE
 def test_heartbeats_do_not_keep_an_attempt_past_its_longest_duration(poison: FsmEnv) -> None:
-    script = {"WORK": [Reply(heartbeat_for=12.0, silent=True)]}
+    # The agent beats every 0.3 s for two minutes, each beat good for a second: only the state's
+    # max_duration (3 s) can end the attempt within _finish's wait (60 s), however slow the box.
+    script = {"WORK": [Reply(heartbeat_for=120.0, silent=True)]}
     with ScriptedAgent(poison, script, own_stream=True) as agent:
-        started = time.monotonic()
         mid = poison.client.start_machine("test_heartbeat_cap", {}, agent_id=agent.id)
         _finish(poison, [mid], "failed")
-        took = time.monotonic() - started
         last = poison.client.history(mid)[-1]
         assert (last.event, last.error_message) == ("timeout", "timed out")
-        assert took < 10, f"the attempt lived {took:.1f}s, past its max_duration of 3s"
         assert agent.tasks  # it was working, and saying so
 
 

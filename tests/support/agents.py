@@ -87,7 +87,7 @@ class ScriptedAgent:
         replies = self.script.get(task["state"])
         reply = replies.pop(0) if replies else Reply()
         beat_until = time.monotonic() + reply.heartbeat_for
-        while time.monotonic() < beat_until:
+        while time.monotonic() < beat_until and not self._stop.is_set():
             self.send(heartbeat_for(task, f"{beat_until - time.monotonic():.1f}s to go"))
             time.sleep(0.3)
         if reply.silent:
