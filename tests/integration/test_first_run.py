@@ -116,14 +116,12 @@ def test_a_billion_laughs_definition_is_refused_at_once(
 ) -> None:
     laughs = tmp_path / "laughs.yaml"
     laughs.write_text(BILLION_LAUGHS)
-    began = time.monotonic()
-    done = _run(
+    done = _run(  # expanded, it would be 9**9 strings: never done within _run's 60 s
         *command,
         str(laughs),
         FSM_DATABASE_URL=f"{services.pg_url}/postgres",
         FSM_REDIS_URL=services.redis_url,
     )
-    assert time.monotonic() - began < 20  # expanded, it would be 9**9 strings: never done
     assert done.returncode == 3
     [line] = done.stderr.splitlines()
     assert line.startswith(f"{laughs}:3:") or line.startswith(f"error: {laughs}:3:"), line
