@@ -410,7 +410,7 @@ def agent(
     think: float,
 ) -> None:
     """Run an agent: the mock agents (--mock), or your own (--app module:attribute)."""
-    from fsm_celery.agent.run import run_agents, user_agents
+    from fsm_celery.agent.runner import run_agents, user_agents
 
     settings = get_settings()
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
@@ -424,7 +424,7 @@ def agent(
         return
     if not mock:
         raise click.UsageError("pass --mock, or --app module:attribute naming your Agent")
-    from fsm_celery.agent.run import mock_agents
+    from fsm_celery.agent.runner import mock_agents
 
     try:
         script = _mock_script(seed, fails, slows, silents, think)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fsm_celery.agent.run import run
+    from fsm_celery.agent.runner import run
     from fsm_celery.agent.sdk import ANY, Agent, NoAck, Task
 
 __all__ = ["ANY", "Agent", "NoAck", "Task", "run"]
@@ -17,7 +17,7 @@ _WHERE = {
     "Agent": "fsm_celery.agent.sdk",
     "NoAck": "fsm_celery.agent.sdk",
     "Task": "fsm_celery.agent.sdk",
-    "run": "fsm_celery.agent.run",
+    "run": "fsm_celery.agent.runner",
 }
 
 

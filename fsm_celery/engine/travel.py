@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -32,7 +32,8 @@ from fsm_celery.store import queries as q
 from fsm_celery.store.rows import NewMachine
 
 
-class Rewound(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Rewound:
     """A rewind done: the step of the history row it wrote, and the states it left to enter."""
 
     step: int

@@ -179,7 +179,7 @@ def test_rewind_and_fork_edits_that_break_the_context_schema_are_refused(fsm: Fs
     assert fsm.machine(mid) == before and len(fsm.history(mid)) == steps  # nothing changed
     with fsm.engine.db.connect() as conn:  # no fork was started
         assert conn.execute(select(func.count()).select_from(machines)).scalar_one() == 1
-    fsm.enter_all(fsm.engine.rewind.rewind(mid, 1, "ops", "", {"ticket": 8, "hint": "b"}))
+    fsm.enter_all(fsm.engine.rewind.rewind(mid, 1, "ops", "", {"ticket": 8, "hint": "b"}).next)
     machine = fsm.machine(mid)
     assert (machine.current_state, machine.context["ticket"]) == ("TWO", 8)
     assert machine.context["draft"] == "a"  # an output kept, though the schema names no draft

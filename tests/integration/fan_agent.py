@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from fsm_celery.agent.run import run_agents
+from fsm_celery.agent.runner import run_agents
 from fsm_celery.agent.sdk import Agent, Task
 
 

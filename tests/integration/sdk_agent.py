@@ -24,7 +24,7 @@ from typing import Any
 
 from fsm_celery.agent.mock import OUTPUTS
 from fsm_celery.agent.pipeline import serve_pipeline
-from fsm_celery.agent.run import run_agents
+from fsm_celery.agent.runner import run_agents
 from fsm_celery.agent.sdk import Agent, Task
 
 EXTRA = {

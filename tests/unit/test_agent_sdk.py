@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from fsm_celery.agent import Agent, NoAck, Task, run
-from fsm_celery.agent.run import user_agents
+from fsm_celery.agent.runner import user_agents
 from tests.support.docs import agent_example, blocks
 
 ISSUED = "6b0d2f4e-8d1b-4c3a-9e5f-7a6b5c4d3e2f"
 
 
 def test_the_sdk_is_imported_from_fsm_celery_agent() -> None:
-    from fsm_celery.agent.run import run as run_them
+    from fsm_celery.agent.runner import run as run_them
     from fsm_celery.agent.sdk import Agent as SdkAgent
     from fsm_celery.agent.sdk import NoAck as SdkNoAck
     from fsm_celery.agent.sdk import Task as SdkTask
