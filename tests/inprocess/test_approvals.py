@@ -4,6 +4,8 @@ pause (tests/fixtures/definitions/test_gate.yaml: two of `release` approve, one 
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any
 from uuid import UUID
 
@@ -11,6 +13,7 @@ import pytest
 
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.gate import Choice, Vote
+from fsm_celery.engine import Inbound
 from fsm_celery.engine.approvals import ADMIN, Authority, Decided
 from fsm_celery.exceptions import GateClosed, InvalidDecision, NotAnApprover
 from fsm_celery.store import gates as gate_store
@@ -326,3 +329,65 @@ def test_a_machine_forced_from_its_gate_leaves_it_at_once(fsm: Fsm) -> None:
     fsm.engine.admin.command(mid, Command(Action.FORCE, "ops", target="SHIP"))  # not entered
     [gate] = _gates(fsm, mid)
     assert gate.verdict == "left" and gate.closed_at == fsm.clock.now
+
+
+def _at_once(fsm: Fsm, mid: UUID, people: tuple[str, ...]) -> dict[str, Decided | Exception]:
+    """Each person approves in a thread of their own, all released together; what each got."""
+    start = threading.Barrier(len(people))
+    outcomes: dict[str, Decided | Exception] = {}
+
+    def decide(person: str) -> None:
+        start.wait()
+        try:
+            outcomes[person] = _decide(fsm, mid, person, target="staging")
+        except Exception as exc:  # GateClosed for the late one; anything else, shown
+            outcomes[person] = exc
+
+    threads = [threading.Thread(target=decide, args=(person,)) for person in people]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return outcomes
+
+
+def test_three_approvers_deciding_at_once_from_threads_make_one_quorum_and_one_move(
+    fsm: Fsm,
+) -> None:
+    """A quorum of two, three approvers each in a thread of their own, released together, a
+    round after another: each transaction locks the machine, then counts what committed before
+    it, so exactly one of them closes the gate and the third finds it closed."""
+    tester = fsm.agent("tester")
+    for _ in range(10):
+        mid = fsm.start("test_gate")
+        [build] = [t for t in tester.tasks() if t["state"] == "BUILD"]
+        fsm.receive(ack(build))
+        assert fsm.machine(mid).current_state == "REVIEW"
+        outcomes = _at_once(fsm, mid, ("alice", "bob", "carol"))
+        story = (outcomes, [(r.event, r.to_state, r.actor) for r in fsm.history(mid)])
+        [gate] = _gates(fsm, mid)
+        assert (gate.verdict, gate.approvals) == ("approved", 2), story
+        moved = [o for o in outcomes.values() if isinstance(o, Decided) and o.moved_to]
+        assert [o.moved_to for o in moved] == ["SHIP"], story
+        closed = [o for o in outcomes.values() if isinstance(o, GateClosed)]
+        assert len(closed) == 1, story
+        assert [r.event for r in fsm.history(mid)].count("approval") == 1, story
+        assert fsm.machine(mid).current_state == "SHIP", story
+
+
+def test_in_the_celery_mode_a_gate_opens_with_its_entry_not_with_the_move_to_it(fsm: Fsm) -> None:
+    """The celery mode applies an ack and enters the next state in two transactions (an
+    fsm.enter_state task between them): a machine can read as in REVIEW before its gate is
+    open, and a decision then is refused, said so, and counted nowhere; once entered, the gate
+    counts the same people's decisions (the integration test waits for the open gate, not the
+    state: on a loaded box the task came seconds later and every decision was refused)."""
+    tester = fsm.agent("tester")
+    mid = fsm.start("test_gate")
+    [build] = tester.tasks()
+    [step] = fsm.engine.inbox.apply_and_hand_on([Inbound(json.dumps(ack(build)), None)])
+    assert fsm.machine(mid).current_state == "REVIEW" and _gates(fsm, mid) == []
+    with pytest.raises(GateClosed, match=r"the gate at REVIEW is not open \(yet\)"):
+        _decide(fsm, mid, "alice", target="staging")
+    fsm.enter_all([step])  # the fsm.enter_state task
+    assert _decide(fsm, mid, "alice", target="staging").approvals == 1
+    assert _decide(fsm, mid, "bob", target="staging").moved_to == "SHIP"

@@ -69,6 +69,20 @@ def _history_events(env: FsmEnv, machine_id: Any) -> list[str]:
     return [r.event for r in env.client.history(machine_id)]
 
 
+def _gate_story(env: FsmEnv, machine_id: Any, outcomes: dict[str, Any]) -> str:
+    """What each door answered, the machine's history and its gates with their decisions: a
+    failure of a concurrent decision test explains itself."""
+    history = [
+        (r.from_state, r.to_state, r.event, r.attempt, r.actor, r.reason, str(r.created_at))
+        for r in env.client.history(machine_id)
+    ]
+    made = env.client.decisions(machine_id)
+    return (
+        f"outcomes: {outcomes!r}\nhistory: {history}\n"
+        f"gates: {made['gates']}\ndecisions: {made['decisions']}"
+    )
+
+
 def test_a_quorum_of_two_of_three_approvers_deciding_at_once_moves_the_machine_once(
     gated: FsmEnv,
 ) -> None:
@@ -76,19 +90,22 @@ def test_a_quorum_of_two_of_three_approvers_deciding_at_once_moves_the_machine_o
     release = Authority(admin=False, groups=frozenset({"release"}))
     with ScriptedAgent(gated) as agent:
         mid = gated.client.start_machine("test_gate", {}, agent_id=agent.id)
-        gated.wait_for_state(mid, "REVIEW")
+        gated.wait_for_gate(mid, "REVIEW")
         start = threading.Barrier(3)
         outcomes: dict[str, Any] = {}
 
         def api() -> None:  # alice, with her own token, through the dashboard's HTTP server
             start.wait()
-            answer = httpx.post(
-                f"{base}/api/machines/{mid}/decisions",
-                headers={"Authorization": f"Bearer {ALICE}"},
-                json={"decision": "approve", "fields": {"target": "staging"}},
-                timeout=30,
-            )
-            outcomes["alice"] = answer.status_code, answer.json()
+            try:
+                answer = httpx.post(
+                    f"{base}/api/machines/{mid}/decisions",
+                    headers={"Authorization": f"Bearer {ALICE}"},
+                    json={"decision": "approve", "fields": {"target": "staging"}},
+                    timeout=60,
+                )
+                outcomes["alice"] = answer.status_code, answer.json()
+            except Exception as exc:  # recorded for the failure message, not lost in the thread
+                outcomes["alice"] = exc
 
         def client(person: str) -> Callable[[], None]:  # through the Python client
             def decide() -> None:
@@ -98,7 +115,7 @@ def test_a_quorum_of_two_of_three_approvers_deciding_at_once_moves_the_machine_o
                     outcomes[person] = gated.client.decide(
                         mid, "approve", person, fields=fields, authority=release
                     )
-                except GateClosed as exc:
+                except Exception as exc:  # GateClosed for the late one; anything else, shown
                     outcomes[person] = exc
 
             return decide
@@ -109,8 +126,11 @@ def test_a_quorum_of_two_of_three_approvers_deciding_at_once_moves_the_machine_o
             thread.start()
         for thread in threads:
             thread.join(60)
-        gated.wait_until_done(mid)
-    assert _history_events(gated, mid).count("approval") == 1, outcomes
+        try:
+            gated.wait_until_done(mid, timeout=60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_gate_story(gated, mid, outcomes)}") from None
+    assert _history_events(gated, mid).count("approval") == 1, _gate_story(gated, mid, outcomes)
     made = gated.client.decisions(mid)
     [review] = made["gates"]
     assert (review["verdict"], review["approvals"]) == ("approved", 2), outcomes
@@ -131,7 +151,7 @@ def test_an_admin_or_the_cli_overrides_a_gate_and_never_votes_as_a_person(
     body = {"decision": "approve", "fields": {"target": "staging"}}
     with ScriptedAgent(gated) as agent, gated.api() as http:
         mid = gated.client.start_machine("test_gate", {}, agent_id=agent.id)
-        gated.wait_for_state(mid, "REVIEW")
+        gated.wait_for_gate(mid, "REVIEW")
         url = f"/api/machines/{mid}/decisions"
         for name in ("alice", "bob"):  # one admin credential, two people named
             named = http.post(url, headers=admin, json={**body, "actor": name})
@@ -177,7 +197,7 @@ def test_an_admin_or_the_cli_overrides_a_gate_and_never_votes_as_a_person(
 def test_an_approver_may_decide_only_at_their_groups_gates(gated: FsmEnv) -> None:
     with ScriptedAgent(gated) as agent, gated.api() as http:
         mid = gated.client.start_machine("test_gate", {}, agent_id=agent.id)
-        gated.wait_for_state(mid, "REVIEW")
+        gated.wait_for_gate(mid, "REVIEW")
         url = f"/api/machines/{mid}/decisions"
         body = {"decision": "approve", "fields": {"target": "staging"}}
         ops = http.post(url, headers={"Authorization": f"Bearer {DAVE}"}, json=body)

@@ -39,7 +39,7 @@ def test_two_approvers_decide_through_the_form_and_the_timeline_names_them(
     env = gates_dashboard.env
     with ScriptedAgent(env) as agent:
         mid = env.client.start_machine("test_gate", {}, agent_id=agent.id)
-        env.wait_for_state(mid, "REVIEW")
+        env.wait_for_gate(mid, "REVIEW")
 
         alice = _person(browser)
         sign_in(alice, gates_dashboard, ALICE, "typed name", then="/approvals")

@@ -46,7 +46,7 @@ def test_every_control_on_every_page_stands_out_from_its_background(
     waiting = waiting_machine(env)
     with ScriptedAgent(env) as agent:  # BUILD answered: the machine waits at its gate's form
         gate = env.client.start_machine("test_gate", {}, agent_id=agent.id)
-        env.wait_for_state(gate, "REVIEW")
+        env.wait_for_gate(gate, "REVIEW")
     done = env.client.start_machine("cto_fix_bug", FIX_BUG_CONTEXT)
     assert env.wait_until_done(done).status == "completed"
     page.goto(dashboard.at("/login"))

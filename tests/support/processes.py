@@ -297,6 +297,22 @@ class FsmEnv:
                 raise AssertionError(f"machine {machine_id} never reached {state}")
             time.sleep(0.05)
 
+    def wait_for_gate(self, machine_id: uuid.UUID, state: str, timeout: float = 60.0) -> None:
+        """Wait until the machine's gate at the state is open. Not merely the state: the celery
+        mode moves a machine there with the ack and opens its gate when the fsm.enter_state
+        task enters it, a transaction later (seconds, on a loaded box); a decision in between
+        is refused ("not open (yet)"), so deciding as soon as the state showed could leave
+        every decision refused and the machine waiting at its gate."""
+        self.wait_for_state(machine_id, state, timeout)
+        deadline = time.monotonic() + timeout
+        while not any(
+            gate["state"] == state and gate["closed_at"] is None
+            for gate in self.client.decisions(machine_id)["gates"]
+        ):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"machine {machine_id} opened no gate at {state}")
+            time.sleep(0.05)
+
     def wait_for_rejections(
         self, machine_id: uuid.UUID | None, count: int, timeout: float = 15.0
     ) -> list[dict[str, Any]]:
