@@ -63,35 +63,55 @@ def stop(timeout: float, kill: bool, only_list: bool) -> None:
 def dev(directory: Path, pg_port: int, redis_port: int) -> None:
     """Run a PostgreSQL and a Redis for development in DIRECTORY (made the first time), as the
     current user: no sudo, no system service. Prints the FSM_* settings to use (kept in
-    DIRECTORY/env); Ctrl-C stops both, their data stays."""
-    signal.signal(signal.SIGTERM, _interrupt)  # before anything starts: stopped all the same
+    DIRECTORY/env); Ctrl-C or SIGTERM stops both (exit 0 once both stopped), their data stays."""
+    # Before anything starts, so a stop asked for while they start stops them all the same. The
+    # handlers only note the request, which the loops below look at: an exception raised from
+    # a handler would land wherever the program happens to be (between the last line printed
+    # and the waiting loop, inside Popen.poll), and escape as click's "Aborted!", exit 1.
+    _STOPS.clear()
+    signal.signal(signal.SIGTERM, _note_stop)
+    signal.signal(signal.SIGINT, _note_stop)
     stack = devstack.Stack(directory.resolve(), pg_port, redis_port)
-    started = devstack.start(stack)
+    started = devstack.start(stack, _stop_asked)
     try:
-        env = devstack.write_env(stack)
-        click.echo(
-            f"PostgreSQL on {devstack.HOST}:{pg_port}, Redis on {devstack.HOST}:{redis_port}"
-        )
-        click.echo(f"the settings, kept in {env} (in another shell: . {env}):")
-        click.echo(env.read_text().rstrip("\n"))
-        click.echo("then: fsm-celery db upgrade && fsm-celery definitions load; Ctrl-C stops them")
-        _serve(started)
-    finally:
-        devstack.stop(started)
+        if not _stop_asked():
+            env = devstack.write_env(stack)
+            click.echo(
+                f"PostgreSQL on {devstack.HOST}:{pg_port}, Redis on {devstack.HOST}:{redis_port}"
+            )
+            click.echo(f"the settings, kept in {env} (in another shell: . {env}):")
+            click.echo(env.read_text().rstrip("\n"))
+            click.echo(
+                "then: fsm-celery db upgrade && fsm-celery definitions load; Ctrl-C stops them"
+            )
+            _serve(started)
+        click.echo(f"{signal.Signals(_STOPS[0]).name}: stopping PostgreSQL and Redis")
+    except BaseException:
+        for problem in devstack.stop(started):
+            click.echo(f"error: {problem}", err=True)
+        raise
+    problems = devstack.stop(started)
+    if problems:
+        raise DevStackError("stop", "; ".join(problems))
+    click.echo("stopped PostgreSQL and Redis")
+
+
+_STOPS: list[int] = []  # the signals asking `dev` to stop, as they came
+
+
+def _note_stop(signum: int, _frame: Any) -> None:
+    _STOPS.append(signum)
+
+
+def _stop_asked() -> bool:
+    return bool(_STOPS)
 
 
 def _serve(started: list[Popen[bytes]]) -> None:
     """Until SIGINT or SIGTERM, or a server exits (then fail, naming it)."""
-    try:
-        while all(p.poll() is None for p in started):
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        click.echo("stopping PostgreSQL and Redis")
-        return
-    gone = next(p for p in started if p.poll() is not None)
-    what = "PostgreSQL" if gone is started[0] else "Redis"
-    raise DevStackError(what, f"exited with {gone.returncode} (its log is in its folder)")
-
-
-def _interrupt(*_: Any) -> None:
-    raise KeyboardInterrupt
+    while not _stop_asked():
+        gone = next((p for p in started if p.poll() is not None), None)
+        if gone is not None:
+            what = "PostgreSQL" if gone is started[0] else "Redis"
+            raise DevStackError(what, f"exited with {gone.returncode} (its log is in its folder)")
+        time.sleep(0.2)

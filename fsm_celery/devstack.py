@@ -19,8 +19,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from fsm_celery.exceptions import DevStackError
 HOST = "127.0.0.1"
 PG_PORT, REDIS_PORT = 55432, 56379  # not the system servers' ports, so both can run
 START_SECONDS = 60.0
+STOP_SECONDS = 30.0  # for both servers together (they stop at once), before SIGKILL
 DATABASE = "fsm_celery"
 
 
@@ -59,13 +61,19 @@ class Stack:
         }
 
 
-def start(stack: Stack) -> list[subprocess.Popen[bytes]]:
-    """Start (after initialising them, the first time) the two servers; their processes."""
+def start(
+    stack: Stack, stopping: Callable[[], bool] = lambda: False
+) -> list[subprocess.Popen[bytes]]:
+    """Start (after initialising them, the first time) the two servers; their processes,
+    PostgreSQL's first. Once `stopping()` is true it starts nothing more and waits for nothing:
+    what it started so far is returned, to be stopped."""
     stack.directory.mkdir(parents=True, exist_ok=True)
     started: list[subprocess.Popen[bytes]] = []
     try:
-        started.append(_start_postgres(stack))
-        started.append(_start_redis(stack))
+        for begin in (_start_postgres, _start_redis):
+            if stopping():
+                break
+            started.append(begin(stack, stopping))
     except BaseException:
         stop(started)
         raise
@@ -82,20 +90,34 @@ def write_env(stack: Stack) -> Path:
     return path
 
 
-def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """Stop the servers: PostgreSQL's fast shutdown (SIGINT), Redis's SIGTERM."""
+def stop(processes: list[subprocess.Popen[bytes]]) -> list[str]:
+    """Stop the servers with SIGINT (PostgreSQL's fast shutdown; Redis shuts down on it as on
+    SIGTERM), both at once. The ones that did not exit within STOP_SECONDS are killed: what
+    went wrong with each, none when both stopped."""
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + STOP_SECONDS
+    problems: list[str] = []
     for process in processes:
         try:
-            process.wait(30)
+            process.wait(max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+            problems.append(
+                f"{_name(process)} (pid {process.pid}) had not exited {STOP_SECONDS:g} s after "
+                "SIGINT: killed (its log is in its folder)"
+            )
+    return problems
 
 
-def _start_postgres(stack: Stack) -> subprocess.Popen[bytes]:
+def _name(process: subprocess.Popen[bytes]) -> str:
+    argv = process.args
+    return Path(str(argv[0] if isinstance(argv, list | tuple) else argv)).name
+
+
+def _start_postgres(stack: Stack, stopping: Callable[[], bool]) -> subprocess.Popen[bytes]:
     folder = stack.directory / "postgres"
     owner = _owner()
     if not (folder / "data" / "PG_VERSION").exists():
@@ -106,7 +128,7 @@ def _start_postgres(stack: Stack) -> subprocess.Popen[bytes]:
     log = folder / "postgres.log"
     with log.open("ab") as out:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, **owner)
-    _wait(process, log, "PostgreSQL", lambda: _pg_ready(stack))
+    _wait(process, log, "PostgreSQL", lambda: _pg_ready(stack), stopping)
     return process
 
 
@@ -123,7 +145,7 @@ def _init_postgres(folder: Path, owner: Mapping[str, Any]) -> None:
         raise DevStackError("initdb", (done.stdout + done.stderr).decode(errors="replace"))
 
 
-def _start_redis(stack: Stack) -> subprocess.Popen[bytes]:
+def _start_redis(stack: Stack, stopping: Callable[[], bool]) -> subprocess.Popen[bytes]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise DevStackError("redis-server", "not on PATH: install it (Debian: redis-server)")
@@ -134,7 +156,9 @@ def _start_redis(stack: Stack) -> subprocess.Popen[bytes]:
     argv = [binary, "--port", str(stack.redis_port), "--bind", HOST, "--dir", str(folder)]
     argv += ["--appendonly", "yes", "--maxmemory-policy", "noeviction", "--logfile", str(log)]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    _wait(process, log, "Redis", lambda: _answers(stack.redis_port, b"PING\r\n", b"+PONG"))
+    _wait(
+        process, log, "Redis", partial(_answers, stack.redis_port, b"PING\r\n", b"+PONG"), stopping
+    )
     return process
 
 
@@ -184,9 +208,16 @@ def _free(port: int, what: str) -> None:
             )
 
 
-def _wait(process: subprocess.Popen[bytes], log: Path, what: str, ready: Any) -> None:
+def _wait(
+    process: subprocess.Popen[bytes],
+    log: Path,
+    what: str,
+    ready: Callable[[], bool],
+    stopping: Callable[[], bool],
+) -> None:
+    """Until the server is ready, or asked to stop (then it is stopped with the others)."""
     deadline = time.monotonic() + START_SECONDS
-    while not ready():
+    while not stopping() and not ready():
         if process.poll() is not None or time.monotonic() > deadline:
             tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
             process.kill()

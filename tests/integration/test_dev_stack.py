@@ -63,12 +63,11 @@ def _listening(port: int) -> bool:
         return probe.connect_ex((HOST, port)) == 0
 
 
-def _stop(dev: subprocess.Popen[str]) -> int:
+def _stop(dev: subprocess.Popen[str]) -> tuple[int, str]:
+    """SIGTERM it; its exit status and what it printed from then on (stdout and stderr)."""
     dev.send_signal(signal.SIGTERM)
-    code = dev.wait(60)
-    if dev.stdout is not None:
-        dev.stdout.close()
-    return code
+    said, _ = dev.communicate(timeout=60)
+    return dev.returncode, said
 
 
 def test_dev_runs_postgres_and_redis_a_deployment_uses_and_stops_them(directory: Path) -> None:
@@ -92,14 +91,16 @@ def test_dev_runs_postgres_and_redis_a_deployment_uses_and_stops_them(directory:
         )
         assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
         assert (directory / "env").stat().st_mode & 0o777 == 0o600  # it holds the secret
-        assert _stop(dev) == 0
+        code, said = _stop(dev)
+        assert code == 0 and "stopped PostgreSQL and Redis" in said, said
         assert not _listening(pg_port) and not _listening(redis_port)
 
         again = _start(directory, pg_port, redis_port)  # the same data, the same secret
         try:
             assert _settings(again) == settings
         finally:
-            assert _stop(again) == 0
+            code, said = _stop(again)
+            assert code == 0 and "stopped PostgreSQL and Redis" in said, said
     finally:
         if dev.poll() is None:
             dev.kill()
