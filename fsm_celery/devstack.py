@@ -188,13 +188,18 @@ def _reachable(directory: Path) -> None:
             )
 
 
-def _postgres_bin(name: str) -> str:
-    """A PostgreSQL server binary: Debian keeps them out of PATH, in /usr/lib/postgresql/N/bin."""
+def find_postgres_bin(name: str) -> str | None:
+    """A PostgreSQL server binary, newest version first: Debian keeps them out of PATH, in
+    /usr/lib/postgresql/N/bin; None when there is none."""
     versions = sorted(
         Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
         key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
     )
-    found = str(versions[-1]) if versions else shutil.which(name)
+    return str(versions[-1]) if versions else shutil.which(name)
+
+
+def _postgres_bin(name: str) -> str:
+    found = find_postgres_bin(name)
     if found is None:
         raise DevStackError(name, "not found: install PostgreSQL's server (Debian: postgresql)")
     return found

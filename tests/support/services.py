@@ -32,6 +32,8 @@ from typing import Any
 import redis
 from sqlalchemy import create_engine, text
 
+from fsm_celery.devstack import find_postgres_bin
+
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
@@ -76,12 +78,8 @@ def _die_with_parent(sig: int) -> Any:
 
 
 def _postgres_bin(name: str) -> str:
-    """A PostgreSQL server binary: Debian keeps them out of PATH, in /usr/lib/postgresql/N/bin."""
-    versions = sorted(
-        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
-        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
-    )
-    found = str(versions[-1]) if versions else shutil.which(name)
+    """A PostgreSQL server binary (fsm-celery dev finds them the same way)."""
+    found = find_postgres_bin(name)
     if found is None:
         raise RuntimeError(
             f"the tests start a PostgreSQL server of their own and cannot find {name!r}: install "
