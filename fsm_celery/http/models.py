@@ -3,14 +3,12 @@ bad input is a 422 naming the field, never a database error."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 from uuid import UUID
 
-from fastapi import HTTPException, Query
+from fastapi import Query
 from fastapi.exceptions import RequestValidationError
 from pydantic import (
     BaseModel,
@@ -24,7 +22,7 @@ from pydantic import (
 from fsm_celery.core.messages import INT32_MAX, INT64_MAX, unstorable
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.http.examples import REQUESTS
-from fsm_celery.store.reads import Cursor, MachineFilter
+from fsm_celery.store.reads import MachineFilter
 from fsm_celery.store.tables import TYPE_CHARS
 
 Name = Annotated[str, Field(min_length=1, max_length=50)]
@@ -188,21 +186,3 @@ def machine_filter(
             [{**e, "loc": ("query", *e["loc"])} for e in exc.errors()]
         ) from exc
     return where.to_filter()
-
-
-def encode_cursor(cursor: Cursor) -> str:
-    created_at, machine_id = cursor
-    raw = json.dumps([created_at.isoformat(), str(machine_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(text: str | None) -> Cursor | None:
-    """The cursor a previous page gave (400 when it is not one)."""
-    if not text:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        created_at, machine_id = json.loads(raw)
-        return datetime.fromisoformat(created_at), UUID(machine_id)
-    except (binascii.Error, ValueError, TypeError) as exc:
-        raise HTTPException(400, f"cursor {text[:60]!r} is not one a page gave") from exc

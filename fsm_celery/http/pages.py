@@ -32,7 +32,8 @@ from fsm_celery.http.auth import (
     plain_loopback,
     principal,
 )
-from fsm_celery.http.models import decode_cursor, encode_cursor, machine_filter
+from fsm_celery.http.models import machine_filter
+from fsm_celery.http.paging import CURSOR_CHARS, MachinePage, encode_cursor
 from fsm_celery.records import FanOutProgress, MachineInfo, definition_view
 from fsm_celery.store.reads import MachineFilter
 from fsm_celery.views import more_text
@@ -112,19 +113,19 @@ def machines_page(
     request: Request,
     who: Reader,
     where: Annotated[MachineFilter, Depends(machine_filter)],
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(max_length=CURSOR_CHARS)] = None,
     children: Annotated[bool, Query(description="fan-outs' children listed too")] = False,
 ) -> HTMLResponse:
     fsm = _client(request)
     # a map of 10,000 items would bury the machines people started: its children are on its page
     roots = not children and where.parent_id is None
     where = replace(where, roots=where.roots or roots)
-    found = fsm.find_machines(where, PAGE + 1, decode_cursor(cursor))
-    page = found[:PAGE]
+    asked = MachinePage(PAGE, cursor)
+    page, last = asked.split(fsm.find_machines(where, asked.asked, asked.cursor))
     filters = {k: v for k, v in request.query_params.items() if k != "cursor" and v}
     more = None
-    if len(found) > PAGE:
-        more = "/?" + urlencode({**filters, "cursor": encode_cursor(page[-1].cursor)})
+    if last is not None:
+        more = "/?" + urlencode({**filters, "cursor": encode_cursor(last.cursor)})
     types = fsm.machine_types()
     return _render(
         request,
