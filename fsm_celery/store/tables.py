@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Boolean,
     Column,
-    DateTime,
     Float,
     ForeignKey,
     Index,
@@ -19,22 +17,26 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
-    false,
-    text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+
+from fsm_celery.store.columns import TYPE_CHARS as TYPE_CHARS  # a machine type's bound
+from fsm_celery.store.columns import (
+    BigId,
+    Json,
+    at,
+    created,
+    flag,
+    machine_ref,
+    partial,
+    serial,
+    tally,
+    updated,
+    usage,
+    why,
+    zero,
+)
 
 metadata = MetaData()
-Json = JSON().with_variant(JSONB(), "postgresql")
-BigId = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
-RUNNING = text("status = 'running'")
-AT_WORK = text("status IN ('running', 'paused')")
-PENDING = text("status = 'pending'")
-NOW = text("CURRENT_TIMESTAMP")  # portable: PostgreSQL and SQLite
-
-
-def _created() -> Column[object]:
-    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW)
 
 
 definitions = Table(
@@ -46,7 +48,7 @@ definitions = Table(
     Column("description", Text),
     Column("states", Json, nullable=False),
     Column("initial_state", String(50), nullable=False),
-    _created(),
+    created(),
     # engine additions: a type has many versions; a running machine keeps its own
     Column("version", Integer, nullable=False),
     Column("digest", String(64), nullable=False),
@@ -54,10 +56,6 @@ definitions = Table(
     UniqueConstraint("type", "version", name="uq_definitions_type_version"),
 )
 
-TYPE_CHARS = 120  # a child's type names its place: research_fanout.research (0009: 50)
-OPEN = text("closed_at IS NULL")
-QUEUED = text("queued_at IS NOT NULL")
-FORKED = text("forked_from IS NOT NULL")
 
 machines = Table(
     "state_machines",
@@ -69,25 +67,24 @@ machines = Table(
     Column("context", Json, nullable=False),
     Column("status", String(20), nullable=False, server_default="running"),
     Column("github_issue", Integer),
-    _created(),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    created(),
+    updated(),
     # engine additions
     Column("definition_version", Integer, nullable=False),
     Column("agent_id", Uuid),
-    Column("attempt", Integer, nullable=False, server_default="0"),
-    Column("state_retries", Integer, nullable=False, server_default="0"),
-    Column("entered_at", DateTime(timezone=True)),
-    Column("deadline_at", DateTime(timezone=True)),
-    Column("dispatch_due_at", DateTime(timezone=True)),
+    zero("attempt"),
+    zero("state_retries"),
+    at("entered_at"),
+    at("deadline_at"),
+    at("dispatch_due_at"),
     Column("error", Text),
-    Column("heartbeat_at", DateTime(timezone=True)),
+    at("heartbeat_at"),
     Column("progress", Text),
-    Column("agent_pinned", Boolean, nullable=False, server_default=false()),
-    Column("tokens_used", BigInteger, nullable=False, server_default="0"),
-    Column("cost", Float, nullable=False, server_default="0"),
+    flag("agent_pinned"),
+    *usage(),
     Column("budget_tokens", BigInteger),
     Column("budget_cost", Float),
-    Column("handbacks", Integer, nullable=False, server_default="0"),
+    zero("handbacks"),
     # a child of a fan-out: its parent, the parent's attempt that started it, its slot there
     # (a branch's position, a map item's index) and the branch's name; never changed once
     # written, so read without a lock (store.postgres locks a machine's ancestors first)
@@ -100,17 +97,11 @@ machines = Table(
     Column("on_parent_cancel", String(8)),
     # waiting for a slot of its agent type since then (agent_type_slots): not dispatched, no
     # deadline running; entered in arrival order as slots free
-    Column("queued_at", DateTime(timezone=True)),
+    at("queued_at"),
     Index("idx_machines_agent", "agent_type", "status"),
     Index("idx_machines_parent", "parent_id", "parent_attempt"),
     Index("idx_machines_root", "root_id"),
-    Index(
-        "idx_machines_queued",
-        "agent_type",
-        "queued_at",
-        postgresql_where=QUEUED,
-        sqlite_where=QUEUED,
-    ),
+    partial("idx_machines_queued", "agent_type", "queued_at", where="queued_at IS NOT NULL"),
     Index("idx_machines_issue", "github_issue"),
     Index("idx_machines_type_status", "type", "status"),
     Index("idx_machines_type_created", "type", "created_at"),
@@ -119,11 +110,11 @@ machines = Table(
     Index("idx_machines_created", "created_at", "id"),
     Index("idx_machines_status_created", "status", "created_at"),
     Index("idx_machines_agent_id_created", "agent_id", "created_at"),
-    Index("idx_machines_at_work", "agent_id", postgresql_where=AT_WORK, sqlite_where=AT_WORK),
+    partial("idx_machines_at_work", "agent_id", where="status IN ('running', 'paused')"),
     # 0015: a fork, the machine and step it was started from (fsm_celery.engine.travel)
     Column("forked_from", Uuid),
     Column("forked_at", Integer),
-    Index("idx_machines_forked_from", "forked_from", postgresql_where=FORKED, sqlite_where=FORKED),
+    partial("idx_machines_forked_from", "forked_from", where="forked_from IS NOT NULL"),
 )
 
 # What the scan looks machines up by: a running machine's deadline, or when its next state is
@@ -132,23 +123,14 @@ machines = Table(
 # indexed on state_machines, which every transition changes: there, none of the columns a
 # transition changes is indexed, so PostgreSQL updates the row in place (a HOT update, with
 # the room fillfactor 80 leaves on each page) instead of adding an entry to every index.
-UNDISPATCHED = text("dispatch_due_at IS NULL")
-DUE = text("dispatch_due_at IS NOT NULL")
 machine_timers = Table(
     "machine_timers",
     metadata,
-    Column(
-        "machine_id", Uuid, ForeignKey("state_machines.id", ondelete="CASCADE"), primary_key=True
-    ),
-    Column("deadline_at", DateTime(timezone=True)),
-    Column("dispatch_due_at", DateTime(timezone=True)),
-    Index(
-        "idx_timers_deadline",
-        "deadline_at",
-        postgresql_where=UNDISPATCHED,
-        sqlite_where=UNDISPATCHED,
-    ),
-    Index("idx_timers_dispatch_due", "dispatch_due_at", postgresql_where=DUE, sqlite_where=DUE),
+    machine_ref(primary_key=True),
+    at("deadline_at"),
+    at("dispatch_due_at"),
+    partial("idx_timers_deadline", "deadline_at", where="dispatch_due_at IS NULL"),
+    partial("idx_timers_dispatch_due", "dispatch_due_at", where="dispatch_due_at IS NOT NULL"),
 )
 
 # The history, partitioned by month on PostgreSQL (migration 0018, fsm_celery.store.partitions)
@@ -163,7 +145,7 @@ machine_timers = Table(
 transitions = Table(
     "state_transitions",
     metadata,
-    Column("id", BigId, primary_key=True),
+    serial(),
     Column("machine_id", Uuid, nullable=False),
     Column("from_state", String(50)),
     Column("to_state", String(50), nullable=False),
@@ -171,7 +153,7 @@ transitions = Table(
     Column("output", Json),
     Column("error_message", Text),
     Column("duration_ms", BigInteger),  # 0008: INTEGER held 24.8 days
-    _created(),
+    created(),
     # engine additions: one row per attempt, enforced by the database
     Column("attempt", Integer, nullable=False),
     Column("event", String(20), nullable=False),
@@ -179,8 +161,7 @@ transitions = Table(
     Column("reason", Text),
     Column("progress", Text),
     Column("agent_id", Uuid),
-    Column("tokens_used", BigInteger, nullable=False, server_default="0"),
-    Column("cost", Float, nullable=False, server_default="0"),
+    *usage(),
     # 0014: what the transition changed in the machine's context (fsm_celery.core.timeline),
     # the start row's its starting context: the context at any step, without a snapshot a row
     Column("context_delta", Json),
@@ -188,7 +169,7 @@ transitions = Table(
     # told from an answer the definition refused, which replay needs (fsm_celery.core.replay)
     Column("failure", String(20)),
     # 0018: the partition key (see above)
-    Column("machine_created_at", DateTime(timezone=True), nullable=False),
+    at("machine_created_at", nullable=False),
     Index("idx_transitions_agent", "agent_id"),
     UniqueConstraint(
         "machine_id", "attempt", "machine_created_at", name="uq_transitions_machine_attempt"
@@ -199,8 +180,8 @@ transitions = Table(
 rejected_messages = Table(
     "rejected_messages",
     metadata,
-    Column("id", BigId, primary_key=True),
-    Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    serial(),
+    created("received_at"),
     Column("reason", String(32), nullable=False),
     Column("detail", Text, nullable=False),
     Column("machine_id", Uuid),
@@ -221,9 +202,9 @@ agents = Table(
     Column("concurrency", Integer, nullable=False),
     Column("running", Integer, nullable=False),
     Column("hostname", String(255)),
-    Column("started_at", DateTime(timezone=True), nullable=False),
-    Column("last_seen_at", DateTime(timezone=True), nullable=False),
-    Column("assigned_at", DateTime(timezone=True)),
+    at("started_at", nullable=False),
+    at("last_seen_at", nullable=False),
+    at("assigned_at"),
     # set by `fsm-celery agents credentials`: the type its Redis ACL user may serve
     Column("registered_type", String(10)),
     # 0017: its Redis ACL user's rules (the password hashed), for the bridge to create it again
@@ -236,12 +217,11 @@ agents = Table(
 agent_credential_events = Table(
     "agent_credential_events",
     metadata,
-    Column("id", BigId, primary_key=True),
+    serial(),
     Column("agent_id", Uuid, nullable=False),
     Column("action", String(16), nullable=False),  # issued, revoked
-    Column("actor", String(100), nullable=False),
-    Column("reason", Text, nullable=False, server_default=""),
-    _created(),
+    *why(),
+    created(),
     Index("idx_agent_credential_events_agent", "agent_id", "created_at"),
 )
 
@@ -256,13 +236,13 @@ schedules = Table(
     Column("timezone", String(64), nullable=False),
     Column("context", Json, nullable=False),
     Column("overlap", String(8), nullable=False),
-    Column("paused", Boolean, nullable=False, server_default=false()),
-    Column("next_run_at", DateTime(timezone=True), nullable=False),
-    Column("last_tick_at", DateTime(timezone=True)),
+    flag("paused"),
+    at("next_run_at", nullable=False),
+    at("last_tick_at"),
     Column("last_machine_id", Uuid),
-    Column("removed_at", DateTime(timezone=True)),  # no longer in its definition
-    _created(),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    at("removed_at"),  # no longer in its definition
+    created(),
+    updated(),
     UniqueConstraint("machine_type", "name", name="uq_schedules_type_name"),
     Index("idx_schedules_due", "next_run_at"),
 )
@@ -272,25 +252,24 @@ schedule_runs = Table(
     "schedule_runs",
     metadata,
     Column("schedule_id", Integer, ForeignKey("schedules.id"), primary_key=True),
-    Column("tick_at", DateTime(timezone=True), primary_key=True),
+    at("tick_at", primary_key=True),
     Column("outcome", String(16), nullable=False),  # started, skipped, failed
     Column("machine_id", Uuid),
     Column("detail", Text),
     Column("actor", String(100)),  # who triggered it (none: beat)
-    _created(),
+    created(),
 )
 
 # What operators did to schedules (pause, resume, trigger), and what loads changed.
 schedule_events = Table(
     "schedule_events",
     metadata,
-    Column("id", BigId, primary_key=True),
+    serial(),
     Column("schedule_id", Integer, ForeignKey("schedules.id"), nullable=False),
     Column("action", String(16), nullable=False),
-    Column("actor", String(100), nullable=False),
-    Column("reason", Text, nullable=False, server_default=""),
+    *why(),
     Column("detail", Json),
-    _created(),
+    created(),
     Index("idx_schedule_events_schedule", "schedule_id", "created_at"),
 )
 
@@ -299,22 +278,21 @@ liveness = Table(
     "liveness",
     metadata,
     Column("name", String(50), primary_key=True),
-    Column("at", DateTime(timezone=True), nullable=False),
+    at("at", nullable=False),
 )
 
 # Who changed a machine's budget, when and why (a budget change is not an attempt: no history row).
 budget_changes = Table(
     "budget_changes",
     metadata,
-    Column("id", BigId, primary_key=True),
+    serial(),
     Column("machine_id", Uuid, ForeignKey("state_machines.id"), nullable=False),
-    Column("actor", String(100), nullable=False),
-    Column("reason", Text, nullable=False, server_default=""),
+    *why(),
     Column("tokens", BigInteger),
     Column("cost", Float),
     Column("previous_tokens", BigInteger),
     Column("previous_cost", Float),
-    _created(),
+    created(),
     Index("idx_budget_changes_machine", "machine_id"),
 )
 
@@ -329,7 +307,7 @@ github_deliveries = Table(
     Column("issue", Integer),
     Column("outcome", String(20), nullable=False),  # started, running, ignored, refused
     Column("machine_id", Uuid),
-    Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    created("received_at"),
     Index("idx_github_deliveries_issue", "repository", "issue"),
 )
 
@@ -338,20 +316,18 @@ github_deliveries = Table(
 notifications = Table(
     "notifications",
     metadata,
-    Column("id", BigId, primary_key=True),
+    serial(),
     Column("machine_id", Uuid, nullable=False),
     Column("url", Text, nullable=False),
     Column("event", String(20), nullable=False),
     Column("payload", Json, nullable=False),
     Column("status", String(12), nullable=False),  # pending, delivered, failed
-    Column("attempts", Integer, nullable=False, server_default="0"),
-    Column("next_attempt_at", DateTime(timezone=True), nullable=False),
+    zero("attempts"),
+    at("next_attempt_at", nullable=False),
     Column("last_error", Text),
-    _created(),
-    Column("delivered_at", DateTime(timezone=True)),
-    Index(
-        "idx_notifications_due", "next_attempt_at", postgresql_where=PENDING, sqlite_where=PENDING
-    ),
+    created(),
+    at("delivered_at"),
+    partial("idx_notifications_due", "next_attempt_at", where="status = 'pending'"),
     Index("idx_notifications_machine", "machine_id"),
 )
 
@@ -367,18 +343,18 @@ fan_outs = Table(
     Column("kind", String(10), nullable=False),  # parallel, map, machine
     Column("total", Integer, nullable=False),
     Column("started", Integer, nullable=False),
-    Column("succeeded", Integer, nullable=False, server_default="0"),
-    Column("failed", Integer, nullable=False, server_default="0"),
+    zero("succeeded"),
+    zero("failed"),
     Column("verdict", String(10), nullable=False),  # pending, met, failed, closed
-    Column("decided_at", DateTime(timezone=True)),
+    at("decided_at"),
     Column("decided_by", Uuid),  # the child whose end decided it
     # once the parent has moved on (by the join, or out of the state another way); a parent
     # paused when its join was decided keeps it open, to join when resumed
-    Column("closed_at", DateTime(timezone=True)),
+    at("closed_at"),
     # what every child of a map starts with besides its slot's input, stored once (0021)
     Column("shared", Json),
-    _created(),
-    Index("idx_fan_outs_open", "parent_id", postgresql_where=OPEN, sqlite_where=OPEN),
+    created(),
+    partial("idx_fan_outs_open", "parent_id", where="closed_at IS NULL"),
 )
 
 # Each child's slot: its starting context (a map's item in it: the list lives here, never in a
@@ -406,7 +382,7 @@ agent_type_slots = Table(
     metadata,
     Column("agent_type", String(10), primary_key=True),
     Column("max_in_flight", Integer),
-    Column("in_flight", Integer, nullable=False, server_default="0"),
+    zero("in_flight"),
 )
 
 # Attempts per machine type, state and duration bucket, folded from the history by beat's job
@@ -437,26 +413,12 @@ agent_usage = Table(
 # state_machines (migration 0011) append a change for each machine that becomes finished, stops
 # being finished, is deleted, or has its usage changed while finished; beat's fold moves the
 # changes into machine_counts, deleting them in the same transaction.
-machine_counts = Table(
-    "machine_counts",
-    metadata,
-    Column("type", String(TYPE_CHARS), primary_key=True),
-    Column("agent_type", String(10), primary_key=True),
-    Column("status", String(20), primary_key=True),
-    Column("machines", BigInteger, nullable=False),
-    Column("tokens", BigInteger, nullable=False),
-    Column("cost", Float, nullable=False),
-)
+machine_counts = Table("machine_counts", metadata, *tally(key=True, machines=BigInteger))
 machine_count_changes = Table(
     "machine_count_changes",
     metadata,
-    Column("id", BigId, primary_key=True),
-    Column("type", String(TYPE_CHARS), nullable=False),
-    Column("agent_type", String(10), nullable=False),
-    Column("status", String(20), nullable=False),
-    Column("machines", Integer, nullable=False),  # +1 or -1
-    Column("tokens", BigInteger, nullable=False),
-    Column("cost", Float, nullable=False),
+    serial(),
+    *tally(key=False, machines=Integer),
 )
 
 # How far each fold has read (history ids), and the id it waits to be sure of.
@@ -467,7 +429,7 @@ rollups = Table(
     Column("last_id", BigInteger, nullable=False),
     Column("pending_id", BigInteger),
     Column("pending_snapshot", String(200)),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    updated(),
 )
 
 # Approval gates (fsm_celery.core.gate): one row per visit of a machine to an approval state,
@@ -477,25 +439,19 @@ rollups = Table(
 approval_gates = Table(
     "approval_gates",
     metadata,
-    Column("id", BigId, primary_key=True),
-    Column("machine_id", Uuid, ForeignKey("state_machines.id", ondelete="CASCADE"), nullable=False),
+    serial(),
+    machine_ref(nullable=False),
     Column("state", String(50), nullable=False),
     Column("attempt", Integer, nullable=False),  # the machine's, while the gate is open
-    Column("opened_at", DateTime(timezone=True), nullable=False),
-    Column("deadline_at", DateTime(timezone=True), nullable=False),
-    Column("approvals", Integer, nullable=False, server_default="0"),
-    Column("rejections", Integer, nullable=False, server_default="0"),
+    at("opened_at", nullable=False),
+    at("deadline_at", nullable=False),
+    zero("approvals"),
+    zero("rejections"),
     Column("needed", Integer, nullable=False),  # approvals that open it, when last counted
     # pending, approved, rejected, timed_out, left (forced, cancelled or rewound away)
     Column("verdict", String(10), nullable=False, server_default="pending"),
-    Column("closed_at", DateTime(timezone=True)),
-    Index(
-        "idx_approval_gates_open",
-        "machine_id",
-        unique=True,
-        postgresql_where=OPEN,
-        sqlite_where=OPEN,
-    ),
+    at("closed_at"),
+    partial("idx_approval_gates_open", "machine_id", unique=True, where="closed_at IS NULL"),
     Index("idx_approval_gates_machine", "machine_id", "id"),
 )
 
@@ -505,7 +461,7 @@ approval_gates = Table(
 approval_decisions = Table(
     "approval_decisions",
     metadata,
-    Column("id", BigId, primary_key=True),
+    serial(),
     Column("gate_id", BigId, ForeignKey("approval_gates.id", ondelete="CASCADE"), nullable=False),
     Column("machine_id", Uuid, nullable=False),
     Column("actor", String(200), nullable=False),
@@ -514,36 +470,28 @@ approval_decisions = Table(
     Column("comment", Text, nullable=False, server_default=""),
     Column("via", String(20), nullable=False),  # api, dashboard, cli, client, github
     # an admin's or the CLI's decision: it decided the gate outright and counted as nobody's vote
-    Column("override", Boolean, nullable=False, server_default=false()),
-    _created(),
+    flag("override"),
+    created(),
     UniqueConstraint("gate_id", "actor", name="uq_approval_decisions_gate_actor"),
     Index("idx_approval_decisions_machine", "machine_id"),
 )
 
 # Outside events sent to machines (fsm_celery.core.signal): applied at once to a machine waiting
 # for one, else kept (a few per machine and name) until it enters a state that waits for it.
-KEPT = text("consumed_at IS NULL")
 machine_events = Table(
     "machine_events",
     metadata,
-    Column("id", BigId, primary_key=True),
-    Column("machine_id", Uuid, ForeignKey("state_machines.id", ondelete="CASCADE"), nullable=False),
+    serial(),
+    machine_ref(nullable=False),
     Column("name", String(50), nullable=False),
     Column("payload", Json, nullable=False),
     Column("sender", String(100), nullable=False),
     Column("via", String(20), nullable=False),  # api, cli, client, github
     Column("key", String(100)),  # the sender's id for it: sent twice, it is one event
-    Column("received_at", DateTime(timezone=True), nullable=False),
-    Column("consumed_at", DateTime(timezone=True)),
+    at("received_at", nullable=False),
+    at("consumed_at"),
     Column("attempt", Integer),  # the machine's attempt it decided, once consumed
     Column("outcome", String(10), nullable=False, server_default="kept"),  # kept, applied, refused
     UniqueConstraint("machine_id", "key", name="uq_machine_events_key"),
-    Index(
-        "idx_machine_events_kept",
-        "machine_id",
-        "name",
-        "id",
-        postgresql_where=KEPT,
-        sqlite_where=KEPT,
-    ),
+    partial("idx_machine_events_kept", "machine_id", "name", "id", where="consumed_at IS NULL"),
 )
