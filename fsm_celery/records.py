@@ -168,24 +168,24 @@ class FanOutProgress:
 
     @classmethod
     def from_row(cls, row: AnyRow, slots: dict[str, int]) -> FanOutProgress:
-        return cls(
-            state=row.state,
-            attempt=row.attempt,
-            kind=row.kind,
-            total=row.total,
-            verdict=row.verdict,
-            done=slots.get("succeeded", 0),
-            failed=slots.get("failed", 0),
-            running=slots.get("running", 0),
-            waiting=slots.get("waiting", 0),
-            cancelled=slots.get("cancelled", 0),
-            created_at=row.created_at,
-            decided_at=row.decided_at,
-            closed_at=row.closed_at,
-        )
+        """The fan_outs row's progress, its children counted from `slots` (status → count)."""
+        found: dict[str, Any] = {name: getattr(row, name) for name in FAN_OUT_ROW}
+        found |= {name: slots.get(status, 0) for name, status in SLOTS_COUNTED.items()}
+        return cls(**found)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(asdict(self))
+
+
+# a fan-out's children counted by their slots' status (the rest of its fields: its row's)
+SLOTS_COUNTED = {
+    "done": "succeeded",
+    "failed": "failed",
+    "running": "running",
+    "waiting": "waiting",
+    "cancelled": "cancelled",
+}
+FAN_OUT_ROW = tuple(n for n in FanOutProgress.__dataclass_fields__ if n not in SLOTS_COUNTED)
 
 
 @dataclass(frozen=True)
@@ -212,17 +212,8 @@ class TreeNode:
         for child in listed:
             left[child.status] = left.get(child.status, 0) - 1
         more = {status: left[status] for status in MORE_ORDER if left.get(status, 0) > 0}
-        return cls(
-            id=row.id,
-            type=row.type,
-            branch=row.branch,
-            current_state=row.current_state,
-            status=row.status,
-            attempt=row.attempt,
-            error=row.error,
-            children=[cls.of(tree, child) for child in listed],
-            more=more,
-        )
+        children = [cls.of(tree, child) for child in listed]
+        return cls(**{name: getattr(row, name) for name in NODE_ROW}, children=children, more=more)
 
     @property
     def hidden(self) -> int:
@@ -232,6 +223,9 @@ class TreeNode:
     def to_dict(self) -> dict[str, Any]:
         node = {name: getattr(self, name) for name in self.__dataclass_fields__}
         return jsonable(node) | {"children": [c.to_dict() for c in self.children]}
+
+
+NODE_ROW = tuple(n for n in TreeNode.__dataclass_fields__ if n not in ("children", "more"))
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from fsm_celery.client import TREE_MOST, TREE_SHOWN
 from fsm_celery.core import signal
 from fsm_celery.core.admin import Action
 from fsm_celery.core.graph import graph, to_dot
-from fsm_celery.core.messages import INT32_MAX
 from fsm_celery.core.signal import EVENT_PATTERN
 from fsm_celery.engine.approvals import Authority
 from fsm_celery.http import feed, signed
@@ -29,6 +28,11 @@ from fsm_celery.http.auth import principal
 from fsm_celery.http.deps import Admin, Decider, Fsm, Viewer, actor, client, whole_machine_id
 from fsm_celery.http.examples import answer
 from fsm_celery.http.models import (
+    DEFINITION_CHARS,
+    EVENT_CHARS,
+    STEP_MOST,
+    TYPE_CHARS,
+    VERSION_MOST,
     BudgetRequest,
     BulkRequest,
     CommandRequest,
@@ -43,7 +47,6 @@ from fsm_celery.http.models import (
 from fsm_celery.http.paging import MachinePage, StepPage, machine_page, step_page
 from fsm_celery.records import definition_view, jsonable
 from fsm_celery.store.reads import MachineFilter
-from fsm_celery.store.tables import TYPE_CHARS
 
 router = APIRouter(prefix="/api", dependencies=[Depends(whole_machine_id)])
 Where = Annotated[MachineFilter, Depends(machine_filter)]
@@ -139,7 +142,7 @@ def context_at(
     fsm: Fsm,
     _: Viewer,
     machine_id: UUID,
-    step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    step: Annotated[int | None, Query(ge=0, le=STEP_MOST)] = None,
 ) -> dict[str, Any]:
     return fsm.context_at(machine_id, step)
 
@@ -154,7 +157,7 @@ def replay(
     fsm: Fsm,
     _: Viewer,
     machine_id: UUID,
-    version: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
+    version: Annotated[int | None, Query(ge=1, le=VERSION_MOST)] = None,
 ) -> dict[str, Any]:
     return fsm.replay(machine_id, version=version).to_dict()
 
@@ -299,7 +302,7 @@ def decisions(fsm: Fsm, _: Viewer, machine_id: UUID) -> dict[str, Any]:
 async def send_event(
     request: Request,
     machine_id: UUID,
-    name: Annotated[str, Path(min_length=1, max_length=50, pattern=EVENT_PATTERN)],
+    name: Annotated[str, Path(min_length=1, max_length=EVENT_CHARS, pattern=EVENT_PATTERN)],
     x_fsm_signature_256: Annotated[str | None, Header(max_length=100)] = None,
     x_fsm_timestamp: Annotated[str | None, Header(max_length=20)] = None,
 ) -> dict[str, Any]:
@@ -395,7 +398,7 @@ def list_definitions(fsm: Fsm, _: Viewer) -> dict[str, Any]:
 def get_definition(
     fsm: Fsm,
     who: Viewer,
-    machine_type: Annotated[str, Path(max_length=50)],
+    machine_type: Annotated[str, Path(max_length=DEFINITION_CHARS)],
     version: Annotated[int | None, Query(ge=1)] = None,
 ) -> dict[str, Any]:
     found = fsm.definition(machine_type, version)

@@ -13,7 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from fsm_celery.http.deps import Viewer
 from fsm_celery.http.hub import MAX_FOLLOWED, RESYNC, EventHub, Interest
-from fsm_celery.store.tables import TYPE_CHARS
+from fsm_celery.http.models import AGENT_TYPE_CHARS, TYPE_CHARS
 
 router = APIRouter()
 PING_SECONDS = 15
@@ -38,7 +38,7 @@ async def events(
     parent_id: Annotated[list[UUID] | None, Query(max_length=MAX_FOLLOWED)] = None,
     starts: bool = False,
     type: Annotated[str | None, Query(max_length=TYPE_CHARS)] = None,
-    agent_type: Annotated[str | None, Query(max_length=10)] = None,
+    agent_type: Annotated[str | None, Query(max_length=AGENT_TYPE_CHARS)] = None,
 ) -> EventSourceResponse:
     """Each `transitions` event carries a JSON array of state_events (what arrived within a
     tenth of a second). Ask for machines by id (repeat `machine_id`), for the children of

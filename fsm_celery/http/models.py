@@ -19,18 +19,27 @@ from pydantic import (
     model_validator,
 )
 
-from fsm_celery.core.messages import INT32_MAX, INT64_MAX, unstorable
+from fsm_celery.core.messages import unstorable
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.http.examples import REQUESTS
 from fsm_celery.store.reads import MachineFilter
-from fsm_celery.store.tables import TYPE_CHARS
+from fsm_celery.store.rows import most
+from fsm_celery.store.tables import definitions, machine_events, machines, transitions
 
-Name = Annotated[str, Field(min_length=1, max_length=50)]
+# What the API takes is bounded by the column it is stored in (fsm_celery.store.tables).
 # a machine's type: a definition's, or a child's named by its place (`research_fanout.EACH`)
+TYPE_CHARS = most(machines.c.type)
+AGENT_TYPE_CHARS = most(machines.c.agent_type)
+STEP_MOST = most(transitions.c.attempt)  # a machine's step (its attempt)
+VERSION_MOST = most(definitions.c.version)
+DEFINITION_CHARS = most(definitions.c.type)
+EVENT_CHARS = most(machine_events.c.name)
+Name = Annotated[str, Field(min_length=1, max_length=most(machines.c.current_state))]
+Definition = Annotated[str, Field(min_length=1, max_length=DEFINITION_CHARS)]
 MachineType = Annotated[str, Field(min_length=1, max_length=TYPE_CHARS)]
-Actor = Annotated[str, Field(min_length=1, max_length=100)]
+Actor = Annotated[str, Field(min_length=1, max_length=most(transitions.c.actor))]
 Reason = Annotated[str, Field(max_length=2000)]
-Issue = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Issue = Annotated[int, Field(ge=0, le=most(machines.c.github_issue))]
 
 
 def _examples(schema: dict[str, Any], model: type[BaseModel]) -> None:
@@ -60,7 +69,7 @@ class _Body(BaseModel):
 
 
 class StartRequest(_Body):
-    type: Name
+    type: Definition
     context: dict[str, Any] = Field(default_factory=dict)
     agent_id: UUID | None = None
     github_issue: Issue | None = None
@@ -80,7 +89,7 @@ class ForceRequest(CommandRequest):
 
 
 class BudgetRequest(_Body):
-    tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    tokens: Annotated[int, Field(ge=0, le=most(machines.c.budget_tokens))] | None = None
     cost: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     actor: Actor | None = None
     reason: Reason = ""
@@ -90,7 +99,7 @@ class DecisionRequest(_Body):
     decision: Literal["approve", "reject"]
     fields: dict[str, Any] = Field(default_factory=dict, description="the gate's form, filled in")
     comment: Reason = ""
-    attempt: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = Field(
+    attempt: Annotated[int, Field(ge=1, le=STEP_MOST)] | None = Field(
         default=None, description="the gate's visit decided on; another visit's refuses it"
     )
     actor: Actor | None = Field(
@@ -107,13 +116,13 @@ class EventRequest(_Body):
     payload: dict[str, Any] = Field(
         default_factory=dict, description="matched to the state's schema"
     )
-    key: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
+    key: Annotated[str, Field(min_length=1, max_length=most(machine_events.c.key))] | None = Field(
         default=None, description="the sender's id for the event: sent again, it is one event"
     )
 
 
 class RewindRequest(_Body):
-    step: Annotated[int, Field(ge=0, le=INT32_MAX)]
+    step: Annotated[int, Field(ge=0, le=STEP_MOST)]
     set: dict[str, Any] = Field(default_factory=dict, description="edits over that step's context")
     reason: Reason = ""
     actor: Actor | None = Field(default=None, description="who; by default the signed-in name")
@@ -122,7 +131,7 @@ class RewindRequest(_Body):
 class FilterBody(_Body):
     status: MachineStatus | None = None
     type: MachineType | None = None
-    agent_type: Annotated[str, Field(max_length=10)] | None = None
+    agent_type: Annotated[str, Field(max_length=AGENT_TYPE_CHARS)] | None = None
     agent_id: UUID | None = None
     github_issue: Issue | None = None
     parent: UUID | None = Field(default=None, description="the children of this machine")
@@ -159,7 +168,7 @@ BLANK = BeforeValidator(lambda value: None if value == "" else value)
 def machine_filter(
     status: Annotated[MachineStatus | None, BLANK] = None,
     type: Annotated[str | None, Query(max_length=TYPE_CHARS)] = None,
-    agent_type: Annotated[str | None, Query(max_length=10)] = None,
+    agent_type: Annotated[str | None, Query(max_length=AGENT_TYPE_CHARS)] = None,
     agent_id: UUID | None = None,
     github_issue: Annotated[int | None, BLANK] = None,  # bounded by FilterBody
     parent: Annotated[UUID | None, Query(description="the children of this machine")] = None,

@@ -15,7 +15,7 @@ from uuid import UUID
 
 from fastapi import HTTPException, Query
 
-from fsm_celery.core.messages import INT32_MAX
+from fsm_celery.http.models import STEP_MOST
 from fsm_celery.records import MachineInfo, TransitionRecord
 from fsm_celery.store.reads import Cursor
 
@@ -84,7 +84,7 @@ def machine_page(
 
 def step_page(
     limit: Annotated[int, Query(ge=1, le=MOST)] = 100,
-    after: Annotated[int, Query(ge=-1, le=INT32_MAX)] = -1,
+    after: Annotated[int, Query(ge=-1, le=STEP_MOST)] = -1,
 ) -> StepPage:
     """The `limit` and `after` of a list of steps."""
     return StepPage(limit, after)

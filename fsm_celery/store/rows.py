@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import BigInteger, Float, Integer, SmallInteger, String, Table, Text
+from sqlalchemy import BigInteger, Column, Float, Integer, SmallInteger, String, Table, Text
 from sqlalchemy.types import TypeEngine
 
 from fsm_celery.store.tables import agents, machines, rejected_messages, transitions
@@ -233,6 +233,15 @@ def _limits(kind: type[Row]) -> tuple[Callable[[Row], Any], tuple[Limit, ...]]:
             limits.append((name, *limit))
     getter = attrgetter(*(name for name, _, _ in limits))
     return (lambda row: (getter(row),)) if len(limits) == 1 else getter, tuple(limits)
+
+
+def most(column: Column[Any]) -> int:
+    """The largest whole number, or the most characters, a column holds (what a door that
+    takes a value for it bounds the value by)."""
+    kind, bound = _limit(column.type) or (None, None)
+    if bound is None:
+        raise TypeError(f"{column} has no bound (a whole number or a string of some length)")
+    return bound - 1 if kind == WHOLE else bound
 
 
 def _limit(kind: TypeEngine[Any]) -> tuple[int, int | None] | None:
