@@ -140,17 +140,11 @@ class FilterBody(_Body):
     roots: bool = Field(default=False, description="only machines no fan-out started")
 
     def to_filter(self) -> MachineFilter:
-        return MachineFilter(
-            status=self.status.value if self.status else None,
-            machine_type=self.type,
-            agent_type=self.agent_type,
-            agent_id=self.agent_id,
-            github_issue=self.github_issue,
-            parent_id=self.parent,
-            created_after=self.created_after,
-            created_before=self.created_before,
-            roots=self.roots,
-        )
+        given = {STORE_NAMES.get(n, n): getattr(self, n) for n in type(self).model_fields}
+        return MachineFilter(**given | {"status": self.status.value if self.status else None})
+
+
+STORE_NAMES = {"type": "machine_type", "parent": "parent_id"}  # MachineFilter's, where they differ
 
 
 class BulkRequest(_Body):
@@ -178,18 +172,9 @@ def machine_filter(
 ) -> MachineFilter:
     """The list's filters, from the query string (an empty one filters nothing, as a page's
     form sends it)."""
+    given = dict(locals())  # the query's filters are the body's fields, by the same names
     try:
-        where = FilterBody(
-            status=status,
-            type=type or None,
-            agent_type=agent_type or None,
-            agent_id=agent_id,
-            github_issue=github_issue,
-            parent=parent,
-            created_after=created_after,
-            created_before=created_before,
-            roots=roots,
-        )
+        where = FilterBody(**given | {"type": type or None, "agent_type": agent_type or None})
     except ValidationError as exc:  # raised here, it would be a 500: it is the query's fault
         raise RequestValidationError(
             [{**e, "loc": ("query", *e["loc"])} for e in exc.errors()]
