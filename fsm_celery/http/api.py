@@ -60,6 +60,7 @@ Steps = Annotated[StepPage, Depends(step_page)]
     responses=answer("list_machines"),
 )
 def list_machines(fsm: Fsm, _: Viewer, page: Machines, where: Where) -> dict[str, Any]:
+    # the page before the filters: its limit and cursor are the first parameters documented
     return page.machines(fsm.find_machines(where, page.asked, page.cursor))
 
 
