@@ -13,22 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
-
-import kombu.exceptions
 
 from fsm_celery.acks.consumer import Delivery
+from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.engine.ports import Handoff, Inbound, Next
-from fsm_celery.engine.runtime import TRANSIENT as ENGINE_TRANSIENT
 
 log = logging.getLogger(__name__)
-
-# Errors of the surroundings, not of a message: the batch is tried again once they pass.
-TRANSIENT = (
-    *ENGINE_TRANSIENT,
-    kombu.exceptions.OperationalError,  # the broker, when a task could not be published
-)
 
 Operation = Callable[[list[Inbound]], Next]  # apply a batch in one transaction
 Reject = Callable[[str, RejectReason, str], None]  # record one message as rejected, alone
@@ -94,14 +85,3 @@ class Applier:
 def _first_line(error: BaseException) -> str:
     text = str(error).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text}"
-
-
-# How a Celery task of the engine retries on those errors (fsm.apply_acks, fsm.enter_state and
-# beat's periodic work): until they pass, with a growing, jittered delay.
-RETRY: dict[str, Any] = {
-    "autoretry_for": TRANSIENT,
-    "retry_backoff": True,
-    "retry_backoff_max": 30,
-    "retry_jitter": True,
-    "max_retries": None,
-}

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import redis
 
-from fsm_celery.acks.apply import TRANSIENT
 from fsm_celery.acks.consumer import Consumer, Delivery
 from fsm_celery.acks.dead import Policy
+from fsm_celery.channel.transient import TRANSIENT
 
 log = logging.getLogger(__name__)
 

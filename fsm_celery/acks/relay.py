@@ -1,6 +1,7 @@
-"""The celery mode's hand-off of acks, both ends: the bridge relays each batch it read as
-fsm.apply_acks tasks (Relay), and a worker applies each (apply_acks), in one transaction,
-handing every state decided on to an fsm.enter_state task.
+"""The celery mode's hand-off of acks, the bridge's end: the bridge relays each batch it read as
+fsm.apply_acks tasks (Relay), in the wire format below, and a worker applies each, in one
+transaction, handing every state decided on to an fsm.enter_state task (the task:
+fsm_celery.worker.tasks).
 
 Agents' status reports are no machine's step: the bridge applies them itself (a small upsert
 of the agent registry), so that Flower lists the machines' work and not every agent's report
@@ -10,9 +11,7 @@ that nothing waits on them.
 Once Relay returns, the broker holds the batch (late acks keep it there until a worker applied
 it), so the bridge settles the stream entries. A failed publish raises a transient error: the
 bridge keeps the batch and tries again (a part already published is applied once anyway: its
-acks are then refused as stale). In the worker, a message that can be neither applied nor
-recorded is tried again alone, a second later, until the dead-letter policy gives up on it
-(acks/dead.py): the task's retries are its tries.
+acks are then refused as stale).
 """
 
 from __future__ import annotations
@@ -22,15 +21,14 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
-from celery import Celery, Task, shared_task
+from celery import Celery
 from sqlalchemy import Engine
 
-from fsm_celery.acks.apply import RETRY, TRANSIENT
 from fsm_celery.acks.consumer import Delivery
-from fsm_celery.acks.dead import DeadLetters, Policy
+from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.engine.ports import Inbound
 from fsm_celery.store.queries import machine_types_txn
 
@@ -147,52 +145,6 @@ class Routes:
             while len(self._known) > self._most:
                 self._known.popitem(last=False)
         return {i: self._known[i] for i in ids if i in self._known}
-
-
-class Parts(Protocol):
-    """What fsm.apply_acks runs on (given by the worker's composition root)."""
-
-    @property
-    def applier(self) -> Callable[[list[Delivery]], list[Delivery]]: ...
-
-    @property
-    def policy(self) -> Policy: ...
-
-    @property
-    def dead_letters(self) -> DeadLetters: ...
-
-
-_parts: Parts | None = None
-
-
-def provide(parts: Parts) -> None:
-    """Run fsm.apply_acks on these parts in this process."""
-    global _parts
-    _parts = parts
-
-
-@shared_task(name=APPLY_ACKS, bind=True, **RETRY)
-def apply_acks(task: Task, messages: Wire) -> int:
-    """Apply a batch of agent messages, as the bridge read them, in one transaction, and hand
-    on the states it decided; how many messages it held.
-
-    A redelivery (the worker died after the commit) finds every attempt already answered and
-    records the acks as stale; the states it had decided are entered by the scan if their
-    enter_state tasks were never sent.
-    """
-    if _parts is None:
-        raise RuntimeError("fsm.apply_acks runs in a worker started with `celery -A fsm_celery`")
-    batch = unwire(messages, tries=task.request.retries + 1)
-    failed = _parts.applier(batch)
-    parked, again = _parts.policy.sort(failed)
-    if parked:
-        dead = _parts.dead_letters
-        pipe = dead.client.pipeline(transaction=False)
-        dead.park(pipe, parked)
-        pipe.execute()
-    if again:
-        raise task.retry(args=(wire(again),), countdown=1, argsrepr=acks_repr(again))
-    return len(batch)
 
 
 def wire(batch: list[Delivery]) -> Wire:
