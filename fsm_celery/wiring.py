@@ -93,10 +93,10 @@ def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
     return Applier(operation, engine.inbox.reject, Enqueue(settings))
 
 
-def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
-    """What the bridge does with each batch it reads, by the mode: apply it (inline), or relay
-    it to fsm.apply_acks tasks (celery)."""
-    if mode is TransitionMode.INLINE:
+def ack_handler(settings: Settings) -> Handler:
+    """What the bridge does with each batch it reads, by the settings' transition mode: apply
+    it (inline), or relay it to fsm.apply_acks tasks (celery)."""
+    if settings.transition_mode is TransitionMode.INLINE:
         return inline_applier(settings, machine_engine(settings, pre_ping=False))
     route = None
     if settings.queues:  # each ack on its machine's queue: its type read once per machine
@@ -107,10 +107,11 @@ def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
     return relay.Relay(app, settings.queue, settings.max_relay_bytes, route, statuses)
 
 
-def ack_bridge(settings: Settings, mode: TransitionMode, *, pubsub: bool) -> Bridge:
+def ack_bridge(settings: Settings, *, pubsub: bool) -> Bridge:
     """An ack bridge: the ack streams (and, with pubsub, the shared channel) read into the
     mode's handler. In the celery mode a read lingers a moment, so a task carries a batch."""
-    linger = 0.0 if mode is TransitionMode.INLINE else settings.relay_linger_ms / 1000
+    inline = settings.transition_mode is TransitionMode.INLINE
+    linger = 0.0 if inline else settings.relay_linger_ms / 1000
     dead = dead_letters(settings)
     consumers: list[Consumer] = [
         StreamConsumer(
@@ -136,7 +137,7 @@ def ack_bridge(settings: Settings, mode: TransitionMode, *, pubsub: bool) -> Bri
                 linger=linger,
             )
         )
-    return Bridge(consumers, ack_handler(settings, mode), Policy(settings.dead_letter_after))
+    return Bridge(consumers, ack_handler(settings), Policy(settings.dead_letter_after))
 
 
 def provide_worker(settings: Settings, engine: MachineEngine | None = None) -> parts.Worker:
