@@ -15,7 +15,7 @@ from uuid import UUID
 
 from fsm_celery.acks import relay
 from fsm_celery.acks.apply import Applier
-from fsm_celery.acks.bridge import Bridge, Handler
+from fsm_celery.acks.bridge import Bridge, Handle
 from fsm_celery.acks.consumer import Consumer
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.acks.pubsub import PubSubConsumer
@@ -93,7 +93,7 @@ def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
     return Applier(operation, engine.inbox.reject, Enqueue(settings))
 
 
-def ack_handler(settings: Settings) -> Handler:
+def handle_acks(settings: Settings) -> Handle:
     """What the bridge does with each batch it reads, by the settings' transition mode: apply
     it (inline), or relay it to fsm.apply_acks tasks (celery)."""
     if settings.transition_mode is TransitionMode.INLINE:
@@ -137,7 +137,7 @@ def ack_bridge(settings: Settings, *, pubsub: bool) -> Bridge:
                 linger=linger,
             )
         )
-    return Bridge(consumers, ack_handler(settings), Policy(settings.dead_letter_after))
+    return Bridge(consumers, handle_acks(settings), Policy(settings.dead_letter_after))
 
 
 def provide_worker(settings: Settings, engine: MachineEngine | None = None) -> parts.Worker:

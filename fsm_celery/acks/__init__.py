@@ -1,10 +1,10 @@
 """The inbound side: agents' acks, hand-backs, heartbeats and statuses, from where they arrive
 to the transaction that applies them.
 
-- consumer.py: a Consumer hands out Deliveries and settles them; streams.py (the agents' ack
+- consumer.py: a Consumer hands out Envelopes and finishes them; streams.py (the agents' ack
   streams, durable), pubsub.py (the seed's channel) and memory.py (the demo's, and tests') are
   the three;
-- bridge.py: the loop: each consumer read, each batch handled, each message settled, tried
+- bridge.py: the loop: each consumer read, each batch handled, each message finished, tried
   again or parked;
 - dead.py: the one dead-letter policy (when to give up on a message, and why) and the stream
   where given-up messages are parked;

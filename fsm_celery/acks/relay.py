@@ -9,7 +9,7 @@ every few seconds. While the database is away they are relayed with the acks ins
 that nothing waits on them.
 
 Once Relay returns, the broker holds the batch (late acks keep it there until a worker applied
-it), so the bridge settles the stream entries. A failed publish raises a transient error: the
+it), so the bridge finishes the stream entries. A failed publish raises a transient error: the
 bridge keeps the batch and tries again (a part already published is applied once anyway: its
 acks are then refused as stale).
 """
@@ -27,7 +27,7 @@ from uuid import UUID
 from celery import Celery
 from sqlalchemy import Engine
 
-from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.engine.ports import Inbound
 from fsm_celery.store.queries import machine_types_txn
@@ -54,18 +54,18 @@ class Relay:
         queue: str,
         max_bytes: int,
         route: Callable[[set[str]], dict[str, str]] | None = None,
-        statuses: Callable[[list[Delivery]], list[Delivery]] | None = None,
+        statuses: Callable[[list[Envelope]], list[Envelope]] | None = None,
     ) -> None:
         self.app, self.queue, self.max_bytes, self.route = app, queue, max_bytes, route
         self.statuses = statuses
 
-    def __call__(self, batch: list[Delivery]) -> list[Delivery]:
+    def __call__(self, batch: list[Envelope]) -> list[Envelope]:
         failed, batch = self._apply_statuses(batch)
         if batch:
             self._publish(batch)
         return failed
 
-    def _apply_statuses(self, batch: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
+    def _apply_statuses(self, batch: list[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
         """Apply the batch's status reports here; those that failed, and what is to relay."""
         if self.statuses is None:
             return [], batch
@@ -80,7 +80,7 @@ class Relay:
         shown = {id(d) for d in reports}
         return failed, [d for d in batch if id(d) not in shown]
 
-    def _publish(self, batch: list[Delivery]) -> None:
+    def _publish(self, batch: list[Envelope]) -> None:
         with self.app.producer_or_acquire() as producer:  # one connection for the whole batch
             for queue, part in self._by_queue(batch):
                 for chunk in chunks(part, self.max_bytes):
@@ -92,15 +92,15 @@ class Relay:
                         producer=producer,
                     )
 
-    def _by_queue(self, batch: list[Delivery]) -> list[tuple[str, list[Delivery]]]:
+    def _by_queue(self, batch: list[Envelope]) -> list[tuple[str, list[Envelope]]]:
         if self.route is None:
             return [(self.queue, batch)]
         ids = [machine_id_in(d.item.raw) for d in batch]
         queues = self.route({i for i in ids if i is not None})
-        parts: dict[str, list[Delivery]] = {}
-        for delivery, mid in zip(batch, ids, strict=True):
+        parts: dict[str, list[Envelope]] = {}
+        for envelope, mid in zip(batch, ids, strict=True):
             queue = queues.get(mid, self.queue) if mid is not None else self.queue
-            parts.setdefault(queue, []).append(delivery)
+            parts.setdefault(queue, []).append(envelope)
         return list(parts.items())
 
 
@@ -147,35 +147,35 @@ class Routes:
         return {i: self._known[i] for i in ids if i in self._known}
 
 
-def wire(batch: list[Delivery]) -> Wire:
+def wire(batch: list[Envelope]) -> Wire:
     """The messages as fsm.apply_acks takes them (JSON: the sender's id as text)."""
     return [[d.item.raw, str(d.item.agent) if d.item.agent else None, d.source] for d in batch]
 
 
-def unwire(messages: Wire, tries: int) -> list[Delivery]:
+def unwire(messages: Wire, tries: int) -> list[Envelope]:
     """The messages an fsm.apply_acks task carries (a task sent before the source travelled
     with them carries [message, sender]: its source is then "relayed")."""
     batch = []
     for raw, agent, *source in messages:
         item = Inbound(str(raw), UUID(agent) if agent else None)
-        batch.append(Delivery(item, str(source[0]) if source else "relayed", tries))
+        batch.append(Envelope(item, str(source[0]) if source else "relayed", tries))
     return batch
 
 
-def chunks(batch: list[Delivery], max_bytes: int) -> list[list[Delivery]]:
+def chunks(batch: list[Envelope], max_bytes: int) -> list[list[Envelope]]:
     """The batch in consecutive parts of at most max_bytes of messages (a larger message alone)."""
-    parts: list[list[Delivery]] = [[]]
+    parts: list[list[Envelope]] = [[]]
     size = 0
-    for delivery in batch:
-        if parts[-1] and size + len(delivery.item.raw) > max_bytes:
+    for envelope in batch:
+        if parts[-1] and size + len(envelope.item.raw) > max_bytes:
             parts.append([])
             size = 0
-        parts[-1].append(delivery)
-        size += len(delivery.item.raw)
+        parts[-1].append(envelope)
+        size += len(envelope.item.raw)
     return [part for part in parts if part]
 
 
-def acks_repr(batch: list[Delivery]) -> str:
+def acks_repr(batch: list[Envelope]) -> str:
     """How Flower shows an apply_acks task: how many messages, and for which machines, states
     and attempts (the first ACKS_SHOWN; ids in full, so that a search by machine id finds it)."""
     shown = ", ".join(_message_repr(d.item.raw) for d in batch[:ACKS_SHOWN])

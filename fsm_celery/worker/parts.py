@@ -15,7 +15,7 @@ from collections.abc import Callable
 from uuid import UUID
 
 from fsm_celery.acks.apply import Applier
-from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.config import Settings
@@ -46,7 +46,7 @@ class Worker:
         self._build_engine, self._build_dead = build_engine, build_dead_letters
         self._given = engine
         self._engine = engine
-        self._applier: Combiner[Delivery] | None = None
+        self._applier: Combiner[Envelope] | None = None
         self._entries: Combiner[Step] | None = None
         self._dead: DeadLetters | None = None
         self._building = threading.Lock()
@@ -60,7 +60,7 @@ class Worker:
         return self._engine
 
     @property
-    def applier(self) -> Combiner[Delivery]:
+    def applier(self) -> Combiner[Envelope]:
         """fsm.apply_acks's: applies a batch, handing every state it decided on; the batches
         of the tasks that run meanwhile in this process's threads in one transaction (one
         Combiner a process: see fsm_celery.worker.combine)."""
