@@ -29,9 +29,10 @@ from fsm_celery.engine import Dispatcher, MachineEngine
 from fsm_celery.engine.runtime import utcnow
 from fsm_celery.engine.sent import Sent
 from fsm_celery.store import db as database
-from fsm_celery.worker import parts
+from fsm_celery.worker import tasks
 from fsm_celery.worker.app import app
 from fsm_celery.worker.enqueue import Enqueue
+from fsm_celery.worker.parts import Worker
 
 
 def machine_engine(
@@ -140,18 +141,18 @@ def ack_bridge(settings: Settings, *, pubsub: bool) -> Bridge:
     return Bridge(consumers, handle_acks(settings), Policy(settings.dead_letter_after))
 
 
-def provide_worker(settings: Settings, engine: MachineEngine | None = None) -> parts.Worker:
+def provide_worker(settings: Settings, engine: MachineEngine | None = None) -> Worker:
     """Have this process's Celery tasks run on a Worker's parts (on the engine given, else on
     one built on first use).
 
     Its engine pings no connection per transaction: a task that meets a connection a database
     restart broke fails with a transient error, the pool is discarded, and the task is retried.
     """
-    worker = parts.Worker(
+    worker = Worker(
         settings,
         partial(machine_engine, settings, pre_ping=False),
         partial(dead_letters, settings),
         engine,
     )
-    parts.provide(worker)
+    tasks.provide(worker)
     return worker

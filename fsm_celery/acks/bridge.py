@@ -89,8 +89,7 @@ class Bridge:
                 log.warning("%s could not close (%s)", consumer.name, exc)
 
     def _handle(self, consumer: Consumer, batch: list[Envelope], stop: threading.Event) -> None:
-        crashed = [d for d in batch if self.policy.crashed(d)]
-        todo = [d for d in batch if not self.policy.crashed(d)]
+        crashed, todo = self.policy.crashed(batch)
         failed = handle_until_done(self.handle, todo, stop) if todo else []
         kept = {id(d) for d in failed}
         consumer.finish([d for d in todo if id(d) not in kept])

@@ -54,9 +54,3 @@ class Consumer(Protocol):
 
     def close(self) -> None:
         """Forget what was read and not finished (it is handed out again to a consumer)."""
-
-
-def clip(data: bytes | str, max_bytes: int) -> str:
-    """The payload as text, cut just past the size limit so the engine rejects it as oversized."""
-    raw = data if isinstance(data, bytes) else data.encode("utf-8", "replace")
-    return raw[: max_bytes + 1].decode("utf-8", "replace")

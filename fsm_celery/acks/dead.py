@@ -45,10 +45,11 @@ class Policy:
         return parked, [d for d in failed if id(d) not in given_up]
 
     @staticmethod
-    def crashed(envelope: Envelope) -> bool:
-        """Whether the message was handed out so often, never answered, that it must be what
-        kills its reader."""
-        return envelope.tries > CRASH_DELIVERIES
+    def crashed(batch: Sequence[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
+        """The batch as (those handed out so often, never answered, that each must be what
+        kills its reader; the others)."""
+        crashed = [e for e in batch if e.tries > CRASH_DELIVERIES]
+        return crashed, [e for e in batch if e.tries <= CRASH_DELIVERIES]
 
 
 def reason(envelope: Envelope) -> str:

@@ -12,8 +12,9 @@ import time
 
 import redis
 
-from fsm_celery.acks.consumer import Envelope, clip
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import DeadLetters
+from fsm_celery.acks.streams import clip
 from fsm_celery.engine.ports import Inbound
 
 log = logging.getLogger(__name__)

@@ -22,14 +22,12 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
-from uuid import UUID
 
 from celery import Celery
 from sqlalchemy import Engine
 
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.channel.transient import TRANSIENT
-from fsm_celery.engine.ports import Inbound
 from fsm_celery.store.queries import machine_types_txn
 
 APPLY_ACKS = "fsm.apply_acks"
@@ -148,18 +146,9 @@ class Routes:
 
 
 def wire(batch: list[Envelope]) -> Wire:
-    """The messages as fsm.apply_acks takes them (JSON: the sender's id as text)."""
+    """The messages as fsm.apply_acks takes them (JSON: the sender's id as text; the task's
+    `unwire` reads them back)."""
     return [[d.item.raw, str(d.item.agent) if d.item.agent else None, d.source] for d in batch]
-
-
-def unwire(messages: Wire, tries: int) -> list[Envelope]:
-    """The messages an fsm.apply_acks task carries (a task sent before the source travelled
-    with them carries [message, sender]: its source is then "relayed")."""
-    batch = []
-    for raw, agent, *source in messages:
-        item = Inbound(str(raw), UUID(agent) if agent else None)
-        batch.append(Envelope(item, str(source[0]) if source else "relayed", tries))
-    return batch
 
 
 def chunks(batch: list[Envelope], max_bytes: int) -> list[list[Envelope]]:

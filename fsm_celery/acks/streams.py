@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 
-from fsm_celery.acks.consumer import Envelope, clip
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import DeadLetters
 from fsm_celery.acks.wakeup import Wakeup
 from fsm_celery.channel.acl import glob_escape
@@ -307,3 +307,9 @@ def claimed_ids(reply: Any) -> list[bytes]:
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def clip(data: bytes | str, max_bytes: int) -> str:
+    """The payload as text, cut just past the size limit so the engine rejects it as oversized."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "replace")
+    return raw[: max_bytes + 1].decode("utf-8", "replace")

@@ -1,10 +1,10 @@
-"""What a worker's tasks run on: its engine, the group commits of fsm.apply_acks and
-fsm.enter_state (worker/combine.py), the dead-letter stream; each built on first use, after a
-prefork worker forked, once for all the pool's threads.
+"""What a worker's tasks run on: the group commits of fsm.apply_acks and fsm.enter_state
+(worker/combine.py), the engine behind them and the dead-letter stream, built on first use:
+after a prefork worker forked, once for all the pool's threads.
 
 The composition root (fsm_celery.wiring) gives a Worker the way to build its engine and its
-dead-letter stream, and `provide`s it to this process's tasks; from then on the tasks call
-nothing but these parts.
+dead-letter stream, and hands it to this process's tasks (worker/tasks.py, `provide`); from
+then on the tasks call nothing but these parts.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ Step = tuple[UUID, int]  # a machine and the attempt to enter
 
 
 class Worker:
-    """A Celery worker's parts (its tasks' and fsm.apply_acks's), each built on first use."""
+    """A Celery worker's parts (its tasks' and fsm.apply_acks's). The tasks call its two
+    Combiners; the engine behind them is built on their first round."""
 
     def __init__(
         self,
@@ -45,11 +46,20 @@ class Worker:
         self.policy = Policy(settings.dead_letter_after)
         self._build_engine, self._build_dead = build_engine, build_dead_letters
         self._given = engine
-        self._engine = engine
-        self._applier: Combiner[Envelope] | None = None
-        self._entries: Combiner[Step] | None = None
-        self._dead: DeadLetters | None = None
         self._building = threading.Lock()
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop what was built before a fork (its connections are the parent's, its locks
+        perhaps held by a thread the fork left behind)."""
+        self._engine: MachineEngine | None = self._given
+        self._batches: Applier | None = None
+        self._dead: DeadLetters | None = None
+        # fsm.apply_acks's: the batches of the tasks that run meanwhile in this process's
+        # threads, applied in one transaction (see fsm_celery.worker.combine)
+        self.applier: Combiner[Envelope] = Combiner(self._apply, self.settings.ack_batch_size)
+        # fsm.enter_state's: the steps of the tasks that run meanwhile, in one transaction
+        self.entries: Combiner[Step] = Combiner(self._enter, ENTRIES_A_ROUND)
 
     @property
     def engine(self) -> MachineEngine:
@@ -59,32 +69,18 @@ class Worker:
                     self._engine = self._build_engine()
         return self._engine
 
-    @property
-    def applier(self) -> Combiner[Envelope]:
-        """fsm.apply_acks's: applies a batch, handing every state it decided on; the batches
-        of the tasks that run meanwhile in this process's threads in one transaction (one
-        Combiner a process: see fsm_celery.worker.combine)."""
-        if self._applier is None:
+    def _apply(self, batch: list[Envelope]) -> list[Envelope]:
+        """Apply a batch, handing on every state it decided on; those neither applied nor
+        recorded."""
+        if self._batches is None:
             inbox = self.engine.inbox
-            with self._building:
-                if self._applier is None:
-                    applier = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
-                    self._applier = Combiner(applier, self.settings.ack_batch_size)
-        return self._applier
-
-    @property
-    def entries(self) -> Combiner[Step]:
-        """fsm.enter_state's: enters states, handing on what follows; the steps of the tasks
-        that run meanwhile in this process's threads in one transaction."""
-        if self._entries is None:
-            with self._building:
-                if self._entries is None:
-                    self._entries = Combiner(self._enter, ENTRIES_A_ROUND)
-        return self._entries
+            self._batches = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
+        return self._batches(batch)
 
     def _enter(self, steps: list[Step]) -> list[Step]:
-        """Enter the steps in one transaction; all of them left to enter alone if it failed for
-        a reason that may be one step's (a transient one fails them all)."""
+        """Enter the steps in one transaction, handing on what follows; all of them left to
+        enter alone if it failed for a reason that may be one step's (a transient one fails
+        them all)."""
         try:
             self.enqueue(self.engine.entry.enter_many(steps))
         except TRANSIENT:
@@ -101,23 +97,3 @@ class Worker:
         if self._dead is None:
             self._dead = self._build_dead()
         return self._dead
-
-    def forget(self) -> None:
-        """Drop what was built before a fork (its connections are the parent's)."""
-        self._engine, self._applier, self._entries, self._dead = self._given, None, None, None
-
-
-_worker: Worker | None = None
-
-
-def provide(worker: Worker) -> None:
-    """Run this process's tasks on these parts."""
-    global _worker
-    _worker = worker
-
-
-def parts() -> Worker:
-    """The parts this process's tasks run on."""
-    if _worker is None:
-        raise RuntimeError("fsm-celery's tasks run in a worker started with `celery -A fsm_celery`")
-    return _worker

@@ -18,11 +18,13 @@ from uuid import UUID
 
 from celery import Task
 
-from fsm_celery.acks.relay import APPLY_ACKS, Wire, acks_repr, unwire, wire
+from fsm_celery.acks.consumer import Envelope
+from fsm_celery.acks.relay import APPLY_ACKS, Wire, acks_repr, wire
 from fsm_celery.channel.transient import TRANSIENT
+from fsm_celery.engine.ports import Inbound
 from fsm_celery.worker.app import app
 from fsm_celery.worker.enqueue import ENTER_STATE
-from fsm_celery.worker.parts import parts
+from fsm_celery.worker.parts import Worker
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,22 @@ RETRY: dict[str, Any] = {
     "retry_jitter": True,
     "max_retries": None,
 }
+
+
+_worker: Worker | None = None
+
+
+def provide(worker: Worker) -> None:
+    """Run this process's tasks on these parts."""
+    global _worker
+    _worker = worker
+
+
+def parts() -> Worker:
+    """The parts this process's tasks run on."""
+    if _worker is None:
+        raise RuntimeError("fsm-celery's tasks run in a worker started with `celery -A fsm_celery`")
+    return _worker
 
 
 @app.task(name=APPLY_ACKS, bind=True, **RETRY)
@@ -63,6 +81,16 @@ def apply_acks(task: Task, messages: Wire) -> int:
     if again:
         raise task.retry(args=(wire(again),), countdown=1, argsrepr=acks_repr(again))
     return len(batch)
+
+
+def unwire(messages: Wire, tries: int) -> list[Envelope]:
+    """The messages an fsm.apply_acks task carries (acks/relay.py's `wire`; a task sent before
+    the source travelled with them carries [message, sender]: its source is then "relayed")."""
+    batch = []
+    for raw, agent, *source in messages:
+        item = Inbound(str(raw), UUID(agent) if agent else None)
+        batch.append(Envelope(item, str(source[0]) if source else "relayed", tries))
+    return batch
 
 
 @app.task(name=ENTER_STATE, **RETRY)

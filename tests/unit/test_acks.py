@@ -19,9 +19,10 @@ from fsm_celery.acks.bridge import Bridge, Reconnect, handle_until_done
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import CRASH_DELIVERIES, Policy, reason
 from fsm_celery.acks.memory import MemoryConsumer
-from fsm_celery.acks.relay import ACKS_SHOWN, acks_repr, chunks, unwire, wire
+from fsm_celery.acks.relay import ACKS_SHOWN, acks_repr, chunks, wire
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.engine import Inbound, Next, Step
+from fsm_celery.worker.tasks import unwire
 
 
 class Inbox:
