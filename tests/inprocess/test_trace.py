@@ -116,7 +116,7 @@ def _bridge(fsm: Fsm, mode: str) -> tuple[Bridge, Callable[[], None]]:
     eager = Eager()
     bridge.handle.app = eager  # type: ignore[attr-defined]
     worker = wiring.provide_worker(settings)
-    worker.enqueue = Enqueue(settings, eager)  # type: ignore[arg-type]
+    worker.enqueue = Enqueue(settings, eager)
     return bridge, lambda: worker.engine.db.dispose()
 
 
