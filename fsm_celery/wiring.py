@@ -8,17 +8,15 @@ across layers to build one.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from uuid import UUID
 
 from fsm_celery.acks import relay
-from fsm_celery.acks.apply import TRANSIENT, Applier
-from fsm_celery.acks.bridge import Bridge, Handler
-from fsm_celery.acks.consumer import Consumer, Delivery
+from fsm_celery.acks.apply import Applier
+from fsm_celery.acks.bridge import Bridge, Handle
+from fsm_celery.acks.consumer import Consumer
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.acks.pubsub import PubSubConsumer
 from fsm_celery.acks.streams import StreamConsumer
@@ -33,12 +31,8 @@ from fsm_celery.engine.sent import Sent
 from fsm_celery.store import db as database
 from fsm_celery.worker import tasks
 from fsm_celery.worker.app import app
-from fsm_celery.worker.combine import Combiner
-from fsm_celery.worker.tasks import Enqueue
-
-log = logging.getLogger(__name__)
-
-ENTRIES_A_ROUND = 200  # the most states fsm.enter_state tasks enter in one transaction
+from fsm_celery.worker.enqueue import Enqueue
+from fsm_celery.worker.parts import Worker
 
 
 def machine_engine(
@@ -100,10 +94,10 @@ def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
     return Applier(operation, engine.inbox.reject, Enqueue(settings))
 
 
-def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
-    """What the bridge does with each batch it reads, by the mode: apply it (inline), or relay
-    it to fsm.apply_acks tasks (celery)."""
-    if mode is TransitionMode.INLINE:
+def handle_acks(settings: Settings) -> Handle:
+    """What the bridge does with each batch it reads, by the settings' transition mode: apply
+    it (inline), or relay it to fsm.apply_acks tasks (celery)."""
+    if settings.transition_mode is TransitionMode.INLINE:
         return inline_applier(settings, machine_engine(settings, pre_ping=False))
     route = None
     if settings.queues:  # each ack on its machine's queue: its type read once per machine
@@ -114,10 +108,11 @@ def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
     return relay.Relay(app, settings.queue, settings.max_relay_bytes, route, statuses)
 
 
-def ack_bridge(settings: Settings, mode: TransitionMode, *, pubsub: bool) -> Bridge:
+def ack_bridge(settings: Settings, *, pubsub: bool) -> Bridge:
     """An ack bridge: the ack streams (and, with pubsub, the shared channel) read into the
     mode's handler. In the celery mode a read lingers a moment, so a task carries a batch."""
-    linger = 0.0 if mode is TransitionMode.INLINE else settings.relay_linger_ms / 1000
+    inline = settings.transition_mode is TransitionMode.INLINE
+    linger = 0.0 if inline else settings.relay_linger_ms / 1000
     dead = dead_letters(settings)
     consumers: list[Consumer] = [
         StreamConsumer(
@@ -143,86 +138,21 @@ def ack_bridge(settings: Settings, mode: TransitionMode, *, pubsub: bool) -> Bri
                 linger=linger,
             )
         )
-    return Bridge(consumers, ack_handler(settings, mode), Policy(settings.dead_letter_after))
-
-
-class Worker:
-    """A Celery worker's parts (its tasks' and fsm.apply_acks's), each built on first use: after
-    a prefork worker forked, once for all the pool's threads."""
-
-    def __init__(self, settings: Settings, engine: MachineEngine | None = None) -> None:
-        self.settings = settings
-        self.enqueue = Enqueue(settings)
-        self.policy = Policy(settings.dead_letter_after)
-        self._given = engine
-        self._engine = engine
-        self._applier: Combiner[Delivery] | None = None
-        self._entries: Combiner[tuple[UUID, int]] | None = None
-        self._dead: DeadLetters | None = None
-        self._building = threading.Lock()
-
-    @property
-    def engine(self) -> MachineEngine:
-        if self._engine is None:
-            with self._building:
-                if self._engine is None:
-                    # Without a ping per transaction: a task that meets a connection a database
-                    # restart broke fails with a transient error, the pool is discarded, and the
-                    # task is retried.
-                    self._engine = machine_engine(self.settings, pre_ping=False)
-        return self._engine
-
-    @property
-    def applier(self) -> Combiner[Delivery]:
-        """fsm.apply_acks's: applies a batch, handing every state it decided on; the batches
-        of the tasks that run meanwhile in this process's threads in one transaction (one
-        Combiner a process: see fsm_celery.worker.combine)."""
-        if self._applier is None:
-            inbox = self.engine.inbox
-            with self._building:
-                if self._applier is None:
-                    applier = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
-                    self._applier = Combiner(applier, self.settings.ack_batch_size)
-        return self._applier
-
-    @property
-    def entries(self) -> Combiner[tuple[UUID, int]]:
-        """fsm.enter_state's: enters states, handing on what follows; the steps of the tasks
-        that run meanwhile in this process's threads in one transaction."""
-        if self._entries is None:
-            with self._building:
-                if self._entries is None:
-                    self._entries = Combiner(self._enter, ENTRIES_A_ROUND)
-        return self._entries
-
-    def _enter(self, steps: list[tuple[UUID, int]]) -> list[tuple[UUID, int]]:
-        """Enter the steps in one transaction; all of them left to enter alone if it failed for
-        a reason that may be one step's (a transient one fails them all)."""
-        try:
-            self.enqueue(self.engine.entry.enter_many(steps))
-        except TRANSIENT:
-            raise
-        except Exception:
-            if len(steps) == 1:
-                raise
-            log.warning("%d states entered together failed; each is entered alone", len(steps))
-            return steps
-        return []
-
-    @property
-    def dead_letters(self) -> DeadLetters:
-        if self._dead is None:
-            self._dead = dead_letters(self.settings)
-        return self._dead
-
-    def forget(self) -> None:
-        """Drop what was built before a fork (its connections are the parent's)."""
-        self._engine, self._applier, self._entries, self._dead = self._given, None, None, None
+    return Bridge(consumers, handle_acks(settings), Policy(settings.dead_letter_after))
 
 
 def provide_worker(settings: Settings, engine: MachineEngine | None = None) -> Worker:
-    """Have this process's Celery tasks run on a Worker's parts."""
-    worker = Worker(settings, engine)
+    """Have this process's Celery tasks run on a Worker's parts (on the engine given, else on
+    one built on first use).
+
+    Its engine pings no connection per transaction: a task that meets a connection a database
+    restart broke fails with a transient error, the pool is discarded, and the task is retried.
+    """
+    worker = Worker(
+        settings,
+        partial(machine_engine, settings, pre_ping=False),
+        partial(dead_letters, settings),
+        engine,
+    )
     tasks.provide(worker)
-    relay.provide(worker)
     return worker

@@ -13,22 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
-import kombu.exceptions
-
-from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.consumer import Envelope
+from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.engine.ports import Handoff, Inbound, Next
-from fsm_celery.engine.runtime import TRANSIENT as ENGINE_TRANSIENT
 
 log = logging.getLogger(__name__)
-
-# Errors of the surroundings, not of a message: the batch is tried again once they pass.
-TRANSIENT = (
-    *ENGINE_TRANSIENT,
-    kombu.exceptions.OperationalError,  # the broker, when a task could not be published
-)
 
 Operation = Callable[[list[Inbound]], Next]  # apply a batch in one transaction
 Reject = Callable[[str, RejectReason, str], None]  # record one message as rejected, alone
@@ -48,7 +39,7 @@ class Applier:
     def __init__(self, operation: Operation, reject: Reject, handoff: Handoff) -> None:
         self.operation, self.reject, self.handoff = operation, reject, handoff
 
-    def __call__(self, batch: list[Delivery]) -> list[Delivery]:
+    def __call__(self, batch: list[Envelope]) -> list[Envelope]:
         """Apply the batch; the messages neither applied nor recorded. Raises only transient
         errors (the caller keeps the whole batch and tries again)."""
         try:
@@ -57,7 +48,7 @@ class Applier:
             raise
         except Exception as exc:
             if len(batch) > 1:
-                return [failed for delivery in batch for failed in self([delivery])]
+                return [failed for envelope in batch for failed in self([envelope])]
             return self._reject(batch[0], exc)
         self._hand_on(len(batch), next_states)
         return []
@@ -78,30 +69,19 @@ class Applier:
                 _first_line(exc),
             )
 
-    def _reject(self, delivery: Delivery, error: Exception) -> list[Delivery]:
+    def _reject(self, envelope: Envelope, error: Exception) -> list[Envelope]:
         log.error("a message could not be applied; it is recorded as rejected", exc_info=error)
         detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         try:
-            self.reject(delivery.item.raw, RejectReason.UNPROCESSABLE, detail)
+            self.reject(envelope.item.raw, RejectReason.UNPROCESSABLE, detail)
         except TRANSIENT:
             raise
         except Exception:
             log.exception("the rejection of a message could not be recorded either")
-            return [delivery]
+            return [envelope]
         return []
 
 
 def _first_line(error: BaseException) -> str:
     text = str(error).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text}"
-
-
-# How a Celery task of the engine retries on those errors (fsm.apply_acks, fsm.enter_state and
-# beat's periodic work): until they pass, with a growing, jittered delay.
-RETRY: dict[str, Any] = {
-    "autoretry_for": TRANSIENT,
-    "retry_backoff": True,
-    "retry_backoff_max": 30,
-    "retry_jitter": True,
-    "max_retries": None,
-}

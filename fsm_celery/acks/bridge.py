@@ -1,5 +1,5 @@
 """The ack bridge's loop: each consumer read on a thread of its own, each batch handled, and
-each message settled, tried again or parked (acks/dead.py says which).
+each message finished, tried again or parked (acks/dead.py says which).
 
 A batch in hand is never given up because the database or Redis went away: it is handled
 again, with a growing delay, until that works (nothing is read again, and no try is counted).
@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 import redis
 
-from fsm_celery.acks.apply import TRANSIENT
-from fsm_celery.acks.consumer import Consumer, Delivery
+from fsm_celery.acks.consumer import Consumer, Envelope
 from fsm_celery.acks.dead import Policy
+from fsm_celery.channel.transient import TRANSIENT
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[list[Delivery]], list[Delivery]]
+Handle = Callable[[list[Envelope]], list[Envelope]]
 """What the bridge does with a batch (apply it here, or relay it to workers): it returns the
 messages it could neither apply nor record, and raises only transient errors."""
 
@@ -45,7 +45,7 @@ class Reconnect:
 class Bridge:
     """Reads every consumer into the handler until stopped."""
 
-    def __init__(self, consumers: list[Consumer], handle: Handler, policy: Policy) -> None:
+    def __init__(self, consumers: list[Consumer], handle: Handle, policy: Policy) -> None:
         self.consumers, self.handle, self.policy = consumers, handle, policy
 
     def run(self, stop: threading.Event) -> None:
@@ -74,7 +74,7 @@ class Bridge:
                 stop.wait(delay)
 
     def serve(self, consumer: Consumer, stop: threading.Event, reconnect: Reconnect) -> None:
-        """Read, handle and settle batch after batch until stop is set."""
+        """Read, handle and finish batch after batch until stop is set."""
         consumer.open()
         try:
             while not stop.is_set():
@@ -88,12 +88,11 @@ class Bridge:
             except redis.RedisError as exc:  # what it had to acknowledge, it does on next read
                 log.warning("%s could not close (%s)", consumer.name, exc)
 
-    def _handle(self, consumer: Consumer, batch: list[Delivery], stop: threading.Event) -> None:
-        crashed = [d for d in batch if self.policy.crashed(d)]
-        todo = [d for d in batch if not self.policy.crashed(d)]
+    def _handle(self, consumer: Consumer, batch: list[Envelope], stop: threading.Event) -> None:
+        crashed, todo = self.policy.crashed(batch)
         failed = handle_until_done(self.handle, todo, stop) if todo else []
         kept = {id(d) for d in failed}
-        consumer.settle([d for d in todo if id(d) not in kept])
+        consumer.finish([d for d in todo if id(d) not in kept])
         if crashed:
             consumer.park(crashed, Policy.CRASHED)
         if failed:
@@ -105,8 +104,8 @@ class Bridge:
 
 
 def handle_until_done(
-    handle: Handler, batch: list[Delivery], stop: threading.Event
-) -> list[Delivery]:
+    handle: Handle, batch: list[Envelope], stop: threading.Event
+) -> list[Envelope]:
     """Handle the batch, trying again with a growing delay while the database or Redis is away
     (the batch stays in hand: nothing is read again, nothing counts as a failed try)."""
     delay = Reconnect()

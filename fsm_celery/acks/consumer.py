@@ -1,11 +1,11 @@
-"""What the acks side reads from: a Consumer hands out Deliveries and settles them.
+"""What the acks side reads from: a Consumer hands out Envelopes and finishes them.
 
-A Delivery is one agent message as read, with where it came from (its source, the label it
+An Envelope is one agent message as read, with where it came from (its source, the label it
 is parked under) and how many times it was handed out (its tries, the transport's own count:
 a stream entry's deliveries, a Celery task's retries). The bridge's loop (acks/bridge.py)
 reads a batch, has it handled, and tells the consumer what became of each message:
 
-- `settle`: applied, or recorded as rejected; the consumer forgets it (XACK and XDEL);
+- `finish`: applied, or recorded as rejected; the consumer forgets it (XACK and XDEL);
 - `retry`: neither; the consumer hands it out again, with one more try;
 - `park`: given up on; the consumer puts it in the dead-letter stream, with the reason
   (acks/dead.py decides when), and forgets it.
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 from fsm_celery.engine.ports import Inbound
 
 
-class Delivery(NamedTuple):
+class Envelope(NamedTuple):
     """One message as a consumer read it."""
 
     item: Inbound
@@ -38,25 +38,19 @@ class Consumer(Protocol):
     def open(self) -> None:
         """(Re)connect: called before the first read and after a lost connection."""
 
-    def read(self, stop: threading.Event) -> list[Delivery]:
+    def read(self, stop: threading.Event) -> list[Envelope]:
         """The next batch, waiting a moment for one; [] when nothing came."""
         ...
 
-    def settle(self, deliveries: list[Delivery]) -> None:
+    def finish(self, envelopes: list[Envelope]) -> None:
         """These were applied or recorded: forget them."""
 
-    def retry(self, deliveries: list[Delivery]) -> None:
+    def retry(self, envelopes: list[Envelope]) -> None:
         """These could not be applied: hand them out again."""
 
-    def park(self, deliveries: list[Delivery], why: str | None = None) -> None:
+    def park(self, envelopes: list[Envelope], why: str | None = None) -> None:
         """Put these in the dead-letter stream with the reason (the dead-letter policy's own
         when none is given), and forget them."""
 
     def close(self) -> None:
-        """Forget what was read and not settled (it is handed out again to a consumer)."""
-
-
-def clip(data: bytes | str, max_bytes: int) -> str:
-    """The payload as text, cut just past the size limit so the engine rejects it as oversized."""
-    raw = data if isinstance(data, bytes) else data.encode("utf-8", "replace")
-    return raw[: max_bytes + 1].decode("utf-8", "replace")
+        """Forget what was read and not finished (it is handed out again to a consumer)."""

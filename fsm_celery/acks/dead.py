@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.consumer import Envelope
 
 DEAD_STREAM = "stream:state:dead"
 DEAD_MAXLEN = 10_000
@@ -32,29 +32,30 @@ class Policy:
     def __init__(self, after: int) -> None:
         self.after = after
 
-    def give_up(self, failed: Sequence[Delivery], *, redelivers: bool = True) -> list[Delivery]:
+    def give_up(self, failed: Sequence[Envelope], *, redelivers: bool = True) -> list[Envelope]:
         """Of the messages that could not be applied nor recorded, those to park now."""
         return [d for d in failed if not redelivers or d.tries >= self.after]
 
     def sort(
-        self, failed: Sequence[Delivery], *, redelivers: bool = True
-    ) -> tuple[list[Delivery], list[Delivery]]:
+        self, failed: Sequence[Envelope], *, redelivers: bool = True
+    ) -> tuple[list[Envelope], list[Envelope]]:
         """The failed messages as (to park now, to try again)."""
         parked = self.give_up(failed, redelivers=redelivers)
         given_up = {id(d) for d in parked}
         return parked, [d for d in failed if id(d) not in given_up]
 
     @staticmethod
-    def crashed(delivery: Delivery) -> bool:
-        """Whether the message was handed out so often, never answered, that it must be what
-        kills its reader."""
-        return delivery.tries > CRASH_DELIVERIES
+    def crashed(batch: Sequence[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
+        """The batch as (those handed out so often, never answered, that each must be what
+        kills its reader; the others)."""
+        crashed = [e for e in batch if e.tries > CRASH_DELIVERIES]
+        return crashed, [e for e in batch if e.tries <= CRASH_DELIVERIES]
 
 
-def reason(delivery: Delivery) -> str:
+def reason(envelope: Envelope) -> str:
     """Why a message given up on is parked (one text, whichever process parks it)."""
-    times = "time" if delivery.tries == 1 else "times"
-    return f"could not be applied nor recorded {delivery.tries} {times}"
+    times = "time" if envelope.tries == 1 else "times"
+    return f"could not be applied nor recorded {envelope.tries} {times}"
 
 
 class DeadLetters:
@@ -64,15 +65,15 @@ class DeadLetters:
         self.client = client
         self.stream = prefix + DEAD_STREAM
 
-    def park(self, pipe: Any, deliveries: Sequence[Delivery], why: str | None = None) -> None:
+    def park(self, pipe: Any, envelopes: Sequence[Envelope], why: str | None = None) -> None:
         """Add the messages to the dead-letter stream (in the caller's pipeline), each with its
         source and the reason (the policy's, by its tries, when none is given)."""
         now = datetime.now(UTC).isoformat()
-        for delivery in deliveries:
+        for envelope in envelopes:
             fields = {
-                "message": delivery.item.raw,
-                "source": delivery.source,
-                "reason": why or reason(delivery),
+                "message": envelope.item.raw,
+                "source": envelope.source,
+                "reason": why or reason(envelope),
                 "parkedAt": now,
             }
             pipe.xadd(self.stream, fields, maxlen=DEAD_MAXLEN, approximate=True)

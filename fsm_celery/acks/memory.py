@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from uuid import UUID
 
-from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import reason
 from fsm_celery.engine.ports import Inbound
 
@@ -19,39 +19,39 @@ class MemoryConsumer:
 
     def __init__(self, source: str = "memory", batch: int = 500) -> None:
         self.source, self.batch = source, batch
-        self.settled: list[Delivery] = []
-        self.parked: list[tuple[Delivery, str]] = []
-        self._queue: deque[Delivery] = deque()
+        self.finished: list[Envelope] = []
+        self.parked: list[tuple[Envelope, str]] = []
+        self._queue: deque[Envelope] = deque()
         self._ready = threading.Condition()
 
     def put(self, raw: str, agent: UUID | None = None) -> None:
         """An agent sends a message."""
         with self._ready:
-            self._queue.append(Delivery(Inbound(raw, agent), self.source))
+            self._queue.append(Envelope(Inbound(raw, agent), self.source))
             self._ready.notify()
 
     def open(self) -> None:
         """Nothing to connect to."""
 
-    def read(self, stop: threading.Event) -> list[Delivery]:
+    def read(self, stop: threading.Event) -> list[Envelope]:
         with self._ready:
             if not self._queue:
                 self._ready.wait(0.1)
             return [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
 
-    def settle(self, deliveries: list[Delivery]) -> None:
-        self.settled += deliveries
+    def finish(self, envelopes: list[Envelope]) -> None:
+        self.finished += envelopes
 
-    def retry(self, deliveries: list[Delivery]) -> None:
+    def retry(self, envelopes: list[Envelope]) -> None:
         with self._ready:
-            self._queue.extendleft(d._replace(tries=d.tries + 1) for d in reversed(deliveries))
+            self._queue.extendleft(d._replace(tries=d.tries + 1) for d in reversed(envelopes))
             self._ready.notify()
 
-    def park(self, deliveries: list[Delivery], why: str | None = None) -> None:
-        self.parked += [(d, why or reason(d)) for d in deliveries]
+    def park(self, envelopes: list[Envelope], why: str | None = None) -> None:
+        self.parked += [(d, why or reason(d)) for d in envelopes]
 
     def close(self) -> None:
-        """Nothing read is held back: it was settled, retried or parked."""
+        """Nothing read is held back: it was finished, retried or parked."""
 
     @property
     def idle(self) -> bool:

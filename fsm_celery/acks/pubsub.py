@@ -12,8 +12,9 @@ import time
 
 import redis
 
-from fsm_celery.acks.consumer import Delivery, clip
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import DeadLetters
+from fsm_celery.acks.streams import clip
 from fsm_celery.engine.ports import Inbound
 
 log = logging.getLogger(__name__)
@@ -43,18 +44,18 @@ class PubSubConsumer:
         self._pubsub.subscribe(self.channel)
         log.info("ack bridge subscribed to %s", self.channel)
 
-    def read(self, stop: threading.Event) -> list[Delivery]:
+    def read(self, stop: threading.Event) -> list[Envelope]:
         """The next message, waiting for it, and those received behind it within the linger."""
         assert self._pubsub is not None, "open() first"
         message = self._pubsub.get_message(timeout=0.5)
         if message is None:
             return []
         deadline = time.monotonic() + self.linger
-        batch: list[Delivery] = []
+        batch: list[Envelope] = []
         while True:
             if message is not None:
                 item = Inbound(clip(message["data"], self.max_bytes))
-                batch.append(Delivery(item, self.channel))
+                batch.append(Envelope(item, self.channel))
                 if len(batch) >= self.batch:
                     return batch
             left = deadline - time.monotonic()
@@ -62,18 +63,18 @@ class PubSubConsumer:
             if message is None and left <= 0:
                 return batch
 
-    def settle(self, deliveries: list[Delivery]) -> None:
+    def finish(self, envelopes: list[Envelope]) -> None:
         """Nothing to do: a published message is not kept."""
 
-    def retry(self, deliveries: list[Delivery]) -> None:
+    def retry(self, envelopes: list[Envelope]) -> None:
         """Never asked: a published message cannot be handed out again (redelivers)."""
 
-    def park(self, deliveries: list[Delivery], why: str | None = None) -> None:
-        if deliveries:
+    def park(self, envelopes: list[Envelope], why: str | None = None) -> None:
+        if envelopes:
             pipe = self.client.pipeline(transaction=False)
-            self.dead.park(pipe, deliveries, why)
+            self.dead.park(pipe, envelopes, why)
             pipe.execute()
-            log.error("parked %d message(s) in %s", len(deliveries), self.dead.stream)
+            log.error("parked %d message(s) in %s", len(envelopes), self.dead.stream)
 
     def close(self) -> None:
         if self._pubsub is not None:

@@ -1,6 +1,7 @@
-"""The celery mode's hand-off of acks, both ends: the bridge relays each batch it read as
-fsm.apply_acks tasks (Relay), and a worker applies each (apply_acks), in one transaction,
-handing every state decided on to an fsm.enter_state task.
+"""The celery mode's hand-off of acks, the bridge's end: the bridge relays each batch it read as
+fsm.apply_acks tasks (Relay), in the wire format below, and a worker applies each, in one
+transaction, handing every state decided on to an fsm.enter_state task (the task:
+fsm_celery.worker.tasks).
 
 Agents' status reports are no machine's step: the bridge applies them itself (a small upsert
 of the agent registry), so that Flower lists the machines' work and not every agent's report
@@ -8,11 +9,9 @@ every few seconds. While the database is away they are relayed with the acks ins
 that nothing waits on them.
 
 Once Relay returns, the broker holds the batch (late acks keep it there until a worker applied
-it), so the bridge settles the stream entries. A failed publish raises a transient error: the
+it), so the bridge finishes the stream entries. A failed publish raises a transient error: the
 bridge keeps the batch and tries again (a part already published is applied once anyway: its
-acks are then refused as stale). In the worker, a message that can be neither applied nor
-recorded is tried again alone, a second later, until the dead-letter policy gives up on it
-(acks/dead.py): the task's retries are its tries.
+acks are then refused as stale).
 """
 
 from __future__ import annotations
@@ -22,16 +21,13 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Protocol
-from uuid import UUID
+from typing import Any
 
-from celery import Celery, Task, shared_task
+from celery import Celery
 from sqlalchemy import Engine
 
-from fsm_celery.acks.apply import RETRY, TRANSIENT
-from fsm_celery.acks.consumer import Delivery
-from fsm_celery.acks.dead import DeadLetters, Policy
-from fsm_celery.engine.ports import Inbound
+from fsm_celery.acks.consumer import Envelope
+from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.store.queries import machine_types_txn
 
 APPLY_ACKS = "fsm.apply_acks"
@@ -56,18 +52,18 @@ class Relay:
         queue: str,
         max_bytes: int,
         route: Callable[[set[str]], dict[str, str]] | None = None,
-        statuses: Callable[[list[Delivery]], list[Delivery]] | None = None,
+        statuses: Callable[[list[Envelope]], list[Envelope]] | None = None,
     ) -> None:
         self.app, self.queue, self.max_bytes, self.route = app, queue, max_bytes, route
         self.statuses = statuses
 
-    def __call__(self, batch: list[Delivery]) -> list[Delivery]:
+    def __call__(self, batch: list[Envelope]) -> list[Envelope]:
         failed, batch = self._apply_statuses(batch)
         if batch:
             self._publish(batch)
         return failed
 
-    def _apply_statuses(self, batch: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
+    def _apply_statuses(self, batch: list[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
         """Apply the batch's status reports here; those that failed, and what is to relay."""
         if self.statuses is None:
             return [], batch
@@ -82,7 +78,7 @@ class Relay:
         shown = {id(d) for d in reports}
         return failed, [d for d in batch if id(d) not in shown]
 
-    def _publish(self, batch: list[Delivery]) -> None:
+    def _publish(self, batch: list[Envelope]) -> None:
         with self.app.producer_or_acquire() as producer:  # one connection for the whole batch
             for queue, part in self._by_queue(batch):
                 for chunk in chunks(part, self.max_bytes):
@@ -94,15 +90,15 @@ class Relay:
                         producer=producer,
                     )
 
-    def _by_queue(self, batch: list[Delivery]) -> list[tuple[str, list[Delivery]]]:
+    def _by_queue(self, batch: list[Envelope]) -> list[tuple[str, list[Envelope]]]:
         if self.route is None:
             return [(self.queue, batch)]
         ids = [machine_id_in(d.item.raw) for d in batch]
         queues = self.route({i for i in ids if i is not None})
-        parts: dict[str, list[Delivery]] = {}
-        for delivery, mid in zip(batch, ids, strict=True):
+        parts: dict[str, list[Envelope]] = {}
+        for envelope, mid in zip(batch, ids, strict=True):
             queue = queues.get(mid, self.queue) if mid is not None else self.queue
-            parts.setdefault(queue, []).append(delivery)
+            parts.setdefault(queue, []).append(envelope)
         return list(parts.items())
 
 
@@ -149,81 +145,26 @@ class Routes:
         return {i: self._known[i] for i in ids if i in self._known}
 
 
-class Parts(Protocol):
-    """What fsm.apply_acks runs on (given by the worker's composition root)."""
-
-    @property
-    def applier(self) -> Callable[[list[Delivery]], list[Delivery]]: ...
-
-    @property
-    def policy(self) -> Policy: ...
-
-    @property
-    def dead_letters(self) -> DeadLetters: ...
-
-
-_parts: Parts | None = None
-
-
-def provide(parts: Parts) -> None:
-    """Run fsm.apply_acks on these parts in this process."""
-    global _parts
-    _parts = parts
-
-
-@shared_task(name=APPLY_ACKS, bind=True, **RETRY)
-def apply_acks(task: Task, messages: Wire) -> int:
-    """Apply a batch of agent messages, as the bridge read them, in one transaction, and hand
-    on the states it decided; how many messages it held.
-
-    A redelivery (the worker died after the commit) finds every attempt already answered and
-    records the acks as stale; the states it had decided are entered by the scan if their
-    enter_state tasks were never sent.
-    """
-    if _parts is None:
-        raise RuntimeError("fsm.apply_acks runs in a worker started with `celery -A fsm_celery`")
-    batch = unwire(messages, tries=task.request.retries + 1)
-    failed = _parts.applier(batch)
-    parked, again = _parts.policy.sort(failed)
-    if parked:
-        dead = _parts.dead_letters
-        pipe = dead.client.pipeline(transaction=False)
-        dead.park(pipe, parked)
-        pipe.execute()
-    if again:
-        raise task.retry(args=(wire(again),), countdown=1, argsrepr=acks_repr(again))
-    return len(batch)
-
-
-def wire(batch: list[Delivery]) -> Wire:
-    """The messages as fsm.apply_acks takes them (JSON: the sender's id as text)."""
+def wire(batch: list[Envelope]) -> Wire:
+    """The messages as fsm.apply_acks takes them (JSON: the sender's id as text; the task's
+    `unwire` reads them back)."""
     return [[d.item.raw, str(d.item.agent) if d.item.agent else None, d.source] for d in batch]
 
 
-def unwire(messages: Wire, tries: int) -> list[Delivery]:
-    """The messages an fsm.apply_acks task carries (a task sent before the source travelled
-    with them carries [message, sender]: its source is then "relayed")."""
-    batch = []
-    for raw, agent, *source in messages:
-        item = Inbound(str(raw), UUID(agent) if agent else None)
-        batch.append(Delivery(item, str(source[0]) if source else "relayed", tries))
-    return batch
-
-
-def chunks(batch: list[Delivery], max_bytes: int) -> list[list[Delivery]]:
+def chunks(batch: list[Envelope], max_bytes: int) -> list[list[Envelope]]:
     """The batch in consecutive parts of at most max_bytes of messages (a larger message alone)."""
-    parts: list[list[Delivery]] = [[]]
+    parts: list[list[Envelope]] = [[]]
     size = 0
-    for delivery in batch:
-        if parts[-1] and size + len(delivery.item.raw) > max_bytes:
+    for envelope in batch:
+        if parts[-1] and size + len(envelope.item.raw) > max_bytes:
             parts.append([])
             size = 0
-        parts[-1].append(delivery)
-        size += len(delivery.item.raw)
+        parts[-1].append(envelope)
+        size += len(envelope.item.raw)
     return [part for part in parts if part]
 
 
-def acks_repr(batch: list[Delivery]) -> str:
+def acks_repr(batch: list[Envelope]) -> str:
     """How Flower shows an apply_acks task: how many messages, and for which machines, states
     and attempts (the first ACKS_SHOWN; ids in full, so that a search by machine id finds it)."""
     shown = ", ".join(_message_repr(d.item.raw) for d in batch[:ACKS_SHOWN])

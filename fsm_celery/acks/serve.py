@@ -1,7 +1,7 @@
 """The ack bridge's processes: its consumer processes (started again when one dies), their
-signals and garbage-collector tuning. Each process is an edge: it reads its settings and has
-`build` (fsm_celery.wiring.ack_bridge, given by the CLI) put its bridge together for the
-transition mode."""
+signals and garbage-collector tuning. Each process has `build` (fsm_celery.wiring.ack_bridge,
+given by the CLI) put its bridge together from the settings the CLI read once (`--inline` set
+the transition mode in them), so that every part of every process reads one mode."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fsm_celery.acks.bridge import Bridge
-from fsm_celery.config import Settings, TransitionMode, get_settings
+from fsm_celery.config import Settings
 
 log = logging.getLogger("fsm_celery.acks.bridge")
 
@@ -24,7 +24,7 @@ class Plan:
     """What each of the bridge's processes serves (picklable: spawned processes get it)."""
 
     build: Callable[..., Bridge]
-    mode: TransitionMode
+    settings: Settings
 
 
 def run_bridge(processes: int, plan: Plan) -> None:
@@ -33,7 +33,7 @@ def run_bridge(processes: int, plan: Plan) -> None:
     stop = threading.Event()
     others = [_spawn_consumer(n, plan) for n in range(1, processes)]
     threading.Thread(target=_keep_consumers, args=(others, plan, stop), daemon=True).start()
-    threading.Thread(target=_keep_acl_users, args=(stop,), daemon=True).start()
+    threading.Thread(target=_keep_acl_users, args=(plan.settings, stop), daemon=True).start()
     serve_acks(plan, pubsub=True, stop=stop)
     # A signal sent to this process alone (pkill, docker stop, a supervisor) does not reach
     # the consumers: pass it on, so that they stop as this one did, at once.
@@ -68,7 +68,7 @@ def _keep_consumers(
                 processes[n] = _spawn_consumer(n + 1, plan)
 
 
-def _keep_acl_users(stop: threading.Event) -> None:
+def _keep_acl_users(settings: Settings, stop: threading.Event) -> None:
     """Create again, every acl.RESTORE_SECONDS, the agents' Redis users the primary lost: it
     restarted without an aclfile, or Sentinel promoted a replica (ACL users are not
     replicated). An agent refused meanwhile retries its connection until its user is back."""
@@ -77,7 +77,6 @@ def _keep_acl_users(stop: threading.Event) -> None:
     from fsm_celery.store import db as database
     from fsm_celery.store import queries as q
 
-    settings = get_settings()
     db = database.connect(settings.database_url, prepare=settings.database_prepare)
     admin = connect(settings.redis_url)
     while not stop.wait(acl.RESTORE_SECONDS):
@@ -95,13 +94,13 @@ def _keep_acl_users(stop: threading.Event) -> None:
 def serve_acks(plan: Plan, *, pubsub: bool, stop: threading.Event | None = None) -> None:
     """Serve the ack streams (and, with pubsub, the shared channel) until SIGINT or SIGTERM:
     apply each batch here (inline), or relay it to an fsm.apply_acks task (celery)."""
-    settings = get_settings()
+    settings = plan.settings
     settings.require_secret()
     logging.basicConfig(format="%(asctime)s %(processName)s %(levelname)s %(message)s")
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
     _warn_about_trust(settings)
-    bridge = plan.build(settings, plan.mode, pubsub=pubsub)
-    log.info("transition mode: %s", plan.mode)
+    bridge = plan.build(settings, pubsub=pubsub)
+    log.info("transition mode: %s", settings.transition_mode)
     stopping = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())

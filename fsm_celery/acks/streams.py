@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 
-from fsm_celery.acks.consumer import Delivery, clip
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import DeadLetters
 from fsm_celery.acks.wakeup import Wakeup
 from fsm_celery.channel.acl import glob_escape
@@ -84,7 +84,7 @@ class StreamConsumer:
         self._turn = 0
         self._next_claim = 0.0
         self._next_upkeep = 0.0
-        self._done: list[tuple[str, bytes]] = []  # settled; XACKed and XDELed on the next read
+        self._done: list[tuple[str, bytes]] = []  # finished; XACKed and XDELed on the next read
         self._pending = True  # read this consumer's pending entries (at start, after a failure)
 
     def open(self) -> None:
@@ -93,7 +93,7 @@ class StreamConsumer:
         self._wakeup.close()  # a Redis started again forgot its notification flags
         log.info("ack bridge reading the ack streams as %s", self.consumer)
 
-    def read(self, stop: threading.Event) -> list[Delivery]:
+    def read(self, stop: threading.Event) -> list[Envelope]:
         self._upkeep()
         if not self.streams:
             stop.wait(MAINTAIN_SECONDS)
@@ -107,31 +107,31 @@ class StreamConsumer:
             self._pending = True  # what the failed read had delivered is pending: read it
             return []
 
-    def settle(self, deliveries: list[Delivery]) -> None:
-        self._done += [(d.source, d.key) for d in deliveries]
+    def finish(self, envelopes: list[Envelope]) -> None:
+        self._done += [(d.source, d.key) for d in envelopes]
 
-    def retry(self, deliveries: list[Delivery]) -> None:
-        if deliveries:
+    def retry(self, envelopes: list[Envelope]) -> None:
+        if envelopes:
             self._pending = True  # read them again (from this consumer's pending entries)
 
-    def park(self, deliveries: list[Delivery], why: str | None = None) -> None:
-        if not deliveries:
+    def park(self, envelopes: list[Envelope], why: str | None = None) -> None:
+        if not envelopes:
             return
         pipe = self.client.pipeline(transaction=False)
-        self.dead.park(pipe, deliveries, why)
-        for delivery in deliveries:
-            pipe.xack(delivery.source, GROUP, delivery.key)
-            pipe.xdel(delivery.source, delivery.key)
+        self.dead.park(pipe, envelopes, why)
+        for envelope in envelopes:
+            pipe.xack(envelope.source, GROUP, envelope.key)
+            pipe.xdel(envelope.source, envelope.key)
         pipe.execute()
-        log.error("parked %d message(s) in %s", len(deliveries), self.dead.stream)
+        log.error("parked %d message(s) in %s", len(envelopes), self.dead.stream)
 
     def close(self) -> None:
-        """Acknowledge what was settled since the last read."""
+        """Acknowledge what was finished since the last read."""
         if self._done:
             self._acknowledge(self.client.pipeline(transaction=False)).execute()
             self._done = []
 
-    def _next_entries(self) -> list[Delivery]:
+    def _next_entries(self) -> list[Envelope]:
         if self._pending:
             entries = self._fetch("0")
             self._pending = bool(entries)
@@ -150,7 +150,7 @@ class StreamConsumer:
 
     # reading ----------------------------------------------------------------------------
 
-    def _fetch(self, mode: str, count: int | None = None) -> list[Delivery]:
+    def _fetch(self, mode: str, count: int | None = None) -> list[Envelope]:
         """New entries (">") or this consumer's pending ones ("0"), after acknowledging those
         applied since the last read; at most a batch, and at most READ_BUDGET bytes loaded
         in Redis, plus at most one stream under its cap read entry by entry. Entries over the
@@ -193,15 +193,15 @@ class StreamConsumer:
 
     def _entry(
         self, index: int, entry_id: bytes, raw: bytes | None, deliveries: int
-    ) -> Delivery | None:
-        """The entry as a Delivery; None for one deleted or without a message field, which is
-        settled at once (nothing to apply)."""
+    ) -> Envelope | None:
+        """The entry as an Envelope; None for one deleted or without a message field, which is
+        finished at once (nothing to apply)."""
         stream = self.streams[index - 1]
         if raw is None:
             self._done.append((stream, entry_id))
             return None
         item = Inbound(clip(raw, self.max_bytes), self._agents[stream])
-        return Delivery(item, stream, deliveries, entry_id)
+        return Envelope(item, stream, deliveries, entry_id)
 
     def _claim(self) -> bool:
         """Take over entries another consumer left pending (it died); whether any were."""
@@ -307,3 +307,9 @@ def claimed_ids(reply: Any) -> list[bytes]:
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def clip(data: bytes | str, max_bytes: int) -> str:
+    """The payload as text, cut just past the size limit so the engine rejects it as oversized."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "replace")
+    return raw[: max_bytes + 1].decode("utf-8", "replace")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from fsm_celery.core.messages import StateEvent, events_channel, task_channel
 
-Handler = Callable[[str], None]
+Listener = Callable[[str], None]
 
 
 class MemoryBus:
@@ -40,10 +40,10 @@ class MemoryBus:
         for event in events:
             self.publish(channel, event.to_wire())
 
-    def subscribe(self, channel: str, handler: Handler) -> None:
-        """Call handler with every message on channel, one at a time, on a thread of its own."""
+    def subscribe(self, channel: str, listener: Listener) -> None:
+        """Call listener with every message on channel, one at a time, on a thread of its own."""
         inbox: queue.Queue[str | None] = queue.Queue()
-        thread = threading.Thread(target=_serve, args=(inbox, handler), daemon=True)
+        thread = threading.Thread(target=_serve, args=(inbox, listener), daemon=True)
         with self._lock:
             self._inboxes[channel].append(inbox)
             self._threads.append(thread)
@@ -59,6 +59,6 @@ class MemoryBus:
             thread.join(5)
 
 
-def _serve(inbox: queue.Queue[str | None], handler: Handler) -> None:
+def _serve(inbox: queue.Queue[str | None], listener: Listener) -> None:
     while (message := inbox.get()) is not None:
-        handler(message)
+        listener(message)

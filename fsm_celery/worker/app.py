@@ -13,5 +13,5 @@ kombu_patch.apply()
 events.apply()  # task events in one message every 20 ms on a busy worker, not one per event
 flower.guard()  # `celery -A fsm_celery flower` refuses to serve without authentication
 
-app = Celery("fsm_celery", include=["fsm_celery.worker.tasks", "fsm_celery.acks.relay"])
+app = Celery("fsm_celery", include=["fsm_celery.worker.tasks"])
 app.config_from_object(os.environ.get("FSM_CELERY_CONFIG", "celeryconfig"))

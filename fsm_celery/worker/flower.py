@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 UNAUTHENTICATED = "--unauthenticated"
 # Flower's task list shows a task's name but not its args, and the args are what say which
-# machine, state and attempt an fsm task is for (argsrepr: worker/tasks.py, acks/relay.py):
+# machine, state and attempt an fsm task is for (argsrepr: worker/enqueue.py, acks/relay.py):
 # shown unless --tasks_columns (FLOWER_TASKS_COLUMNS) chose other columns.
 FLOWER_COLUMNS = "name,uuid,state,received,runtime,worker"
 FSM_COLUMNS = "name,args,state,received,runtime,worker,uuid"

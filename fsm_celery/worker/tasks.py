@@ -1,116 +1,96 @@
 """Celery tasks: thin, idempotent, taking ids. Each asks the engine and hands on what follows.
 
-Both ends of fsm.enter_state are here: `Enqueue`, the Handoff every process uses to have
-states entered (the client, the scan, fsm.apply_acks), sends the task by name on the app, so
-that sending one needs only the app and its broker; the task enters the state. What the tasks
-run on is given by the worker's composition root (fsm_celery.celery, through `provide`).
+fsm.apply_acks applies a batch of agents' messages the bridge relayed (acks/relay.py, the
+sending end); fsm.enter_state enters a state (worker/enqueue.py, the sending end); beat runs
+the engine's periodic work. What the tasks run on is a Worker's parts (worker/parts.py), given
+by the worker's composition root (fsm_celery.celery, through fsm_celery.wiring).
+
+In the worker, a message that can be neither applied nor recorded is tried again alone, a
+second later, until the dead-letter policy gives up on it (acks/dead.py): the task's retries
+are its tries.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Protocol
+from typing import Any
 from uuid import UUID
 
-from celery import Celery, Signature, group
+from celery import Task
 
-from fsm_celery.acks.apply import RETRY
-from fsm_celery.config import Settings
-from fsm_celery.engine import MachineEngine, Next, Step
+from fsm_celery.acks.consumer import Envelope
+from fsm_celery.acks.relay import APPLY_ACKS, Wire, acks_repr, wire
+from fsm_celery.channel.transient import TRANSIENT
+from fsm_celery.engine.ports import Inbound
 from fsm_celery.worker.app import app
+from fsm_celery.worker.enqueue import ENTER_STATE
+from fsm_celery.worker.parts import Worker
 
 log = logging.getLogger(__name__)
 
-ENTER_STATE = "fsm.enter_state"
 SCAN_BATCH = 500  # machines per scan transaction
 # The engine's periodic work sends no events (send_events=False below): beat sends it every
 # second, and Flower would list little else. Its failures are in the worker's log, its
 # liveness in `fsm-celery doctor` (beat's last scan).
 
-
-class Enqueue:
-    """Sends an fsm.enter_state task for each step, on its machine type's queue (FSM_QUEUES,
-    else FSM_QUEUE): at once, or after the step's retry delay.
-
-    A countdown longer than half the broker's visibility timeout would be redelivered while it
-    waits; those steps are left to the scan, which enters every state whose dispatch is due.
-    """
-
-    def __init__(self, settings: Settings, celery: Celery = app) -> None:
-        self.app = celery
-        self.queue_for = settings.queue_for  # by the machine's type (FSM_QUEUES)
-        self.longest = settings.visibility_timeout_seconds / 2
-
-    def __call__(self, next_states: Next) -> None:
-        steps = [step for step in next_states if step.delay <= self.longest]
-        if not steps:
-            return
-        fanned: dict[UUID, list[Step]] = {}
-        with self.app.producer_or_acquire() as producer:  # one connection for the whole batch
-            for step in steps:
-                if step.parent_id is not None:
-                    fanned.setdefault(step.parent_id, []).append(step)
-                    continue
-                self.app.send_task(
-                    ENTER_STATE,
-                    (str(step.machine_id), step.attempt),
-                    queue=self.queue_for(step.machine_type),
-                    countdown=step.delay if step.delay > 0 else None,
-                    argsrepr=step_repr(step),
-                    producer=producer,
-                )
-            for children in fanned.values():  # a fan-out's new children: one group each
-                group(self._signature(step) for step in children).apply_async(
-                    producer=producer, add_to_parent=False
-                )
-
-    def _signature(self, step: Step) -> Signature:
-        return self.app.signature(
-            ENTER_STATE,
-            (str(step.machine_id), step.attempt),
-            queue=self.queue_for(step.machine_type),
-            argsrepr=step_repr(step),
-            immutable=True,
-        )
+# How a task retries on the errors of its surroundings (fsm.apply_acks, fsm.enter_state and
+# beat's periodic work): until they pass, with a growing, jittered delay.
+RETRY: dict[str, Any] = {
+    "autoretry_for": TRANSIENT,
+    "retry_backoff": True,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": None,
+}
 
 
-def step_repr(step: Step) -> str:
-    """How Flower shows an enter_state task: what it enters, searchable by machine id (and
-    by its parent's, for a fan-out's child)."""
-    parent = f" parent={step.parent_id}" if step.parent_id is not None else ""
-    return (
-        f"{step.machine_type} {step.machine_id} state={step.state} attempt={step.attempt}{parent}"
-    )
+_worker: Worker | None = None
 
 
-class Parts(Protocol):
-    """What the tasks run on (given by the worker's composition root)."""
-
-    @property
-    def engine(self) -> MachineEngine: ...
-
-    @property
-    def enqueue(self) -> Enqueue: ...
-
-    @property
-    def entries(self) -> Callable[[list[tuple[UUID, int]]], list[tuple[UUID, int]]]:
-        """Enter the steps (and hand on what follows); those to enter again alone."""
+def provide(worker: Worker) -> None:
+    """Run this process's tasks on these parts."""
+    global _worker
+    _worker = worker
 
 
-_parts: Parts | None = None
-
-
-def provide(parts: Parts) -> None:
-    """Run the tasks on these parts in this process."""
-    global _parts
-    _parts = parts
-
-
-def parts() -> Parts:
-    if _parts is None:
+def parts() -> Worker:
+    """The parts this process's tasks run on."""
+    if _worker is None:
         raise RuntimeError("fsm-celery's tasks run in a worker started with `celery -A fsm_celery`")
-    return _parts
+    return _worker
+
+
+@app.task(name=APPLY_ACKS, bind=True, **RETRY)
+def apply_acks(task: Task, messages: Wire) -> int:
+    """Apply a batch of agent messages, as the bridge read them, in one transaction, and hand
+    on the states it decided; how many messages it held.
+
+    A redelivery (the worker died after the commit) finds every attempt already answered and
+    records the acks as stale; the states it had decided are entered by the scan if their
+    enter_state tasks were never sent.
+    """
+    run = parts()
+    batch = unwire(messages, tries=task.request.retries + 1)
+    failed = run.applier(batch)
+    parked, again = run.policy.sort(failed)
+    if parked:
+        dead = run.dead_letters
+        pipe = dead.client.pipeline(transaction=False)
+        dead.park(pipe, parked)
+        pipe.execute()
+    if again:
+        raise task.retry(args=(wire(again),), countdown=1, argsrepr=acks_repr(again))
+    return len(batch)
+
+
+def unwire(messages: Wire, tries: int) -> list[Envelope]:
+    """The messages an fsm.apply_acks task carries (acks/relay.py's `wire`; a task sent before
+    the source travelled with them carries [message, sender]: its source is then "relayed")."""
+    batch = []
+    for raw, agent, *source in messages:
+        item = Inbound(str(raw), UUID(agent) if agent else None)
+        batch.append(Envelope(item, str(source[0]) if source else "relayed", tries))
+    return batch
 
 
 @app.task(name=ENTER_STATE, **RETRY)

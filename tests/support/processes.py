@@ -214,13 +214,15 @@ class FsmEnv:
         if not [p for p in self.procs if p.name == "bridge" and p.popen.poll() is None]:
             self.start_bridge()
 
-    def start_bridge(self, processes: int = 1) -> Proc:
-        """A real `fsm-celery ack-bridge`, returned once it serves (subscribed to the shared
-        channel, where it accepts shared acks)."""
+    def start_bridge(
+        self, processes: int = 1, *flags: str, env: dict[str, str] | None = None
+    ) -> Proc:
+        """A real `fsm-celery ack-bridge` (with the flags, in the environment given), returned
+        once it serves (subscribed to the shared channel, where it accepts shared acks)."""
         channel = ack_channel(self.settings.channel_prefix)
         before = _subscribers(self.redis, channel)
         argv = [sys.executable, "-m", "fsm_celery", "ack-bridge", "--processes", str(processes)]
-        proc = self._spawn("bridge", argv)
+        proc = self._spawn("bridge", [*argv, *flags], env)
         if not self.settings.accept_shared_acks:
             proc.wait_for_log("ack bridge reading the ack streams")
             return proc

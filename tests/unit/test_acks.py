@@ -1,5 +1,5 @@
 """The acks side's logic, without I/O: the Applier's isolation of a message that breaks its
-batch, the bridge's loop over a real in-memory consumer (settle, try again, park), the one
+batch, the bridge's loop over a real in-memory consumer (finish, try again, park), the one
 dead-letter policy, and the relay's wire format."""
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import redis
 
 from fsm_celery.acks.apply import Applier
 from fsm_celery.acks.bridge import Bridge, Reconnect, handle_until_done
-from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import CRASH_DELIVERIES, Policy, reason
 from fsm_celery.acks.memory import MemoryConsumer
-from fsm_celery.acks.relay import ACKS_SHOWN, acks_repr, chunks, unwire, wire
+from fsm_celery.acks.relay import ACKS_SHOWN, acks_repr, chunks, wire
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.engine import Inbound, Next, Step
+from fsm_celery.worker.tasks import unwire
 
 
 class Inbox:
@@ -51,8 +52,8 @@ class Inbox:
         self.rejected.append((raw, reason, detail))
 
 
-def _deliveries(*payloads: str, tries: int = 1) -> list[Delivery]:
-    return [Delivery(Inbound(p), "s", tries) for p in payloads]
+def _envelopes(*payloads: str, tries: int = 1) -> list[Envelope]:
+    return [Envelope(Inbound(p), "s", tries) for p in payloads]
 
 
 def _applier(inbox: Inbox, handed: list[Step]) -> Applier:
@@ -61,14 +62,14 @@ def _applier(inbox: Inbox, handed: list[Step]) -> Applier:
 
 def test_a_healthy_batch_is_applied_in_one_transaction_and_its_next_states_handed_on() -> None:
     inbox, handed = Inbox(), list[Step]()
-    assert _applier(inbox, handed)(_deliveries("a", "b", "c")) == []
+    assert _applier(inbox, handed)(_envelopes("a", "b", "c")) == []
     assert inbox.applied == [["a", "b", "c"]] and inbox.rejected == []
     assert [s.machine_id for s in handed] == [uuid.uuid5(uuid.NAMESPACE_OID, p) for p in "abc"]
 
 
 def test_a_message_that_breaks_its_batch_is_rejected_and_the_others_applied() -> None:
     inbox, handed = Inbox(frozenset({"b"})), list[Step]()
-    assert _applier(inbox, handed)(_deliveries("a", "b", "c")) == []
+    assert _applier(inbox, handed)(_envelopes("a", "b", "c")) == []
     assert inbox.applied == [["a"], ["c"]]
     assert inbox.rejected == [
         ("b", RejectReason.UNPROCESSABLE, "ValueError: unsupported Unicode escape sequence")
@@ -81,7 +82,7 @@ def test_a_transient_error_is_raised_whole_and_nothing_is_rejected(error: Except
     inbox, handed = Inbox(), list[Step]()
     inbox.error = error
     with pytest.raises(type(error)):
-        _applier(inbox, handed)(_deliveries("a", "b"))
+        _applier(inbox, handed)(_envelopes("a", "b"))
     assert inbox.rejected == [] and handed == []
 
 
@@ -96,7 +97,7 @@ def test_a_committed_batch_whose_states_cannot_be_handed_on_says_so_and_is_done(
         raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379.")
 
     with caplog.at_level(logging.WARNING, logger="fsm_celery.acks.apply"):
-        assert Applier(inbox.apply, inbox.reject, unreachable)(_deliveries("a", "b")) == []
+        assert Applier(inbox.apply, inbox.reject, unreachable)(_envelopes("a", "b")) == []
     assert inbox.applied == [["a", "b"]] and inbox.rejected == []
     [line] = [r.getMessage() for r in caplog.records]
     assert line == (
@@ -108,7 +109,7 @@ def test_a_committed_batch_whose_states_cannot_be_handed_on_says_so_and_is_done(
 
 def test_a_message_that_cannot_even_be_recorded_is_returned_and_the_others_applied() -> None:
     inbox = Inbox(frozenset({"b"}), unrecordable=frozenset({"b"}))
-    batch = _deliveries("a", "b", "c")
+    batch = _envelopes("a", "b", "c")
     assert _applier(inbox, [])(batch) == [batch[1]]
     assert inbox.applied == [["a"], ["c"]] and inbox.rejected == []
 
@@ -132,12 +133,12 @@ def _serve(
         thread.join(5)
 
 
-def test_the_bridge_settles_what_was_applied_or_recorded() -> None:
+def test_the_bridge_finishes_what_was_applied_or_recorded() -> None:
     consumer, inbox = MemoryConsumer(), Inbox(frozenset({"bad"}))
     for payload in ("a", "bad", "c"):
         consumer.put(payload)
-    _serve(consumer, inbox, Policy(3), lambda: len(consumer.settled) == 3)
-    assert sorted(d.item.raw for d in consumer.settled) == ["a", "bad", "c"]
+    _serve(consumer, inbox, Policy(3), lambda: len(consumer.finished) == 3)
+    assert sorted(d.item.raw for d in consumer.finished) == ["a", "bad", "c"]
     assert [r[0] for r in inbox.rejected] == ["bad"] and consumer.parked == []
 
 
@@ -150,7 +151,7 @@ def test_a_message_neither_applied_nor_recorded_is_tried_again_then_parked() -> 
     [(parked, why)] = consumer.parked
     assert parked.item.raw == "bad" and parked.tries == 3  # handed out three times
     assert why == "could not be applied nor recorded 3 times"
-    assert [d.item.raw for d in consumer.settled] == ["fine"]
+    assert [d.item.raw for d in consumer.finished] == ["fine"]
 
 
 def test_a_consumer_that_cannot_hand_a_message_out_again_parks_it_at_once() -> None:
@@ -172,7 +173,7 @@ def test_a_message_in_hand_each_time_its_reader_died_is_parked_before_it_is_trie
 
 def test_the_policy_gives_up_by_tries() -> None:
     policy = Policy(3)
-    failed = [*_deliveries("a", tries=2), *_deliveries("b", tries=3)]
+    failed = [*_envelopes("a", tries=2), *_envelopes("b", tries=3)]
     assert [d.item.raw for d in policy.give_up(failed)] == ["b"]
     assert [d.item.raw for d in policy.give_up(failed, redelivers=False)] == ["a", "b"]
     assert reason(failed[0]) == "could not be applied nor recorded 2 times"
@@ -181,13 +182,13 @@ def test_the_policy_gives_up_by_tries() -> None:
 def test_a_batch_in_hand_is_handled_again_while_the_database_is_away() -> None:
     calls: list[int] = []
 
-    def handle(batch: list[Delivery]) -> list[Delivery]:
+    def handle(batch: list[Envelope]) -> list[Envelope]:
         calls.append(len(batch))
         if len(calls) < 3:
             raise redis.ConnectionError("away")
         return []
 
-    assert handle_until_done(handle, _deliveries("a"), threading.Event()) == []
+    assert handle_until_done(handle, _envelopes("a"), threading.Event()) == []
     assert calls == [1, 1, 1]
 
 
@@ -198,31 +199,31 @@ def test_the_reconnect_delay_doubles_up_to_its_cap_and_starts_again_once_reset()
     assert delay.next() == 0.1
 
 
-def _ack(machine: str, state: str = "S0", attempt: int = 1) -> Delivery:
+def _ack(machine: str, state: str = "S0", attempt: int = 1) -> Envelope:
     raw = {"type": "state_ack", "machineId": machine, "state": state, "attempt": attempt}
-    return Delivery(Inbound(json.dumps(raw)), "stream:state:ack")
+    return Envelope(Inbound(json.dumps(raw)), "stream:state:ack")
 
 
 def test_the_relay_carries_each_message_with_its_sender_and_source() -> None:
     agent = uuid.uuid4()
-    batch = [Delivery(Inbound("m1", agent), f"stream:state:ack:{agent}"), _ack("x")]
+    batch = [Envelope(Inbound("m1", agent), f"stream:state:ack:{agent}"), _ack("x")]
     carried = unwire(json.loads(json.dumps(wire(batch))), tries=2)
     assert carried == [d._replace(tries=2) for d in batch]
 
 
 def test_a_task_sent_before_the_source_travelled_is_still_applied() -> None:
-    assert unwire([["m", None]], tries=1) == [Delivery(Inbound("m"), "relayed", 1)]
+    assert unwire([["m", None]], tries=1) == [Envelope(Inbound("m"), "relayed", 1)]
 
 
 def test_a_batch_is_split_by_bytes_and_a_message_over_the_limit_travels_alone() -> None:
-    small, big = Delivery(Inbound("x" * 10), "s"), Delivery(Inbound("y" * 100), "s")
+    small, big = Envelope(Inbound("x" * 10), "s"), Envelope(Inbound("y" * 100), "s")
     assert chunks([small, small, big, small], 25) == [[small, small], [big], [small]]
     assert chunks([], 25) == []
 
 
 def test_an_apply_acks_task_names_its_machines_states_and_attempts() -> None:
     machine = str(uuid.uuid4())
-    shown = acks_repr([_ack(machine, "BUILD", 3), Delivery(Inbound("{not json"), "s")])
+    shown = acks_repr([_ack(machine, "BUILD", 3), Envelope(Inbound("{not json"), "s")])
     assert shown == f"2 messages: state_ack {machine} state=BUILD attempt=3, (not JSON)"
 
 
@@ -236,4 +237,4 @@ def test_an_apply_acks_task_names_at_most_its_first_machines() -> None:
 
 def test_hostile_fields_are_cut_in_what_flower_shows() -> None:
     hostile = json.dumps({"type": "x" * 1000, "machineId": "m" * 1000})
-    assert len(acks_repr([Delivery(Inbound(hostile), "s")])) < 200
+    assert len(acks_repr([Envelope(Inbound(hostile), "s")])) < 200

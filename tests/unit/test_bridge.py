@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from fsm_celery.acks.consumer import clip
-from fsm_celery.acks.streams import _agent_of, claimed_ids
+from fsm_celery.acks.streams import _agent_of, claimed_ids, clip
 from fsm_celery.acks.wakeup import missing_flags
 
 

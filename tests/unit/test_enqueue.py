@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from fsm_celery.engine import Step
-from fsm_celery.worker.tasks import step_repr
+from fsm_celery.worker.enqueue import step_repr
 
 
 def test_an_enter_state_task_names_type_machine_state_and_attempt() -> None:

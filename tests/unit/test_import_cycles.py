@@ -90,26 +90,3 @@ def test_the_engine_and_the_core_import_no_adapter() -> None:
     adapters = {"fsm_celery.acks", "fsm_celery.channel", "fsm_celery.worker", "fsm_celery.wiring"}
     assert adapters.isdisjoint(_reach(graph, "fsm_celery.engine"))
     assert adapters.isdisjoint(_reach(graph, "fsm_celery.core"))
-
-
-def _paths() -> dict[str, list[str]]:
-    """README's path of one ack in each mode: the modules it lists, in order."""
-    readme = (ROOT.parent / "README.md").read_text()
-    section = readme.partition("### The path of one ack")[2]
-    paths: dict[str, list[str]] = {}
-    mode = ""
-    for line in section.splitlines():
-        if line.endswith(":") and " mode" in line:
-            mode = line.split(" mode")[0]
-        elif line[:1].isdigit() and mode:
-            paths.setdefault(mode, []).append(line.split("`")[1])
-    return paths
-
-
-def test_readmes_path_of_an_ack_names_real_modules_once_each_and_at_most_eight() -> None:
-    paths = _paths()
-    assert set(paths) == {"Inline", "Celery"}
-    for modules in paths.values():
-        assert len(modules) <= 8
-        assert len(set(modules)) == len(modules)  # none revisited
-        assert all((ROOT / module).is_file() for module in modules), modules

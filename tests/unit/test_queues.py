@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy.exc
 from pydantic import ValidationError
 
-from fsm_celery.acks.consumer import Delivery
+from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.relay import Relay, machine_id_in
 from fsm_celery.config import Settings
 from fsm_celery.engine.ports import Inbound
@@ -45,8 +45,8 @@ def test_bad_queues_are_refused_saying_why(queues: dict[str, str], problem: str)
         Settings(queues=queues)
 
 
-def _delivery(raw: str) -> Delivery:
-    return Delivery(Inbound(raw, None), "stream")
+def _envelope(raw: str) -> Envelope:
+    return Envelope(Inbound(raw, None), "stream")
 
 
 def test_the_relay_splits_a_batch_by_its_machines_queues() -> None:
@@ -58,10 +58,10 @@ def test_the_relay_splits_a_batch_by_its_machines_queues() -> None:
 
     relay = Relay(app=None, queue="fsm", max_bytes=1 << 20, route=route)
     batch = [
-        _delivery(f'{{"type": "state_ack", "machineId": "{A}"}}'),
-        _delivery(f'{{"machineId" : "{B.upper()}", "state": "X"}}'),
-        _delivery("not json at all"),
-        _delivery(f'{{"type": "state_ack", "machineId": "{A}", "attempt": 2}}'),
+        _envelope(f'{{"type": "state_ack", "machineId": "{A}"}}'),
+        _envelope(f'{{"machineId" : "{B.upper()}", "state": "X"}}'),
+        _envelope("not json at all"),
+        _envelope(f'{{"type": "state_ack", "machineId": "{A}", "attempt": 2}}'),
     ]
     parts = dict(relay._by_queue(batch))
     assert asked == [{A, B}]
@@ -77,22 +77,22 @@ STATUS = json.dumps({"type": "agent_status", "agentId": A, "agentType": "cto", "
 def test_the_relay_applies_agents_statuses_itself_and_relays_the_rest() -> None:
     applied: list[str] = []
 
-    def statuses(batch: list[Delivery]) -> list[Delivery]:
+    def statuses(batch: list[Envelope]) -> list[Envelope]:
         applied.extend(d.item.raw for d in batch)
         return []
 
     relay = Relay(app=None, queue="fsm", max_bytes=1 << 20, statuses=statuses)
     ack = f'{{"type": "state_ack", "machineId": "{A}", "output": {{"type": "agent_status"}}}}'
-    batch = [_delivery(STATUS), _delivery(ack), _delivery('{"type": "agent_status"' + " " * 5000)]
+    batch = [_envelope(STATUS), _envelope(ack), _envelope('{"type": "agent_status"' + " " * 5000)]
     failed, rest = relay._apply_statuses(batch)
     assert (failed, applied) == ([], [STATUS])
     assert rest == batch[1:]  # an ack that names the type inside, and no JSON at all: relayed
 
 
 def test_the_relay_relays_statuses_when_the_database_is_away() -> None:
-    def away(batch: list[Delivery]) -> list[Delivery]:
+    def away(batch: list[Envelope]) -> list[Envelope]:
         raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
 
     relay = Relay(app=None, queue="fsm", max_bytes=1 << 20, statuses=away)
-    batch = [_delivery(STATUS), _delivery(f'{{"type": "state_ack", "machineId": "{A}"}}')]
+    batch = [_envelope(STATUS), _envelope(f'{{"type": "state_ack", "machineId": "{A}"}}')]
     assert relay._apply_statuses(batch) == ([], batch)  # nothing waits for the database

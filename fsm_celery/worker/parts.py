@@ -1,0 +1,99 @@
+"""What a worker's tasks run on: the group commits of fsm.apply_acks and fsm.enter_state
+(worker/combine.py), the engine behind them and the dead-letter stream, built on first use:
+after a prefork worker forked, once for all the pool's threads.
+
+The composition root (fsm_celery.wiring) gives a Worker the way to build its engine and its
+dead-letter stream, and hands it to this process's tasks (worker/tasks.py, `provide`); from
+then on the tasks call nothing but these parts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from uuid import UUID
+
+from fsm_celery.acks.apply import Applier
+from fsm_celery.acks.consumer import Envelope
+from fsm_celery.acks.dead import DeadLetters, Policy
+from fsm_celery.channel.transient import TRANSIENT
+from fsm_celery.config import Settings
+from fsm_celery.engine import MachineEngine
+from fsm_celery.worker.combine import Combiner
+from fsm_celery.worker.enqueue import Enqueue
+
+log = logging.getLogger(__name__)
+
+ENTRIES_A_ROUND = 200  # the most states fsm.enter_state tasks enter in one transaction
+
+Step = tuple[UUID, int]  # a machine and the attempt to enter
+
+
+class Worker:
+    """A Celery worker's parts (its tasks' and fsm.apply_acks's). The tasks call its two
+    Combiners; the engine behind them is built on their first round."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        build_engine: Callable[[], MachineEngine],
+        build_dead_letters: Callable[[], DeadLetters],
+        engine: MachineEngine | None = None,
+    ) -> None:
+        self.settings = settings
+        self.enqueue = Enqueue(settings)
+        self.policy = Policy(settings.dead_letter_after)
+        self._build_engine, self._build_dead = build_engine, build_dead_letters
+        self._given = engine
+        self._building = threading.Lock()
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop what was built before a fork (its connections are the parent's, its locks
+        perhaps held by a thread the fork left behind)."""
+        self._engine: MachineEngine | None = self._given
+        self._batches: Applier | None = None
+        self._dead: DeadLetters | None = None
+        # fsm.apply_acks's: the batches of the tasks that run meanwhile in this process's
+        # threads, applied in one transaction (see fsm_celery.worker.combine)
+        self.applier: Combiner[Envelope] = Combiner(self._apply, self.settings.ack_batch_size)
+        # fsm.enter_state's: the steps of the tasks that run meanwhile, in one transaction
+        self.entries: Combiner[Step] = Combiner(self._enter, ENTRIES_A_ROUND)
+
+    @property
+    def engine(self) -> MachineEngine:
+        if self._engine is None:
+            with self._building:
+                if self._engine is None:
+                    self._engine = self._build_engine()
+        return self._engine
+
+    def _apply(self, batch: list[Envelope]) -> list[Envelope]:
+        """Apply a batch, handing on every state it decided on; those neither applied nor
+        recorded."""
+        if self._batches is None:
+            inbox = self.engine.inbox
+            self._batches = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
+        return self._batches(batch)
+
+    def _enter(self, steps: list[Step]) -> list[Step]:
+        """Enter the steps in one transaction, handing on what follows; all of them left to
+        enter alone if it failed for a reason that may be one step's (a transient one fails
+        them all)."""
+        try:
+            self.enqueue(self.engine.entry.enter_many(steps))
+        except TRANSIENT:
+            raise
+        except Exception:
+            if len(steps) == 1:
+                raise
+            log.warning("%d states entered together failed; each is entered alone", len(steps))
+            return steps
+        return []
+
+    @property
+    def dead_letters(self) -> DeadLetters:
+        if self._dead is None:
+            self._dead = self._build_dead()
+        return self._dead
