@@ -78,18 +78,20 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
 
 
 def audited(why: str) -> Callable[[F], F]:
-    """--reason (kept where WHY says) and --actor: who changed something, and why."""
+    """--reason (WHY its help: where the reason is kept) and --actor: who changed something."""
     return options(click.option("--reason", default="", help=why), actor_option())
 
 
-def json_option(help: str | None = None) -> Callable[[F], F]:
-    return click.option("--json", "as_json", is_flag=True, help=help)
+def json_option(about: str | None = None) -> Callable[[F], F]:
+    return click.option("--json", "as_json", is_flag=True, help=about)
 
 
-def bounded(name: str, least: int, most: int | None, default: int, **more: Any) -> Callable[[F], F]:
+def bounded(
+    name: str, least: int, most: int | None, default: int, about: str | None = None
+) -> Callable[[F], F]:
     """An integer option within [least, most], its default shown."""
     return click.option(
-        name, type=click.IntRange(least, most), default=default, show_default=True, **more
+        name, type=click.IntRange(least, most), default=default, show_default=True, help=about
     )
 
 

@@ -61,9 +61,9 @@ def context(machine_id: str, step: int | None) -> None:
     0,
     100,
     TREE_SHOWN,
-    help="Children listed under each machine; the others are counted by status.",
+    about="Children listed under each machine; the others are counted by status.",
 )
-@bounded("--most", 1, 1000, TREE_MOST, help="Machines listed in all.")
+@bounded("--most", 1, 1000, TREE_MOST, about="Machines listed in all.")
 @json_option()
 def tree(machine_id: str, shown: int, most: int, as_json: bool) -> None:
     """Show a machine and the children its fan-outs started, down the tree: each with its

@@ -123,7 +123,7 @@ def _serve(started: list[Popen[bytes]]) -> None:
     1,
     None,
     1,
-    help="Processes sharing the ack stream (one per core); the first also reads pub/sub.",
+    about="Processes sharing the ack stream (one per core); the first also reads pub/sub.",
 )
 @click.option(
     "--inline",
@@ -154,7 +154,7 @@ def ack_bridge(processes: int, inline: bool) -> None:
     1,
     64,
     1,
-    help="Server processes (each holds one subscription to the live feed).",
+    about="Server processes (each holds one subscription to the live feed).",
 )
 def dashboard(host: str, port: int, workers: int) -> None:
     """Serve the HTTP API (/api, /openapi.json), the dashboard's pages and the GitHub webhook.
