@@ -107,11 +107,7 @@ def list_(
 ) -> None:
     """List machines, newest first."""
     found = client().list_machines(
-        agent_type=agent_type,
-        status=status,
-        machine_type=machine_type,
-        parent=parent,
-        limit=limit,
+        agent_type=agent_type, status=status, machine_type=machine_type, parent=parent, limit=limit
     )
     show(found, as_json, views.machines, lambda found: [m.to_dict() for m in found])
 
