@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 import pytest
 
-from fsm_celery.cli import _mock_script, main
+from fsm_celery.cli import main
+from fsm_celery.cli.agents import _mock_script
 
 
 def parsed(*args: str) -> dict[str, object]:

@@ -60,7 +60,7 @@ def test_a_bad_sentinel_url_is_refused_saying_why(url: str, problem: str) -> Non
 
 def test_an_agents_url_behind_sentinel_names_the_same_sentinels() -> None:
     from fsm_celery.channel.acl import database_of
-    from fsm_celery.cli import _agent_url
+    from fsm_celery.cli.agents import _agent_url
 
     url = "redis+sentinel://:engine@h1:1,h2:2/fsm/3?sentinel_password=x"
     assert _agent_url(url, "fsm-agent-7", "p@ss") == (

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 from uuid import UUID
 
 import click
 
 from fsm_celery import views
-from fsm_celery.cli_common import Duration, client, echo_json, echo_lines
+from fsm_celery.cli.common import Duration, client, echo_json, echo_lines, json_option
 from fsm_celery.config import ARCHIVE_TABLE
 from fsm_celery.exceptions import ARCHIVED, MachineNotFound
 from fsm_celery.exits import Exit
@@ -41,7 +42,7 @@ def history() -> None:
 @click.option(
     "--context", "with_context", is_flag=True, help="What each step changed in the context."
 )
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 def show(machine_id: str, with_context: bool, as_json: bool) -> None:
     """Show a machine's transitions: who moved it, why, and how long each state took; with
     --context, what each changed in the context (--json: and the context after it)."""
@@ -76,7 +77,7 @@ def _inherited(machine_id: str, with_context: bool) -> tuple[UUID | None, list[T
 
 @history.command("months")
 @click.option("--make", is_flag=True, help="Make the months ahead first (beat does, hourly).")
-@click.option("--json", "as_json", is_flag=True)
+@json_option()
 def months(make: bool, as_json: bool) -> None:
     """List the monthly partitions of the history and of the rejected messages (PostgreSQL):
     each month's rows (PostgreSQL's estimate) and size."""
@@ -86,8 +87,7 @@ def months(make: bool, as_json: bool) -> None:
             click.echo(outcome.line(), err=True)
     found = fsm.history_months()
     if not found:
-        click.echo(SQLITE, err=True)
-        sys.exit(Exit.FAILED)
+        _sqlite()
     if as_json:
         echo_json(
             {
@@ -154,13 +154,17 @@ def archive(
     elif drop:
         where = ""
     if not fsm.engine.retention.partitioned:
-        click.echo(SQLITE, err=True)
-        sys.exit(Exit.FAILED)
+        _sqlite()
     done = fsm.archive_history(days, where, dry_run)
     echo_lines([o.line() for o in done] or ["nothing to archive"])
     if any(o.action == "failed" for o in done):
         click.echo("some months could not be archived (above); the next run tries again", err=True)
         sys.exit(Exit.FAILED)
+
+
+def _sqlite() -> NoReturn:
+    click.echo(SQLITE, err=True)
+    sys.exit(Exit.FAILED)
 
 
 def _size(size: int) -> str:
@@ -169,3 +173,6 @@ def _size(size: int) -> str:
             return f"{size:.0f} {unit}"
         size /= 1024  # type: ignore[assignment]
     return f"{size:.1f} TB"
+
+
+COMMANDS = (history,)
