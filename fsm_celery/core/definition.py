@@ -417,7 +417,7 @@ def _bodies(state: StateDefinition, out: dict[str, Any]) -> Iterator[tuple[dict[
         yield from zip(out["parallel"]["branches"], state.parallel.branches, strict=True)
 
 
-def jmespath_error(exc: jmespath.exceptions.JMESPathError) -> str:
+def _one_line(exc: jmespath.exceptions.JMESPathError) -> str:
     """jmespath's error without the two lines it adds (the expression again, and a caret under
     the column): a problem is one line, and it quotes the expression already."""
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -428,3 +428,13 @@ def jmespath_error(exc: jmespath.exceptions.JMESPathError) -> str:
 def compile_guard(expression: str) -> Any:
     """A compiled JMESPath guard (raises jmespath's ParseError when it does not compile)."""
     return jmespath.compile(expression)
+
+
+def compile_problem(expression: str) -> str | None:
+    """Why a JMESPath expression (a guard, a map's items, a body's input) does not compile, in
+    one line, or None."""
+    try:
+        compile_guard(expression)
+    except jmespath.exceptions.JMESPathError as exc:
+        return f"does not compile: {_one_line(exc)}"
+    return None

@@ -6,9 +6,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 
-import jmespath
-import jmespath.exceptions
-
 from fsm_celery.core.definition import (
     AtLeast,
     Body,
@@ -16,8 +13,7 @@ from fsm_celery.core.definition import (
     MapSpec,
     Parallel,
     StateDefinition,
-    compile_guard,
-    jmespath_error,
+    compile_problem,
 )
 from fsm_celery.exceptions import Problem
 
@@ -114,15 +110,9 @@ def _map_problems(
     d: MachineDefinition, state: StateDefinition, spec: MapSpec, source: str
 ) -> Iterator[Problem]:
     name = state.name
-    try:
-        compile_guard(spec.items)
-    except jmespath.exceptions.JMESPathError as exc:
-        yield Problem(
-            f"items {spec.items!r} does not compile: {jmespath_error(exc)}",
-            source,
-            name,
-            "map.items",
-        )
+    problem = compile_problem(spec.items)
+    if problem is not None:
+        yield Problem(f"items {spec.items!r} {problem}", source, name, "map.items")
         return
     items = " ".join(spec.items.split())  # as one line, in a message (YAML may fold it)
     result_key = spec.result_key or name
@@ -207,12 +197,9 @@ def _input_problems(body: Body, source: str, where: str) -> Iterator[Problem]:
         else {f"input.{k}": v for k, v in (body.input or {}).items()}
     )
     for field, expression in expressions.items():
-        try:
-            compile_guard(expression)
-        except jmespath.exceptions.JMESPathError as exc:
-            yield Problem(
-                f"{expression!r} does not compile: {jmespath_error(exc)}", source, where, field
-            )
+        problem = compile_problem(expression)
+        if problem is not None:
+            yield Problem(f"{expression!r} {problem}", source, where, field)
 
 
 def tree_problems(

@@ -8,8 +8,6 @@ from datetime import timedelta
 from typing import Literal
 
 import jinja2
-import jmespath
-import jmespath.exceptions
 
 from fsm_celery.core import gate
 from fsm_celery.core.context import context_problem, schema_problem
@@ -17,8 +15,7 @@ from fsm_celery.core.definition import (
     Edge,
     MachineDefinition,
     StateDefinition,
-    compile_guard,
-    jmespath_error,
+    compile_problem,
 )
 from fsm_celery.core.fanout_validator import fanout_problems
 from fsm_celery.core.gate import Approval
@@ -269,16 +266,9 @@ def _edge_problems(state: StateDefinition, names: set[str], source: str) -> Iter
     for field, edge in _labelled_edges(state):
         if edge.target not in names:
             yield Problem(f"unknown target state {edge.target!r}", source, state.name, field)
-        if edge.when is not None:
-            try:
-                compile_guard(edge.when)
-            except jmespath.exceptions.JMESPathError as exc:
-                yield Problem(
-                    f"guard {edge.when!r} does not compile: {jmespath_error(exc)}",
-                    source,
-                    state.name,
-                    field,
-                )
+        problem = None if edge.when is None else compile_problem(edge.when)
+        if problem is not None:
+            yield Problem(f"guard {edge.when!r} {problem}", source, state.name, field)
 
 
 def _labelled_edges(state: StateDefinition) -> Iterator[tuple[str, Edge]]:
