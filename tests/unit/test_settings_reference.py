@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from fsm_celery.config import Settings, mask, settings_reference
+from fsm_celery.config import Settings, settings_reference
+from fsm_celery.urls import mask
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
