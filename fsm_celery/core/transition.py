@@ -200,31 +200,22 @@ def _decide(
     if isinstance(event, HandBack):
         return _hand_back(definition, machine, state, event, limits)
     if isinstance(event, DispatchFailed):
-        return _undispatchable(machine, event)
+        return _undispatchable(machine, state, event)
     if isinstance(event, Joined) and not event.success:
         error = event.error or "the join failed"
         return _fail(definition, machine, state, FailureKind.FAILURE, error, dict(event.output))
     return _decide_ack(definition, machine, state, event, limits)
 
 
-def _undispatchable(machine: Machine, event: DispatchFailed) -> Transition:
+def _undispatchable(machine: Machine, state: StateDefinition, event: DispatchFailed) -> Transition:
     """The machine fails at once, where it is: its definition and its context cannot make this
     state's instruction. A retry would render the same prompt from the same context, and the
     failure edge is the author's way out of failed *work*, which never started (it could send
     an agent to roll back what was never done). As Step Functions' States.Runtime: neither
     retried nor caught. An operator sees the state and the reason, and can force it on."""
-    return Transition(
-        from_state=machine.current_state,
-        to_state=machine.current_state,
-        success=False,
-        status=MachineStatus.FAILED,
-        context=dict(machine.context),
-        attempt=machine.attempt + 1,
-        state_retries=0,
-        output=None,
-        error=f"not dispatched: {event.error}",
-        failure=FailureKind.DISPATCH,
-    )
+    error = f"not dispatched: {event.error}"
+    failed = MachineStatus.FAILED
+    return _again(machine, state, 0, None, error, status=failed, failure=FailureKind.DISPATCH)
 
 
 def _decide_ack(
@@ -399,14 +390,16 @@ def _again(
     state_retries: int,
     output: dict[str, Any] | None,
     error: str,
+    status: MachineStatus = MachineStatus.RUNNING,
     **more: Any,
 ) -> Transition:
-    """The same state entered again, as a new attempt: a retry, or a hand-back."""
+    """The same state as a new attempt: entered again (a retry, a hand-back), or failed where
+    it is."""
     return Transition(
         from_state=state.name,
         to_state=state.name,
         success=False,
-        status=MachineStatus.RUNNING,
+        status=status,
         context=dict(machine.context),
         attempt=machine.attempt + 1,
         state_retries=state_retries,
