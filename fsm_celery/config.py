@@ -62,13 +62,13 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FSM_", frozen=True, use_attribute_docstrings=True)
 
-    database_url: str = "postgresql+psycopg2://postgres@127.0.0.1:5432/fsm_celery"
+    database_url: urls.DatabaseUrl = "postgresql+psycopg2://postgres@127.0.0.1:5432/fsm_celery"
     """The database: postgresql:// (or postgres://, postgresql+psycopg2://), or sqlite:///PATH for
     the embedded mode."""
     database_prepare: bool = True
     """Run the hot statements as prepared statements of the database session; false behind a pooler
     that gives each transaction another session (PgBouncer's pool_mode = transaction)."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: urls.RedisUrl = "redis://127.0.0.1:6379/0"
     """Redis, for the agents' tasks and acks (redis://, rediss:// for TLS, unix://), or a primary
     behind Sentinel: redis+sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT/MASTER[/DB]
     (docs/scaling.md)."""
@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     Sentinel, so that a failover loses neither; 0 waits for none."""
     redis_replica_timeout_ms: int = Field(default=500, ge=1, le=60_000)
     """How long a write waits for FSM_REDIS_REPLICAS before it is sent again."""
-    broker_url: str | None = None
+    broker_url: urls.BrokerUrl | None = None
     """Celery's broker, when it is not FSM_REDIS_URL."""
     channel_prefix: str = ""
     """Prefixes every Redis key and channel (deployments sharing one)."""
@@ -203,7 +203,7 @@ class Settings(BaseSettings):
     cookie there); any other host still gets it HTTPS-only."""
     max_request_bytes: int = Field(default=1_048_576, gt=0)
     """The largest HTTP request body accepted."""
-    notify_url: str = ""
+    notify_url: urls.HttpUrlOrUnset = ""
     """Where every machine that ends is POSTed (besides its definition's notify url); unset, only
     definitions that say so notify."""
     notify_secret: str = ""
@@ -226,23 +226,6 @@ class Settings(BaseSettings):
     """Let a check suite or workflow run whose head is in another repository (a fork's pull request)
     be checks_completed for the machines of the repository it ran in; by default only runs of the
     repository's own branches are."""
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, value: str) -> str:
-        return urls.database_url(value)
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url(cls, value: str) -> str:
-        return urls.redis_url(value, urls.REDIS_SCHEMES, "FSM_REDIS_URL")
-
-    @field_validator("notify_url")
-    @classmethod
-    def _notify_url(cls, value: str) -> str:
-        if value and not value.startswith(("http://", "https://")):
-            raise ValueError(f"{urls.mask(value)} is not an http:// or https:// URL")
-        return value
 
     @field_validator("queues")
     @classmethod
@@ -273,13 +256,6 @@ class Settings(BaseSettings):
             if not 1 <= bound <= 1_000_000:
                 raise ValueError(f"{agent_type}: max in flight must be 1 to 1000000, got {bound}")
         return value
-
-    @field_validator("broker_url")
-    @classmethod
-    def _broker_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        return urls.redis_url(value, (*urls.REDIS_SCHEMES, "memory"), "FSM_BROKER_URL")
 
     @property
     def definitions(self) -> Path:

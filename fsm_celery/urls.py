@@ -3,7 +3,10 @@ is expected), and masked wherever they are shown."""
 
 from __future__ import annotations
 
+from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AfterValidator
 
 from fsm_celery.redis_address import is_sentinel, parse_sentinel
 
@@ -54,3 +57,24 @@ def mask(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)
     user = netloc[0].split(":", 1)[0]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+
+
+def _redis_url(url: str) -> str:
+    return redis_url(url, REDIS_SCHEMES, "FSM_REDIS_URL")
+
+
+def _broker_url(url: str) -> str:
+    return redis_url(url, (*REDIS_SCHEMES, "memory"), "FSM_BROKER_URL")
+
+
+def _http_url(url: str) -> str:
+    if url and not url.startswith(("http://", "https://")):
+        raise ValueError(f"{mask(url)} is not an http:// or https:// URL")
+    return url
+
+
+# The settings' URL types, each checked for its kind as it is read
+DatabaseUrl = Annotated[str, AfterValidator(database_url)]
+RedisUrl = Annotated[str, AfterValidator(_redis_url)]
+BrokerUrl = Annotated[str, AfterValidator(_broker_url)]
+HttpUrlOrUnset = Annotated[str, AfterValidator(_http_url)]
