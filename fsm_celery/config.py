@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import itertools
 import os
 import re
 from enum import StrEnum
@@ -58,9 +60,9 @@ class Settings(BaseSettings):
     """Everything a process of fsm-celery needs to know about its surroundings.
 
     Each setting is declared once: its type, its default and bounds, and below it the docstring
-    that is its description (pydantic's use_attribute_docstrings), README's table among them."""
+    that is its description (descriptions(): README's table)."""
 
-    model_config = SettingsConfigDict(env_prefix="FSM_", frozen=True, use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(env_prefix="FSM_", frozen=True)
 
     database_url: urls.DatabaseUrl = "postgresql+psycopg2://postgres@127.0.0.1:5432/fsm_celery"
     """The database: postgresql:// (or postgres://, postgresql+psycopg2://), or sqlite:///PATH for
@@ -410,16 +412,31 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 ARCHIVE_TABLE = "table"  # FSM_HISTORY_ARCHIVE: detach the months and keep them as tables
 
 
+def descriptions() -> dict[str, str]:
+    """Each setting's description, the docstring under its field, on one line: read from this
+    module's source when asked (pydantic's use_attribute_docstrings would cost every process
+    a tenth of a second to start)."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings").body
+    found: dict[str, str] = {}
+    for field, doc in itertools.pairwise(body):
+        if not (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)):
+            continue
+        if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            found[field.target.id] = " ".join(str(doc.value.value).split())
+    return found
+
+
 def settings_reference() -> str:
     """The README's table of the FSM_* settings, from the fields of Settings."""
     lines = ["| Setting | Default | Meaning |", "| --- | --- | --- |"]
+    meanings = descriptions()
     for name, info in Settings.model_fields.items():
         default = info.get_default(call_default_factory=True)
         shown = "(unset)" if default in (None, "") else f"`{default}`"
         if isinstance(default, bool):
             shown = f"`{str(default).lower()}`"
-        meaning = " ".join((info.description or "").split())  # its docstring, on one line
-        lines.append(f"| `FSM_{name.upper()}` | {shown} | {meaning} |")
+        lines.append(f"| `FSM_{name.upper()}` | {shown} | {meanings[name]} |")
     return "\n".join(lines) + "\n"
 
 
