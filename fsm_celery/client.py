@@ -18,11 +18,12 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import github, timeline
 from fsm_celery.core.admin import Action, Command
-from fsm_celery.core.definition import MachineDefinition, validate
+from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.gate import Choice, Vote
 from fsm_celery.core.loader import definition_files, load_all, load_file, parse_definition
 from fsm_celery.core.messages import INT32_MAX, unstorable
 from fsm_celery.core.usage import Budget
+from fsm_celery.core.validator import validate
 from fsm_celery.engine import Handoff, MachineEngine, Next
 from fsm_celery.engine.approvals import ADMIN, Authority
 from fsm_celery.engine.github import Delivered

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import itertools
 import os
 import re
 from enum import StrEnum
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fsm_celery import urls
 from fsm_celery.exceptions import InsecureSecret
 from fsm_celery.redis_address import is_sentinel, kombu_options, kombu_url, parse_sentinel
 from fsm_celery.secret_strength import weak_secret
@@ -54,338 +57,177 @@ class Approver(BaseModel):
 
 
 class Settings(BaseSettings):
-    """Everything a process of fsm-celery needs to know about its surroundings."""
+    """Everything a process of fsm-celery needs to know about its surroundings.
+
+    Each setting is declared once: its type, its default and bounds, and below it the docstring
+    that is its description (descriptions(): README's table)."""
 
     model_config = SettingsConfigDict(env_prefix="FSM_", frozen=True)
 
-    database_url: str = Field(
-        default="postgresql+psycopg2://postgres@127.0.0.1:5432/fsm_celery",
-        description="The database: postgresql:// (or postgres://, postgresql+psycopg2://), "
-        "or sqlite:///PATH for the embedded mode.",
-    )
-    database_prepare: bool = Field(
-        default=True,
-        description="Run the hot statements as prepared statements of the database session; "
-        "false behind a pooler that gives each transaction another session (PgBouncer's "
-        "pool_mode = transaction).",
-    )
-    redis_url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        description="Redis, for the agents' tasks and acks (redis://, rediss:// for TLS, unix://), "
-        "or a primary behind Sentinel: redis+sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT/MASTER[/DB]"
-        " (docs/scaling.md).",
-    )
-    redis_replicas: int = Field(
-        default=0,
-        ge=0,
-        le=16,
-        description="Replicas a state_task and an ack must reach (Redis WAIT) before they count "
-        "as sent: 1 behind Sentinel, so that a failover loses neither; 0 waits for none.",
-    )
-    redis_replica_timeout_ms: int = Field(
-        default=500,
-        ge=1,
-        le=60_000,
-        description="How long a write waits for FSM_REDIS_REPLICAS before it is sent again.",
-    )
-    broker_url: str | None = Field(
-        default=None, description="Celery's broker, when it is not FSM_REDIS_URL."
-    )
-    channel_prefix: str = Field(
-        default="", description="Prefixes every Redis key and channel (deployments sharing one)."
-    )
-    queue: str = Field(default="fsm", description="The Celery queue of the fsm tasks.")
-    queues: dict[str, str] = Field(
-        default_factory=dict,
-        description="Celery queues per workload, as JSON: a machine type's tasks (entering its "
-        'states, applying its acks) on a queue of its own (`{"research_pipeline": '
-        '"fsm.research"}`); a child of a fan-out follows its root type unless named; the rest '
-        "on FSM_QUEUE.",
-    )
-    definitions_path: str | None = Field(
-        default=None,
-        description="The definitions folder (or file); unset, the ones shipped in the package.",
-    )
-    state_dir: str | None = Field(
-        default=None,
-        description="Where this deployment's processes keep their local state (beat's "
-        "celerybeat-schedule, the records `fsm-celery stop` reads); unset, a folder of the "
-        "deployment's own in $XDG_STATE_HOME/fsm-celery, else ~/.local/state/fsm-celery.",
-    )
-    task_token_secret: str = Field(
-        default=DEFAULT_SECRET,
-        description="Signs the task tokens agents echo in their acks; comma-separated, the "
-        "first signs and all are accepted (rotate by prepending). At least 32 bytes.",
-    )
-    accept_unsigned_acks: bool = Field(
-        default=False, description="Accept acks without a valid task token (development only)."
-    )
-    accept_shared_acks: bool = Field(
-        default=True,
-        description="Read the seed's shared ack channel and stream, which carry no identity "
-        "(anyone who can write to Redis can answer there); off, only per-agent ack streams.",
-    )
-    task_streams: bool = Field(
-        default=True,
-        description="Also XADD each state_task to the agent's stream (durable), besides PUBLISH.",
-    )
-    transition_mode: TransitionMode = Field(
-        default=TransitionMode.CELERY,
-        description="celery: each batch of acks is an fsm.apply_acks task, each state entered "
-        "an fsm.enter_state task (Flower shows every step); inline: the bridge applies acks "
-        "and sends the next state_tasks itself (fewer hops, lower latency).",
-    )
-    dispatch_grace_seconds: float = Field(
-        default=5.0,
-        ge=0,
-        description="How long a state entry handed to an fsm.enter_state task is left to it "
-        "before the scan enters the state itself.",
-    )
-    max_relay_bytes: int = Field(
-        default=4_194_304,
-        gt=0,
-        description="The most bytes of agent messages one fsm.apply_acks task carries.",
-    )
-    relay_linger_ms: float = Field(
-        default=5.0,
-        ge=0,
-        le=1000,
-        description="In the celery mode, how long a short batch of acks may gather before the "
-        "bridge hands it to a task (added to a transition's latency at most).",
-    )
-    stream_claim_idle_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        description="After how long a bridge takes over the ack stream entries another left "
-        "pending (it died).",
-    )
-    agent_liveness_seconds: float = Field(
-        default=15.0,
-        gt=0,
-        description="An agent that has not reported for this long gets no new machines.",
-    )
-    visibility_timeout_seconds: int = Field(
-        default=60,
-        ge=5,
-        description="How long Redis waits before redelivering an unacknowledged Celery task.",
-    )
-    max_payload_bytes: int = Field(
-        default=1_048_576, gt=0, description="The largest agent message accepted."
-    )
-    ack_batch_size: int = Field(
-        default=500, gt=0, description="The most agent messages a bridge reads and applies at once."
-    )
-    scan_interval_seconds: float = Field(
-        default=1.0,
-        gt=0,
-        description="How often beat sends the scan (timeouts, due retries, repairs).",
-    )
-    schedule_interval_seconds: float = Field(
-        default=1.0,
-        gt=0,
-        description="How often beat looks for due schedule ticks (a tick is late by at most this).",
-    )
-    stats_interval_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        description="How often beat folds new history rows into the statistics' counters.",
-    )
-    max_context_bytes: int = Field(
-        default=524_288, gt=0, description="The largest machine context stored."
-    )
-    max_prompt_bytes: int = Field(
-        default=131_072, gt=0, description="The largest rendered prompt sent to an agent."
-    )
-    max_attempt_seconds: float = Field(
-        default=86_400.0,
-        gt=0,
-        description="The longest an attempt may run, whatever its heartbeats and deadlines.",
-    )
-    max_fanout_items: int = Field(
-        default=10_000,
-        ge=1,
-        le=1_000_000,
-        description="The most children one map state may start (more is refused, not cut).",
-    )
-    max_fanout_bytes: int = Field(
-        default=67_108_864,
-        ge=1,
-        le=2**40,
-        description=(
-            "The most bytes one fan-out's children's starting contexts may take together "
-            "(more fails its state, before anything is written)."
-        ),
-    )
-    agent_type_limits: dict[str, int] = Field(
-        default_factory=dict,
-        description="Work in flight per agent type across all machines, as JSON "
-        '(`{"researcher": 20}`); over definitions\' agent_types.',
-    )
-    max_child_depth: int = Field(
-        default=5,
-        ge=1,
-        le=50,
-        description="How deep children may nest under a machine (checked on load and on start).",
-    )
-    max_handbacks: int = Field(
-        default=3,
-        ge=0,
-        description="Hand-backs in a row re-dispatched free; the next counts as a failure.",
-    )
-    dead_letter_after: int = Field(
-        default=3,
-        ge=1,
-        description="Tries before a message that can be neither applied nor recorded is parked "
-        "in the dead-letter stream (counted by its transport: a stream entry's deliveries, an "
-        "fsm.apply_acks task's runs).",
-    )
-    ack_stream_maxlen: int = Field(
-        default=100_000, ge=100, description="The longest an ack stream may grow (trimmed)."
-    )
-    rejected_retention_days: float = Field(
-        default=7.0, gt=0, description="How long rejected messages are kept."
-    )
-    history_retention_days: float = Field(
-        default=0.0,
-        ge=0,
-        le=36_500,
-        description="On PostgreSQL, how long a month of history (its machines' creation "
-        "month) is kept after it ends: then, once all its machines ended and none changed for "
-        "as long, beat's hourly job archives it (FSM_HISTORY_ARCHIVE) and removes it; 0 keeps "
-        "it forever.",
-    )
-    history_archive: str = Field(
-        default="",
-        description="Where a month of history goes before it is removed: a directory (an "
-        "absolute path: one gzipped CSV file per month, written by the worker that runs "
-        "beat's job), `table` (detached and kept in the fsm_archive schema), or unset "
-        "(dropped).",
-    )
-    agent_retention_days: float = Field(
-        default=7.0, gt=0, description="How long an agent that stopped reporting is listed."
-    )
-    admin_token: str = Field(
-        default="",
-        description="Bearer tokens of the HTTP API's and dashboard's admins (read and act), "
-        "comma-separated (rotate by prepending), each at least 32 bytes; unset, nobody acts.",
-    )
-    viewer_token: str = Field(
-        default="",
-        description="Bearer tokens of viewers (read only), comma-separated, each at least "
-        "32 bytes.",
-    )
-    approvers: dict[str, Approver] = Field(
-        default_factory=dict,
-        description='The people who decide at approval gates, as JSON: {name: {"groups": '
-        '[...], "token": their API and dashboard token (32+ bytes), "github": their '
-        'GitHub login, "github_id": that account\'s numeric id (what /approve comments are '
-        "matched by)}}. A definition's approval names groups, whose members vote; an admin "
-        "may override any gate (decide it outright, recorded as an override).",
-        max_length=1000,
-    )
-    event_secrets: dict[str, str] = Field(
-        default_factory=dict,
-        description="Per machine type, the secret (32+ bytes) that signs outside events sent to "
-        "its machines over HTTP (X-FSM-Signature-256: sha256=HMAC of the timestamp, method, "
-        "path and body: docs/events.md), as JSON {type: secret}; an admin's token may send any.",
-        max_length=200,
-    )
-    event_signature_window_seconds: int = Field(
-        default=300,
-        ge=1,
-        le=3600,
-        description="How far a signed event's X-FSM-Timestamp may be from the server's clock; "
-        "further, it is refused (a captured request cannot be replayed later).",
-    )
-    max_kept_events: int = Field(
-        default=10,
-        ge=1,
-        le=1000,
-        description="Events of one name kept for a machine not yet waiting for them; more are "
-        "refused.",
-    )
-    dashboard_url: str = Field(
-        default="",
-        description="The dashboard's address as people reach it (https://fsm.example.com): "
-        "notifications of approvals waiting link to their decision page under it.",
-        max_length=500,
-    )
-    public_reads: bool = Field(
-        default=False,
-        description="Serve the dashboard's pages and the API's reads without a token (acting "
-        "still needs an admin's).",
-    )
-    session_secret: str = Field(
-        default="",
-        description="Signs the dashboard's session cookies (at least 32 bytes); unset, derived "
-        "from FSM_TASK_TOKEN_SECRET.",
-    )
-    secure_cookies: bool = Field(
-        default=True,
-        description="Send the dashboard's session cookie over HTTPS only (Chromium keeps it at "
-        "http://127.0.0.1 and localhost too). false: a browser asking for 127.0.0.1, [::1] or "
-        "localhost over plain HTTP gets it without Secure (a dashboard on loopback without TLS, "
-        "for browsers that keep no Secure cookie there); any other host still gets it "
-        "HTTPS-only.",
-    )
-    max_request_bytes: int = Field(
-        default=1_048_576, gt=0, description="The largest HTTP request body accepted."
-    )
-    notify_url: str = Field(
-        default="",
-        description="Where every machine that ends is POSTed (besides its definition's notify "
-        "url); unset, only definitions that say so notify.",
-    )
-    notify_secret: str = Field(
-        default="",
-        description="Signs notifications (X-FSM-Signature-256: HMAC-SHA256 of the body); 32+ "
-        "bytes, needed as soon as any notification is to be sent.",
-    )
-    notify_max_attempts: int = Field(
-        default=8, ge=1, le=100, description="Tries of a notification before it is failed."
-    )
-    notify_timeout_seconds: float = Field(
-        default=5.0, gt=0, le=60, description="How long a notification's receiver may take."
-    )
-    github_webhook_secret: str = Field(
-        default="",
-        description="The secret of the GitHub webhook (POST /webhooks/github checks "
-        "X-Hub-Signature-256 with it); unset, the webhook answers 503 and starts nothing.",
-    )
-    github_build_type: str = Field(
-        default="cto_build_project",
-        description="The machine type an issue assigned on GitHub starts.",
-    )
-    github_bug_type: str = Field(
-        default="cto_fix_bug",
-        description="The machine type an issue opened with the bug label starts.",
-    )
-    github_bug_label: str = Field(
-        default="bug", description="The label that makes an opened issue a bug."
-    )
-    github_fork_heads: bool = Field(
-        default=False,
-        description="Let a check suite or workflow run whose head is in another repository (a "
-        "fork's pull request) be checks_completed for the machines of the repository it ran "
-        "in; by default only runs of the repository's own branches are.",
-    )
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, value: str) -> str:
-        return database_url(value)
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url(cls, value: str) -> str:
-        return _redis_url_of(value, REDIS_SCHEMES, "FSM_REDIS_URL")
-
-    @field_validator("notify_url")
-    @classmethod
-    def _notify_url(cls, value: str) -> str:
-        if value and not value.startswith(("http://", "https://")):
-            raise ValueError(f"{mask(value)} is not an http:// or https:// URL")
-        return value
+    database_url: urls.DatabaseUrl = "postgresql+psycopg2://postgres@127.0.0.1:5432/fsm_celery"
+    """The database: postgresql:// (or postgres://, postgresql+psycopg2://), or sqlite:///PATH for
+    the embedded mode."""
+    database_prepare: bool = True
+    """Run the hot statements as prepared statements of the database session; false behind a pooler
+    that gives each transaction another session (PgBouncer's pool_mode = transaction)."""
+    redis_url: urls.RedisUrl = "redis://127.0.0.1:6379/0"
+    """Redis, for the agents' tasks and acks (redis://, rediss:// for TLS, unix://), or a primary
+    behind Sentinel: redis+sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT/MASTER[/DB]
+    (docs/scaling.md)."""
+    redis_replicas: int = Field(default=0, ge=0, le=16)
+    """Replicas a state_task and an ack must reach (Redis WAIT) before they count as sent: 1 behind
+    Sentinel, so that a failover loses neither; 0 waits for none."""
+    redis_replica_timeout_ms: int = Field(default=500, ge=1, le=60_000)
+    """How long a write waits for FSM_REDIS_REPLICAS before it is sent again."""
+    broker_url: urls.BrokerUrl | None = None
+    """Celery's broker, when it is not FSM_REDIS_URL."""
+    channel_prefix: str = ""
+    """Prefixes every Redis key and channel (deployments sharing one)."""
+    queue: str = "fsm"
+    """The Celery queue of the fsm tasks."""
+    queues: dict[str, str] = Field(default_factory=dict)
+    """Celery queues per workload, as JSON: a machine type's tasks (entering its states, applying
+    its acks) on a queue of its own (`{"research_pipeline": "fsm.research"}`); a child of a fan-out
+    follows its root type unless named; the rest on FSM_QUEUE."""
+    definitions_path: str | None = None
+    """The definitions folder (or file); unset, the ones shipped in the package."""
+    state_dir: str | None = None
+    """Where this deployment's processes keep their local state (beat's celerybeat-schedule, the
+    records `fsm-celery stop` reads); unset, a folder of the deployment's own in
+    $XDG_STATE_HOME/fsm-celery, else ~/.local/state/fsm-celery."""
+    task_token_secret: str = DEFAULT_SECRET
+    """Signs the task tokens agents echo in their acks; comma-separated, the first signs and all are
+    accepted (rotate by prepending). At least 32 bytes."""
+    accept_unsigned_acks: bool = False
+    """Accept acks without a valid task token (development only)."""
+    accept_shared_acks: bool = True
+    """Read the seed's shared ack channel and stream, which carry no identity (anyone who can write
+    to Redis can answer there); off, only per-agent ack streams."""
+    task_streams: bool = True
+    """Also XADD each state_task to the agent's stream (durable), besides PUBLISH."""
+    transition_mode: TransitionMode = TransitionMode.CELERY
+    """celery: each batch of acks is an fsm.apply_acks task, each state entered an fsm.enter_state
+    task (Flower shows every step); inline: the bridge applies acks and sends the next state_tasks
+    itself (fewer hops, lower latency)."""
+    dispatch_grace_seconds: float = Field(default=5.0, ge=0)
+    """How long a state entry handed to an fsm.enter_state task is left to it before the scan enters
+    the state itself."""
+    max_relay_bytes: int = Field(default=4_194_304, gt=0)
+    """The most bytes of agent messages one fsm.apply_acks task carries."""
+    relay_linger_ms: float = Field(default=5.0, ge=0, le=1000)
+    """In the celery mode, how long a short batch of acks may gather before the bridge hands it to a
+    task (added to a transition's latency at most)."""
+    stream_claim_idle_seconds: float = Field(default=30.0, gt=0)
+    """After how long a bridge takes over the ack stream entries another left pending (it died)."""
+    agent_liveness_seconds: float = Field(default=15.0, gt=0)
+    """An agent that has not reported for this long gets no new machines."""
+    visibility_timeout_seconds: int = Field(default=60, ge=5)
+    """How long Redis waits before redelivering an unacknowledged Celery task."""
+    max_payload_bytes: int = Field(default=1_048_576, gt=0)
+    """The largest agent message accepted."""
+    ack_batch_size: int = Field(default=500, gt=0)
+    """The most agent messages a bridge reads and applies at once."""
+    scan_interval_seconds: float = Field(default=1.0, gt=0)
+    """How often beat sends the scan (timeouts, due retries, repairs)."""
+    schedule_interval_seconds: float = Field(default=1.0, gt=0)
+    """How often beat looks for due schedule ticks (a tick is late by at most this)."""
+    stats_interval_seconds: float = Field(default=5.0, gt=0)
+    """How often beat folds new history rows into the statistics' counters."""
+    max_context_bytes: int = Field(default=524_288, gt=0)
+    """The largest machine context stored."""
+    max_prompt_bytes: int = Field(default=131_072, gt=0)
+    """The largest rendered prompt sent to an agent."""
+    max_attempt_seconds: float = Field(default=86_400.0, gt=0)
+    """The longest an attempt may run, whatever its heartbeats and deadlines."""
+    max_fanout_items: int = Field(default=10_000, ge=1, le=1_000_000)
+    """The most children one map state may start (more is refused, not cut)."""
+    max_fanout_bytes: int = Field(default=67_108_864, ge=1, le=2**40)
+    """The most bytes one fan-out's children's starting contexts may take together (more fails its
+    state, before anything is written)."""
+    agent_type_limits: dict[str, int] = Field(default_factory=dict)
+    """Work in flight per agent type across all machines, as JSON (`{"researcher": 20}`); over
+    definitions' agent_types."""
+    max_child_depth: int = Field(default=5, ge=1, le=50)
+    """How deep children may nest under a machine (checked on load and on start)."""
+    max_handbacks: int = Field(default=3, ge=0)
+    """Hand-backs in a row re-dispatched free; the next counts as a failure."""
+    dead_letter_after: int = Field(default=3, ge=1)
+    """Tries before a message that can be neither applied nor recorded is parked in the dead-letter
+    stream (counted by its transport: a stream entry's deliveries, an fsm.apply_acks task's
+    runs)."""
+    ack_stream_maxlen: int = Field(default=100_000, ge=100)
+    """The longest an ack stream may grow (trimmed)."""
+    rejected_retention_days: float = Field(default=7.0, gt=0)
+    """How long rejected messages are kept."""
+    history_retention_days: float = Field(default=0.0, ge=0, le=36_500)
+    """On PostgreSQL, how long a month of history (its machines' creation month) is kept after it
+    ends: then, once all its machines ended and none changed for as long, beat's hourly job archives
+    it (FSM_HISTORY_ARCHIVE) and removes it; 0 keeps it forever."""
+    history_archive: str = ""
+    """Where a month of history goes before it is removed: a directory (an absolute path: one
+    gzipped CSV file per month, written by the worker that runs beat's job), `table` (detached and
+    kept in the fsm_archive schema), or unset (dropped)."""
+    agent_retention_days: float = Field(default=7.0, gt=0)
+    """How long an agent that stopped reporting is listed."""
+    admin_token: str = ""
+    """Bearer tokens of the HTTP API's and dashboard's admins (read and act), comma-separated
+    (rotate by prepending), each at least 32 bytes; unset, nobody acts."""
+    viewer_token: str = ""
+    """Bearer tokens of viewers (read only), comma-separated, each at least 32 bytes."""
+    approvers: dict[str, Approver] = Field(default_factory=dict, max_length=1000)
+    """The people who decide at approval gates, as JSON: {name: {"groups": [...], "token": their API
+    and dashboard token (32+ bytes), "github": their GitHub login, "github_id": that account's
+    numeric id (what /approve comments are matched by)}}. A definition's approval names groups,
+    whose members vote; an admin may override any gate (decide it outright, recorded as an
+    override)."""
+    event_secrets: dict[str, str] = Field(default_factory=dict, max_length=200)
+    """Per machine type, the secret (32+ bytes) that signs outside events sent to its machines over
+    HTTP (X-FSM-Signature-256: sha256=HMAC of the timestamp, method, path and body: docs/events.md),
+    as JSON {type: secret}; an admin's token may send any."""
+    event_signature_window_seconds: int = Field(default=300, ge=1, le=3600)
+    """How far a signed event's X-FSM-Timestamp may be from the server's clock; further, it is
+    refused (a captured request cannot be replayed later)."""
+    max_kept_events: int = Field(default=10, ge=1, le=1000)
+    """Events of one name kept for a machine not yet waiting for them; more are refused."""
+    dashboard_url: str = Field(default="", max_length=500)
+    """The dashboard's address as people reach it (https://fsm.example.com): notifications of
+    approvals waiting link to their decision page under it."""
+    public_reads: bool = False
+    """Serve the dashboard's pages and the API's reads without a token (acting still needs an
+    admin's)."""
+    session_secret: str = ""
+    """Signs the dashboard's session cookies (at least 32 bytes); unset, derived from
+    FSM_TASK_TOKEN_SECRET."""
+    secure_cookies: bool = True
+    """Send the dashboard's session cookie over HTTPS only (Chromium keeps it at http://127.0.0.1
+    and localhost too). false: a browser asking for 127.0.0.1, [::1] or localhost over plain HTTP
+    gets it without Secure (a dashboard on loopback without TLS, for browsers that keep no Secure
+    cookie there); any other host still gets it HTTPS-only."""
+    max_request_bytes: int = Field(default=1_048_576, gt=0)
+    """The largest HTTP request body accepted."""
+    notify_url: urls.HttpUrlOrUnset = ""
+    """Where every machine that ends is POSTed (besides its definition's notify url); unset, only
+    definitions that say so notify."""
+    notify_secret: str = ""
+    """Signs notifications (X-FSM-Signature-256: HMAC-SHA256 of the body); 32+ bytes, needed as soon
+    as any notification is to be sent."""
+    notify_max_attempts: int = Field(default=8, ge=1, le=100)
+    """Tries of a notification before it is failed."""
+    notify_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    """How long a notification's receiver may take."""
+    github_webhook_secret: str = ""
+    """The secret of the GitHub webhook (POST /webhooks/github checks X-Hub-Signature-256 with it);
+    unset, the webhook answers 503 and starts nothing."""
+    github_build_type: str = "cto_build_project"
+    """The machine type an issue assigned on GitHub starts."""
+    github_bug_type: str = "cto_fix_bug"
+    """The machine type an issue opened with the bug label starts."""
+    github_bug_label: str = "bug"
+    """The label that makes an opened issue a bug."""
+    github_fork_heads: bool = False
+    """Let a check suite or workflow run whose head is in another repository (a fork's pull request)
+    be checks_completed for the machines of the repository it ran in; by default only runs of the
+    repository's own branches are."""
 
     @field_validator("queues")
     @classmethod
@@ -417,13 +259,6 @@ class Settings(BaseSettings):
                 raise ValueError(f"{agent_type}: max in flight must be 1 to 1000000, got {bound}")
         return value
 
-    @field_validator("broker_url")
-    @classmethod
-    def _broker_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        return _redis_url_of(value, (*REDIS_SCHEMES, "memory"), "FSM_BROKER_URL")
-
     @property
     def definitions(self) -> Path:
         """The definitions folder (or file): FSM_DEFINITIONS_PATH, else the shipped ones."""
@@ -445,7 +280,12 @@ class Settings(BaseSettings):
     def deployment(self) -> str:
         """A name of this deployment: its database's, and a digest of where it keeps its
         state and tasks (the URLs masked: no password is digested where others may read)."""
-        where = (mask(self.database_url), mask(self.redis_url), self.channel_prefix, self.queue)
+        where = (
+            urls.mask(self.database_url),
+            urls.mask(self.redis_url),
+            self.channel_prefix,
+            self.queue,
+        )
         digest = hashlib.sha256("\n".join(where).encode()).hexdigest()[:12]
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", urlsplit(self.database_url).path.strip("/"))
         return f"{name or 'fsm'}-{digest}"
@@ -567,67 +407,36 @@ def _listed(value: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in value.split(",") if t.strip())
 
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
 MACHINE_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*")
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 ARCHIVE_TABLE = "table"  # FSM_HISTORY_ARCHIVE: detach the months and keep them as tables
-POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2")
 
 
-def database_url(url: str) -> str:
-    """The URL with the installed driver: postgresql:// and postgres:// (what hosting
-    providers and compose files give) become postgresql+psycopg2://, as SQLAlchemy 2.1 would
-    otherwise reach for psycopg 3; sqlite:///PATH is the embedded mode."""
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme in POSTGRES_SCHEMES:
-        return "postgresql+psycopg2://" + rest
-    if sep and scheme == "sqlite":
-        return url
-    raise ValueError(
-        f"{mask(url)} is not a database URL fsm-celery can use: expected postgresql://"
-        "user:password@host:port/database (or postgres://, postgresql+psycopg2://) or "
-        "sqlite:///path"
-    )
-
-
-def _redis_url_of(url: str, schemes: tuple[str, ...], name: str) -> str:
-    """A Redis URL, plain or behind Sentinel (checked whole: ValueError saying what is wrong)."""
-    if not is_sentinel(url):
-        return _url_with_scheme(url, schemes, name)
-    try:
-        parse_sentinel(url)
-    except ValueError as exc:
-        raise ValueError(f"{mask(url)} is not a Sentinel URL {name} can use: {exc}") from None
-    return url
-
-
-def _url_with_scheme(url: str, schemes: tuple[str, ...], name: str) -> str:
-    scheme, sep, _ = url.partition("://")
-    if not sep or scheme not in schemes:
-        expected = ", ".join(f"{s}://" for s in schemes)
-        raise ValueError(f"{mask(url)} is not a URL {name} can use: expected {expected}")
-    return url
-
-
-def mask(url: str) -> str:
-    """The URL with its password replaced by ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+def descriptions() -> dict[str, str]:
+    """Each setting's description, the docstring under its field, on one line: read from this
+    module's source when asked (pydantic's use_attribute_docstrings would cost every process
+    a tenth of a second to start)."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings").body
+    found: dict[str, str] = {}
+    for field, doc in itertools.pairwise(body):
+        if not (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)):
+            continue
+        if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            found[field.target.id] = " ".join(str(doc.value.value).split())
+    return found
 
 
 def settings_reference() -> str:
     """The README's table of the FSM_* settings, from the fields of Settings."""
     lines = ["| Setting | Default | Meaning |", "| --- | --- | --- |"]
+    meanings = descriptions()
     for name, info in Settings.model_fields.items():
         default = info.get_default(call_default_factory=True)
         shown = "(unset)" if default in (None, "") else f"`{default}`"
         if isinstance(default, bool):
             shown = f"`{str(default).lower()}`"
-        lines.append(f"| `FSM_{name.upper()}` | {shown} | {info.description} |")
+        lines.append(f"| `FSM_{name.upper()}` | {shown} | {meanings[name]} |")
     return "\n".join(lines) + "\n"
 
 

@@ -136,13 +136,15 @@ def missing_database_fix(name: str, url: str) -> str:
 
 
 def _database() -> str:
-    from fsm_celery.config import get_settings, mask
+    from fsm_celery.config import get_settings
+    from fsm_celery.urls import mask
 
     return mask(get_settings().database_url)
 
 
 def _redis() -> str:
-    from fsm_celery.config import get_settings, mask
+    from fsm_celery.config import get_settings
+    from fsm_celery.urls import mask
 
     return mask(get_settings().celery_broker_url)
 

@@ -17,15 +17,9 @@ from typing import Annotated, Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 from fsm_celery.agent.sdk import Handler, Task
+from fsm_celery.core.attempt_events import Ack
 from fsm_celery.core.definition import MachineDefinition
-from fsm_celery.core.transition import (
-    Ack,
-    Machine,
-    MachineStatus,
-    Transition,
-    decide,
-    initial_context,
-)
+from fsm_celery.core.transition import Machine, MachineStatus, Transition, decide, initial_context
 
 Node = Callable[[dict[str, Any]], Mapping[str, Any]]
 

@@ -44,13 +44,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import redis
 from pydantic import ValidationError
 
+from fsm_celery.agent import identity
 from fsm_celery.agent.task import Slot, Task, cancellable, reply
-from fsm_celery.channel.acl import USER_PREFIX
 from fsm_celery.channel.redis import Replication, connect
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import (
@@ -107,7 +106,7 @@ class Agent:
         self.agent_type = agent_type
         self.redis_url = redis_url or settings.redis_url
         # The canonical form: the Redis ACL names its keys with it.
-        self.id = _agent_id(agent_id, self.redis_url)
+        self.id = identity.agent_id(agent_id, self.redis_url)
         self.concurrency = concurrency
         self.prefix = settings.channel_prefix if prefix is None else prefix
         self.status_interval = status_interval
@@ -469,29 +468,6 @@ class Agent:
             time.sleep(0.05)
         for slot in self._slots(lambda _: True):
             self._drop(slot, SHUTTING_DOWN, _handback(slot.message))
-
-
-def _agent_id(given: uuid.UUID | str | None, redis_url: str) -> str:
-    """The agent's id: the one given, else the one its credentials were issued to, else a new
-    one; ValueError when the one given is not the credentials' (Redis would refuse its keys)."""
-    user = unquote(urlsplit(redis_url).username or "")
-    issued = None
-    if user.startswith(USER_PREFIX):
-        issued = _uuid(user.removeprefix(USER_PREFIX), "the Redis URL's user")
-    found = _uuid(given, "agent_id") if given else issued or uuid.uuid4()
-    if issued is not None and found != issued:
-        raise ValueError(
-            f"agent_id: the Redis URL's credentials were issued to agent {issued}, not {found} "
-            "(leave agent_id out: it is read from them)"
-        )
-    return str(found)
-
-
-def _uuid(value: object, what: str) -> uuid.UUID:
-    try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-    except ValueError:
-        raise ValueError(f"{what}: expected an agent's UUID, got {value!r}") from None
 
 
 def _where(loc: tuple[int | str, ...]) -> str:

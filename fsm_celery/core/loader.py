@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from fsm_celery.core.definition import MachineDefinition, validate
+from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.validator import validate
 from fsm_celery.exceptions import DefinitionError, Problem
 
 

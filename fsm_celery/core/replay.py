@@ -27,29 +27,20 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+from fsm_celery.core import attempt_events as events
 from fsm_celery.core import timeline
 from fsm_celery.core.admin import Action, Command, decide_command, decide_rewind
 from fsm_celery.core.definition import Edge, FailureKind, MachineDefinition, StateDefinition
+from fsm_celery.core.guard import GuardFailed, chosen_edge, guard_holds
 from fsm_celery.core.transition import (
     NO_LIMITS,
-    Ack,
-    DispatchFailed,
-    Event,
-    EventArrived,
-    GateDecided,
-    GuardFailed,
-    HandBack,
-    Joined,
     Limits,
     Machine,
     MachineStatus,
     Rejected,
     RejectReason,
-    Timeout,
     Transition,
-    chosen_edge,
     decide,
-    guard_holds,
     status_in,
 )
 from fsm_celery.core.usage import BUDGET_EXCEEDED
@@ -259,24 +250,25 @@ def _decided(
     return decide(definition, machine, event, limits)
 
 
-def _event(row: Row) -> Event | None:
+def _event(row: Row) -> events.Event | None:
     """The event the core was given, from the row that records what it decided."""
     state, attempt = row.from_state or "", row.attempt
     output = dict(row.output or {})
     if row.event == "ack":
-        return Ack(state, attempt, _answered_success(row), output, _agents_error(row))
+        return events.Ack(state, attempt, _answered_success(row), output, _agents_error(row))
     if row.event == "join":
-        return Joined(state, attempt, _answered_success(row), output, _agents_error(row))
+        return events.Joined(state, attempt, _answered_success(row), output, _agents_error(row))
     if row.event == "timeout":
-        return Timeout(state, attempt)
+        return events.Timeout(state, attempt)
     if row.event == "handback":
-        return HandBack(state, attempt, row.reason)
+        return events.HandBack(state, attempt, row.reason)
     if row.event == "dispatch_error":
-        return DispatchFailed(state, attempt, (row.error or "").removeprefix("not dispatched: "))
+        error = (row.error or "").removeprefix("not dispatched: ")
+        return events.DispatchFailed(state, attempt, error)
     if row.event == "approval":
-        return GateDecided(state, attempt, row.success, output)
+        return events.GateDecided(state, attempt, row.success, output)
     if row.event == "signal":
-        return EventArrived(state, attempt, row.reason or "", output)
+        return events.EventArrived(state, attempt, row.reason or "", output)
     return None
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
@@ -11,14 +11,24 @@ from uuid import UUID
 from pydantic_core import to_json
 
 from fsm_celery.core import gate
+from fsm_celery.core.attempt_events import (
+    Ack,
+    DispatchFailed,
+    Event,
+    EventArrived,
+    GateDecided,
+    HandBack,
+    Joined,
+    Timeout,
+)
 from fsm_celery.core.definition import (
     Edge,
     FailureKind,
     MachineDefinition,
     StateDefinition,
     Terminal,
-    compile_guard,
 )
+from fsm_celery.core.guard import GuardFailed, chosen_edge
 from fsm_celery.core.retry import jitter_unit, retry_delay
 from fsm_celery.core.usage import NO_BUDGET, NOTHING, Budget, Usage, unbounded, usage_of
 
@@ -79,79 +89,6 @@ class Limits:
 
 
 NO_LIMITS = Limits()
-
-
-@dataclass(frozen=True)
-class Ack:
-    """An agent's answer for one attempt."""
-
-    state: str
-    attempt: int
-    success: bool
-    output: Mapping[str, Any] = field(default_factory=dict)
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Timeout:
-    """The attempt's deadline passed without an ack."""
-
-    state: str
-    attempt: int
-
-
-@dataclass(frozen=True)
-class HandBack:
-    """The agent gives the attempt back undone (it is shutting down)."""
-
-    state: str
-    attempt: int
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class DispatchFailed:
-    """The attempt could not be sent: its prompt did not render, or routing it failed."""
-
-    state: str
-    attempt: int
-    error: str
-
-
-@dataclass(frozen=True)
-class Joined:
-    """A fan-out's join was decided: its children's merged output, or why it failed."""
-
-    state: str
-    attempt: int
-    success: bool
-    output: Mapping[str, Any] = field(default_factory=dict)
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class GateDecided:
-    """The people deciding an approval state reached its verdict (fsm_celery.core.gate):
-    approved or rejected, with the closing decision's fields and the gate's summary."""
-
-    state: str
-    attempt: int
-    approved: bool
-    output: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EventArrived:
-    """The outside event a waiting state waits for arrived, with its payload
-    (fsm_celery.core.signal)."""
-
-    state: str
-    attempt: int
-    name: str
-    payload: Mapping[str, Any] = field(default_factory=dict)
-
-
-Event = Ack | Timeout | HandBack | DispatchFailed | Joined | GateDecided | EventArrived
 
 
 @dataclass(frozen=True)
@@ -263,31 +200,22 @@ def _decide(
     if isinstance(event, HandBack):
         return _hand_back(definition, machine, state, event, limits)
     if isinstance(event, DispatchFailed):
-        return _undispatchable(machine, event)
+        return _undispatchable(machine, state, event)
     if isinstance(event, Joined) and not event.success:
         error = event.error or "the join failed"
         return _fail(definition, machine, state, FailureKind.FAILURE, error, dict(event.output))
     return _decide_ack(definition, machine, state, event, limits)
 
 
-def _undispatchable(machine: Machine, event: DispatchFailed) -> Transition:
+def _undispatchable(machine: Machine, state: StateDefinition, event: DispatchFailed) -> Transition:
     """The machine fails at once, where it is: its definition and its context cannot make this
     state's instruction. A retry would render the same prompt from the same context, and the
     failure edge is the author's way out of failed *work*, which never started (it could send
     an agent to roll back what was never done). As Step Functions' States.Runtime: neither
     retried nor caught. An operator sees the state and the reason, and can force it on."""
-    return Transition(
-        from_state=machine.current_state,
-        to_state=machine.current_state,
-        success=False,
-        status=MachineStatus.FAILED,
-        context=dict(machine.context),
-        attempt=machine.attempt + 1,
-        state_retries=0,
-        output=None,
-        error=f"not dispatched: {event.error}",
-        failure=FailureKind.DISPATCH,
-    )
+    error = f"not dispatched: {event.error}"
+    failed = MachineStatus.FAILED
+    return _again(machine, state, 0, None, error, status=failed, failure=FailureKind.DISPATCH)
 
 
 def _decide_ack(
@@ -299,33 +227,18 @@ def _decide_ack(
 ) -> Transition:
     output = dict(event.output)
     if not event.success:
-        return _fail(
-            definition,
-            machine,
-            state,
-            FailureKind.FAILURE,
-            event.error or "the agent reported failure",
-            output,
-        )
+        error = event.error or "the agent reported failure"
+        return _fail(definition, machine, state, FailureKind.FAILURE, error, output)
     missing = [key for key in state.required_output if key not in output]
     if missing:
-        return _fail(
-            definition,
-            machine,
-            state,
-            FailureKind.INVALID_OUTPUT,
-            "missing required output: " + ", ".join(missing),
-            output,
-        )
-    context = _merged(machine, output)
-    too_big = _context_too_big(context, limits)
-    if too_big is not None:
-        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, too_big, output)
-    try:
-        edge = chosen_edge(state.on_success, output, context)
-    except GuardFailed as exc:
-        error = f"guard {exc.guard!r} failed on the output: {exc.error}"
+        error = "missing required output: " + ", ".join(missing)
         return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, error, output)
+    # an output that would overgrow the context or break a guard is the state's failure
+    chosen = _edge_for(machine, state.on_success, output, limits, "the output")
+    if isinstance(chosen, Rejected):
+        kind = FailureKind.INVALID_OUTPUT
+        return _fail(definition, machine, state, kind, chosen.detail, output)
+    edge, context, output = chosen
     return _take(definition, machine, edge, context, output, None, None)
 
 
@@ -370,10 +283,10 @@ def _decide_gate(
 def _edge_for(
     machine: Machine, edges: tuple[Edge, ...], output: dict[str, Any], limits: Limits, what: str
 ) -> tuple[Edge, dict[str, Any], dict[str, Any]] | Rejected:
-    """The edge people's decision or an outside event takes (its fields, or its payload, merged
-    into the context and read by the guards), with the context and the output; or why it
-    cannot be taken: a context past its limit, a guard it breaks (refused, not a failure: the
-    machine stays where it is)."""
+    """The edge an ack's output, people's decision or an outside event takes (its fields, or its
+    payload, merged into the context and read by the guards), with the context and the output;
+    or why it cannot be taken: a context past its limit, a guard it breaks (for a decision or
+    an event refused, not a failure: the machine stays where it is)."""
     context = _merged(machine, output)
     too_big = _context_too_big(context, limits)
     if too_big is not None:
@@ -477,14 +390,16 @@ def _again(
     state_retries: int,
     output: dict[str, Any] | None,
     error: str,
+    status: MachineStatus = MachineStatus.RUNNING,
     **more: Any,
 ) -> Transition:
-    """The same state entered again, as a new attempt: a retry, or a hand-back."""
+    """The same state as a new attempt: entered again (a retry, a hand-back), or failed where
+    it is."""
     return Transition(
         from_state=state.name,
         to_state=state.name,
         success=False,
-        status=MachineStatus.RUNNING,
+        status=status,
         context=dict(machine.context),
         attempt=machine.attempt + 1,
         state_retries=state_retries,
@@ -518,43 +433,11 @@ def check_event(machine: Machine, state: str, attempt: int) -> Rejected | None:
     return None
 
 
-class GuardFailed(Exception):
-    """A guard raised while it was evaluated on an output (a type mismatch, say)."""
-
-    def __init__(self, guard: str, error: Exception) -> None:
-        self.guard = guard
-        self.error = f"{type(error).__name__}: {error}"
-        super().__init__(f"{guard}: {self.error}")
-
-
-def guard_holds(when: str, output: Mapping[str, Any], context: Mapping[str, Any]) -> bool:
-    """Whether the guard is true of the output and the context (GuardFailed if it raises)."""
-    try:
-        return _truthy(compile_guard(when).search({"output": output, "context": context}))
-    except Exception as exc:  # whatever an agent's output makes a guard raise
-        raise GuardFailed(when, exc) from exc
-
-
-def chosen_edge(
-    edges: tuple[Edge, ...], output: Mapping[str, Any], context: Mapping[str, Any]
-) -> Edge:
-    """The first edge whose guard holds (or that has none); GuardFailed if a guard raises."""
-    for edge in edges:
-        if edge.when is None or guard_holds(edge.when, output, context):
-            return edge
-    return edges[-1]  # the validator makes the last edge an unguarded default
-
-
 def _count(value: Any, default: int) -> int:
     """A loop counter from the context; anything but a whole number >= 0 counts as the default."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return default
-
-
-def _truthy(value: Any) -> bool:
-    # JMESPath truthiness: false, null, "", [] and {} are false; 0 is true.
-    return value is not None and value is not False and value != "" and value != [] and value != {}
 
 
 def _fail(

@@ -14,10 +14,11 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core import gate
+from fsm_celery.core.attempt_events import GateDecided
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.gate import Approval, Choice, Verdict, Vote
 from fsm_celery.core.messages import json_problem, unstorable
-from fsm_celery.core.transition import GateDecided, MachineStatus, Rejected, decide
+from fsm_celery.core.transition import MachineStatus, Rejected, decide
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.fanout import Rows
 from fsm_celery.engine.ports import Next

@@ -16,10 +16,11 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.config import TransitionMode
+from fsm_celery.core.attempt_events import DispatchFailed
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
-from fsm_celery.core.transition import DispatchFailed, Machine, MachineStatus, Rejected, decide
+from fsm_celery.core.transition import Machine, MachineStatus, Rejected, decide
 from fsm_celery.engine import gates, waits
 from fsm_celery.engine.fanout import FanOut, Rows
 from fsm_celery.engine.notify import outbox_txn

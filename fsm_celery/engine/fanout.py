@@ -31,6 +31,7 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import inputs
 from fsm_celery.core.admin import Action, Command, decide_command
+from fsm_celery.core.attempt_events import DispatchFailed, Joined
 from fsm_celery.core.context import context_problem
 from fsm_celery.core.definition import (
     Body,
@@ -56,8 +57,6 @@ from fsm_celery.core.join import (
 from fsm_celery.core.transition import (
     LOOP_COUNT,
     LOOP_LIMIT,
-    DispatchFailed,
-    Joined,
     MachineStatus,
     Rejected,
     Transition,

@@ -11,6 +11,7 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core import intake
+from fsm_celery.core.attempt_events import Ack, HandBack
 from fsm_celery.core.definition import FailureKind, MachineDefinition
 from fsm_celery.core.intake import Refused
 from fsm_celery.core.messages import (
@@ -20,15 +21,7 @@ from fsm_celery.core.messages import (
     StateHandBack,
     StateHeartbeat,
 )
-from fsm_celery.core.transition import (
-    Ack,
-    HandBack,
-    Machine,
-    Rejected,
-    RejectReason,
-    check_event,
-    decide,
-)
+from fsm_celery.core.transition import Machine, Rejected, RejectReason, check_event, decide
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Inbound, Next
 from fsm_celery.engine.runtime import Runtime

@@ -14,7 +14,8 @@ import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
 from fsm_celery.config import Settings
-from fsm_celery.core.definition import MachineDefinition, tree_problems
+from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.fanout_validator import tree_problems
 from fsm_celery.core.transition import Limits
 from fsm_celery.engine.ports import Dispatcher
 from fsm_celery.exceptions import DefinitionError, UnknownMachineType

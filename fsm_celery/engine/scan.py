@@ -12,7 +12,8 @@ from uuid import UUID
 import sqlalchemy.exc
 from sqlalchemy import Connection
 
-from fsm_celery.core.transition import Rejected, Timeout, decide
+from fsm_celery.core.attempt_events import Timeout
+from fsm_celery.core.transition import Rejected, decide
 from fsm_celery.engine import gates
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry

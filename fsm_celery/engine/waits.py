@@ -12,8 +12,9 @@ from typing import Any
 from sqlalchemy import Connection
 
 from fsm_celery.core import signal
+from fsm_celery.core.attempt_events import EventArrived
 from fsm_celery.core.definition import MachineDefinition, StateDefinition
-from fsm_celery.core.transition import EventArrived, Limits, Rejected, RejectReason, decide
+from fsm_celery.core.transition import Limits, Rejected, RejectReason, decide
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable

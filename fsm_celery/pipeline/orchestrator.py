@@ -9,16 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fsm_celery.core.attempt_events import Ack
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
-from fsm_celery.core.transition import (
-    Ack,
-    Machine,
-    MachineStatus,
-    Transition,
-    decide,
-    initial_context,
-)
+from fsm_celery.core.transition import Machine, MachineStatus, Transition, decide, initial_context
 from fsm_celery.pipeline.agents import (
     AnalyzerAgent,
     IntakeAgent,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fsm_celery.core.definition import Body, MachineDefinition, ParentCancel, tree_problems
+from fsm_celery.core.definition import Body, MachineDefinition, ParentCancel
+from fsm_celery.core.fanout_validator import tree_problems
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, definition_files, load_all, load_text
 from fsm_celery.exceptions import Problem
 from tests.support import definitions

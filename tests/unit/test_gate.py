@@ -9,17 +9,15 @@ from pathlib import Path
 import pytest
 
 from fsm_celery.core import gate
+from fsm_celery.core.attempt_events import Ack, GateDecided, Timeout
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.gate import Approval, Choice, Verdict, Vote
 from fsm_celery.core.loader import load_file, load_text
 from fsm_celery.core.transition import (
-    Ack,
     FailureKind,
-    GateDecided,
     MachineStatus,
     Rejected,
     RejectReason,
-    Timeout,
     Transition,
     decide,
 )

@@ -15,17 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsm_celery.core import gate
+from fsm_celery.core.attempt_events import Ack, Event, GateDecided, Timeout
 from fsm_celery.core.definition import MachineDefinition, Terminal
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.transition import (
-    Ack,
-    Event,
-    GateDecided,
     Machine,
     MachineStatus,
     Rejected,
     RejectReason,
-    Timeout,
     Transition,
     decide,
 )

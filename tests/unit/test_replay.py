@@ -18,19 +18,11 @@ from hypothesis import strategies as st
 
 from fsm_celery.core import timeline
 from fsm_celery.core.admin import Action, Command, decide_command, decide_rewind
+from fsm_celery.core.attempt_events import Ack, Event, GateDecided, Timeout
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import load_text
 from fsm_celery.core.replay import Outcome, Row, failure_of, replay
-from fsm_celery.core.transition import (
-    Ack,
-    Event,
-    GateDecided,
-    Machine,
-    MachineStatus,
-    Timeout,
-    Transition,
-    decide,
-)
+from fsm_celery.core.transition import Machine, MachineStatus, Transition, decide
 from fsm_celery.core.usage import Budget
 from tests.support import FIXTURE_DEFINITIONS
 from tests.unit.conftest import DEFINITIONS, after, machine_in

@@ -8,19 +8,11 @@ from pathlib import Path
 import pytest
 
 from fsm_celery.core import github
+from fsm_celery.core.attempt_events import Ack, EventArrived, Timeout
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.graph import WAIT, graph
 from fsm_celery.core.loader import load_file, load_text
-from fsm_celery.core.transition import (
-    Ack,
-    EventArrived,
-    FailureKind,
-    Rejected,
-    RejectReason,
-    Timeout,
-    Transition,
-    decide,
-)
+from fsm_celery.core.transition import FailureKind, Rejected, RejectReason, Transition, decide
 from fsm_celery.exceptions import DefinitionError
 from tests.unit.conftest import machine_in
 

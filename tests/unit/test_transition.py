@@ -8,19 +8,15 @@ from typing import Any
 
 import pytest
 
+from fsm_celery.core.attempt_events import Ack, DispatchFailed, Event, HandBack, Timeout
 from fsm_celery.core.definition import FailureKind, MachineDefinition
 from fsm_celery.core.loader import load_file, load_text
 from fsm_celery.core.transition import (
-    Ack,
-    DispatchFailed,
-    Event,
-    HandBack,
     Limits,
     Machine,
     MachineStatus,
     Rejected,
     RejectReason,
-    Timeout,
     Transition,
     decide,
     initial_context,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm_celery.core.definition import MachineDefinition, validate
+from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import (
     SHIPPED_DEFINITIONS,
     definition_files,
@@ -18,6 +18,7 @@ from fsm_celery.core.loader import (
     parse_definition,
     read_yaml,
 )
+from fsm_celery.core.validator import validate
 from fsm_celery.exceptions import DefinitionError, Problem
 from tests.support import definitions
 
