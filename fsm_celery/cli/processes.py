@@ -139,10 +139,11 @@ def ack_bridge(processes: int, inline: bool) -> None:
     from fsm_celery.wiring import ack_bridge
 
     settings = get_settings()
+    if inline:  # in the settings every part of the bridge's processes reads the mode from
+        settings = settings.model_copy(update={"transition_mode": TransitionMode.INLINE})
     settings.require_secret()
-    mode = TransitionMode.INLINE if inline else settings.transition_mode
     record(settings.state_directory, "ack-bridge")
-    run_bridge(processes, Plan(ack_bridge, mode))
+    run_bridge(processes, Plan(ack_bridge, settings))
     click.echo("ack bridge stopped")
 
 

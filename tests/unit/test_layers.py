@@ -18,7 +18,15 @@ LAYERS: list[tuple[str, set[str]]] = [
     # what everything may use: the error tree, the terminal's colours, addresses, processes
     (
         "ground",
-        {"exceptions", "terminal", "redis_address", "secret_strength", "processes", "devstack"},
+        {
+            "exceptions",
+            "terminal",
+            "redis_address",
+            "secret_strength",
+            "processes",
+            "devstack",
+            "urls",
+        },
     ),
     ("core", {"core"}),  # pure: the definitions, the decisions, the wire messages
     ("store", {"store", "config", "records"}),  # the tables and SQL; the settings; the records
@@ -36,10 +44,6 @@ LAYERS: list[tuple[str, set[str]]] = [
             "api",
             "celery",
             "cli",
-            "cli_common",
-            "cli_gates",
-            "cli_history",
-            "cli_run",
             "definition_reference",
             "demo",
             "doctor",
