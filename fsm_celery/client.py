@@ -53,6 +53,7 @@ from fsm_celery.records import (
     jsonable,
     notification_view,
 )
+from fsm_celery.store import agents as agent_store
 from fsm_celery.store import credentials as credential_store
 from fsm_celery.store import gates as gate_store
 from fsm_celery.store import notify as notify_store
@@ -295,7 +296,7 @@ class Client:
     def agents(self) -> list[dict[str, Any]]:
         """Every agent that ever reported, with its status and when it was last seen."""
         with self.engine.db.connect() as conn:
-            rows = q.list_agents_txn(conn)
+            rows = agent_store.list_agents_txn(conn)
         return [jsonable(dict(r._mapping)) for r in rows]
 
     def _command(self, machine_id: UUID | str, command: Command) -> MachineInfo:
@@ -644,7 +645,7 @@ class Client:
         claiming another type is refused; with its Redis user's rules (the password hashed),
         which the bridge creates again on a Redis that lost them (channel.acl.restore_users)."""
         with self.engine.db.begin() as conn:
-            q.register_agent_txn(
+            agent_store.register_agent_txn(
                 conn, _agent_uuid(agent_id), agent_type, self.engine.runtime.clock(), acl_rules
             )
             if acl_rules is not None:

@@ -7,7 +7,8 @@ from uuid import UUID
 
 from sqlalchemy import Connection, insert, select, update
 
-from fsm_celery.store.queries import REVOKED, AnyRow
+from fsm_celery.store.agents import REVOKED
+from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.tables import agent_credential_events, agents
 
 ISSUED = "issued"
