@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from sqlalchemy import (
+    Column,
     ColumnElement,
     Connection,
     Row,
@@ -357,8 +358,12 @@ def record_budget_change_txn(conn: Connection, machine_id: UUID, **fields: objec
 
 
 def budget_changes_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
-    return conn.execute(
-        select(budget_changes)
-        .where(budget_changes.c.machine_id == machine_id)
-        .order_by(budget_changes.c.id)
-    ).all()
+    """The machine's budget changes, oldest first."""
+    return oldest_first_txn(conn, budget_changes.c.machine_id, machine_id)
+
+
+def oldest_first_txn(conn: Connection, key: Column[Any], value: object) -> Sequence[AnyRow]:
+    """The rows of the key's table whose key holds the value, in the order they were written
+    (by their `id`): an audit's or a log's entries of one machine, agent or gate."""
+    table = key.table
+    return conn.execute(select(table).where(key == value).order_by(table.c.id)).all()
