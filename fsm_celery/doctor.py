@@ -272,6 +272,7 @@ class Doctor:
         children's too), those of the definitions folder and every type loaded in the database
         (its newest version): without one, machines wait in a state of that type until it
         times out."""
+        from fsm_celery.store import agents as agent_store
         from fsm_celery.store import queries as q
         from fsm_celery.store import reads
 
@@ -282,7 +283,7 @@ class Doctor:
                 latest = q.latest_definition_txn(conn, machine_type)
                 if latest is not None:
                     found[machine_type] = latest[1]  # what machines of the type start on
-            alive = q.alive_agents_by_type_txn(conn, since)
+            alive = agent_store.alive_agents_by_type_txn(conn, since)
         needed: dict[str, list[str]] = {}
         for definition in found.values():
             for agent_type in definition.agent_types_named():

@@ -74,15 +74,15 @@ def _keep_acl_users(settings: Settings, stop: threading.Event) -> None:
     replicated). An agent refused meanwhile retries its connection until its user is back."""
     from fsm_celery.channel import acl
     from fsm_celery.channel.redis import connect
+    from fsm_celery.store import agents as agent_store
     from fsm_celery.store import db as database
-    from fsm_celery.store import queries as q
 
     db = database.connect(settings.database_url, prepare=settings.database_prepare)
     admin = connect(settings.redis_url)
     while not stop.wait(acl.RESTORE_SECONDS):
         try:
             with db.connect() as conn:
-                users = q.acl_users_txn(conn)
+                users = agent_store.acl_users_txn(conn)
             created = acl.restore_users(admin, users)
         except Exception as exc:  # Redis or PostgreSQL away: the next round tries again
             log.debug("agents' Redis users not checked: %s", exc)

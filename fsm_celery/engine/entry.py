@@ -29,6 +29,7 @@ from fsm_celery.engine.runtime import TRANSIENT, Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.slots import Slots
 from fsm_celery.engine.writes import Writes, aware
+from fsm_celery.store import agents as agent_store
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
@@ -257,11 +258,13 @@ class Entry:
         if earlier is not None:
             return earlier, own if earlier == agent_type else UUID(earlier)
         since = writes.now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
-        if own is not None and (row.agent_pinned or q.agent_alive_txn(conn, own, since)):
+        if own is not None and (row.agent_pinned or agent_store.agent_alive_txn(conn, own, since)):
             return str(own), own
         live = writes.live.get(agent_type)
         if live is None:  # once a transaction, however many states it enters
-            live = writes.live[agent_type] = deque(q.live_agents_txn(conn, agent_type, since))
+            live = writes.live[agent_type] = deque(
+                agent_store.live_agents_txn(conn, agent_type, since)
+            )
         if not live:
             return agent_type, own
         chosen = live[0]

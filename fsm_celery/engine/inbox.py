@@ -28,6 +28,7 @@ from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.exceptions import Unstorable
+from fsm_celery.store import agents as agent_store
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import AgentReport
 
@@ -120,7 +121,7 @@ class Inbox:
         type other than the one the agent was registered with, or its credentials were revoked
         (a report it wrote before, read after)."""
         statuses = list(statuses)
-        registered = q.registrations_txn(conn, [s.agent_id for s, _ in statuses])
+        registered = agent_store.registrations_txn(conn, [s.agent_id for s, _ in statuses])
         accepted = []
         for status, item in statuses:
             wrong = _wrong_reporter(status, item.agent, registered.get(status.agent_id))
@@ -128,7 +129,7 @@ class Inbox:
                 accepted.append(_report(status, writes.now))
             else:
                 writes.reject(RejectReason.WRONG_AGENT, wrong, item.raw)
-        q.upsert_agents_txn(conn, accepted)
+        agent_store.upsert_agents_txn(conn, accepted)
 
     def _apply(
         self, conn: Connection, row: q.AnyRow, message: MachineMessage, raw: str, writes: Writes
@@ -196,7 +197,7 @@ class _Senders:
             return f"machine {row.id} is assigned to agent {row.agent_id}, not {sender}"
         # An unassigned machine's task went to its agent type's stream: any agent of the type.
         if sender not in self._types:
-            self._types.update(q.agent_types_txn(self._conn, [sender]))
+            self._types.update(agent_store.agent_types_txn(self._conn, [sender]))
         if self._types.get(sender) == row.agent_type:
             return None
         return (
@@ -205,7 +206,7 @@ class _Senders:
 
 
 def _wrong_reporter(
-    status: AgentStatus, sender: UUID | None, registered: q.Registration | None
+    status: AgentStatus, sender: UUID | None, registered: agent_store.Registration | None
 ) -> str | None:
     """Why an agent_status must be refused: sent from another agent's stream, from an agent
     whose credentials were revoked, or claiming a type other than the one the agent was

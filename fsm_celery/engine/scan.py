@@ -21,6 +21,7 @@ from fsm_celery.engine.ports import Scanned
 from fsm_celery.engine.runtime import TRANSIENT, Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, snapshot
+from fsm_celery.store import agents as agent_store
 from fsm_celery.store import dialects
 from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store
@@ -119,7 +120,7 @@ class Scan:
         silence = timedelta(days=settings.agent_retention_days)
         pruned = [0, 0]
         for i, (prune, age) in enumerate(
-            ((q.prune_rejections_txn, rejections), (q.prune_agents_txn, silence))
+            ((q.prune_rejections_txn, rejections), (agent_store.prune_agents_txn, silence))
         ):
             for _ in range(most):
                 with self._rt.db.begin() as conn:

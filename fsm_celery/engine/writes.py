@@ -25,6 +25,7 @@ from fsm_celery.core.usage import NOTHING, Budget, Usage
 from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.sent import Sending, Sent
 from fsm_celery.exceptions import Unstorable
+from fsm_celery.store import agents as agent_store
 from fsm_celery.store import fanouts, slots
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
@@ -369,7 +370,7 @@ class Writes:
         spent = {mid: u for mid, u in self.rolled_up.items() if mid not in self.moves}
         fanouts.add_usage_txn(conn, spent)  # a moved machine's Move holds its new totals
         slots.write_counts_txn(conn, self.in_flight)
-        q.mark_assigned_txn(conn, sorted(self.assigned), self.now)
+        agent_store.mark_assigned_txn(conn, sorted(self.assigned), self.now)
         slots.make_due_txn(conn, self.unqueued, self.now)
         q.mark_dispatched_txn(conn, list(self.dispatches.values()))
         q.insert_rejections_txn(conn, self.rejections)

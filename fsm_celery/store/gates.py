@@ -11,7 +11,7 @@ from uuid import UUID
 from sqlalchemy import Connection, insert, select, update
 
 from fsm_celery.store import dialects, fanouts
-from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.queries import AnyRow, oldest_first_txn
 from fsm_celery.store.tables import approval_decisions, approval_gates, machines
 
 
@@ -90,11 +90,7 @@ def record_txn(conn: Connection, gate_id: int, machine_id: UUID, **decision: Any
 
 def decisions_txn(conn: Connection, gate_id: int) -> Sequence[AnyRow]:
     """The gate's decisions, oldest first."""
-    return conn.execute(
-        select(approval_decisions)
-        .where(approval_decisions.c.gate_id == gate_id)
-        .order_by(approval_decisions.c.id)
-    ).all()
+    return oldest_first_txn(conn, approval_decisions.c.gate_id, gate_id)
 
 
 def machine_decisions_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
@@ -109,11 +105,7 @@ def machine_decisions_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow
 
 def machine_gates_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
     """The machine's gates, oldest first."""
-    return conn.execute(
-        select(approval_gates)
-        .where(approval_gates.c.machine_id == machine_id)
-        .order_by(approval_gates.c.id)
-    ).all()
+    return oldest_first_txn(conn, approval_gates.c.machine_id, machine_id)
 
 
 def pending_txn(conn: Connection, limit: int, machine_type: str | None = None) -> Sequence[AnyRow]:

@@ -11,7 +11,7 @@ from uuid import UUID
 from sqlalchemy import Connection, func, select, update
 
 from fsm_celery.store import dialects
-from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.queries import AnyRow, oldest_first_txn
 from fsm_celery.store.tables import machine_events
 
 
@@ -77,8 +77,4 @@ def consume_txn(conn: Connection, event_id: int, attempt: int, now: datetime, ou
 
 def machine_events_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
     """The machine's events, oldest first."""
-    return conn.execute(
-        select(machine_events)
-        .where(machine_events.c.machine_id == machine_id)
-        .order_by(machine_events.c.id)
-    ).all()
+    return oldest_first_txn(conn, machine_events.c.machine_id, machine_id)

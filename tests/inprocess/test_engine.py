@@ -13,7 +13,7 @@ from fsm_celery.core.loader import parse_definition
 from fsm_celery.core.messages import task_token
 from fsm_celery.engine import Inbound
 from fsm_celery.exceptions import CommandRefused
-from fsm_celery.store import queries as q
+from fsm_celery.store import agents as agent_store
 from tests.inprocess.conftest import Fsm, ack
 from tests.support.credentials import TEST_SECRET
 from tests.support.messages import FIX_BUG_STATES, heartbeat_for
@@ -211,7 +211,7 @@ def test_a_machine_whose_first_state_names_its_agent_type_starts_as_one_of_that_
     fsm.engine.catalog.load([parse_definition(typed)])
     planner = uuid.uuid4()
     with fsm.engine.db.begin() as conn:
-        q.register_agent_txn(conn, planner, "planner", fsm.clock())
+        agent_store.register_agent_txn(conn, planner, "planner", fsm.clock())
     mid = fsm.start("typed_start")
     assert fsm.machine(mid).agent_type == "planner"
     fsm.receive(ack(fsm.agent("planner").task()), agent=planner)  # not wrong_agent

@@ -21,7 +21,7 @@ import redis
 from fsm_celery.agent.sdk import Agent, Task
 from fsm_celery.channel.acl import agent_username
 from fsm_celery.core.messages import ack_stream, agent_ack_stream
-from fsm_celery.store.queries import live_agents_txn
+from fsm_celery.store.agents import live_agents_txn
 from tests.integration.conftest import ONE_MODE
 from tests.support import ROOT
 from tests.support.agents import ScriptedAgent, serving
