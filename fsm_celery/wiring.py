@@ -27,7 +27,7 @@ from fsm_celery.channel.redis import RedisDispatcher, connect
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
 from fsm_celery.core.messages import ack_channel
-from fsm_celery.engine import Dispatcher, MachineEngine
+from fsm_celery.engine import Dispatcher, EnterNow, HandOn, MachineEngine
 from fsm_celery.engine.runtime import utcnow
 from fsm_celery.engine.sent import Sent
 from fsm_celery.store import db as database
@@ -47,9 +47,12 @@ def machine_engine(
     pre_ping: bool = True,
     dispatcher: Dispatcher | None = None,
     clock: Callable[[], datetime] = utcnow,
+    mode: TransitionMode | None = None,
 ) -> MachineEngine:
     """The engine on the settings' database, dispatching to agents through Redis (or through
-    the dispatcher given: the demo's in-memory bus), on the clock given (tests move theirs).
+    the dispatcher given: the demo's in-memory bus), on the clock given (tests move theirs),
+    in the transition mode given (the settings' by default): the one place it is decided
+    whether the states agents' messages and entries lead to are entered here or handed on.
 
     Without pre_ping no connection is tested as it leaves the pool: for a process that retries
     its work on connection errors anyway (worker tasks, the bridge), where a database restart
@@ -67,7 +70,8 @@ def machine_engine(
     db = database.connect(
         settings.database_url, pre_ping=pre_ping, prepare=settings.database_prepare
     )
-    return MachineEngine(db, dispatcher, settings, clock)
+    inline = (mode or settings.transition_mode) is TransitionMode.INLINE
+    return MachineEngine(db, dispatcher, settings, EnterNow() if inline else HandOn(), clock)
 
 
 def dead_letters(settings: Settings) -> DeadLetters:
@@ -96,7 +100,7 @@ def _revoke_agent_user(redis_url: str, agent_id: UUID) -> bool:
 def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
     """Applies each batch here, entering the states due now in its transaction (the inline
     mode's handler, and the demo's)."""
-    operation = partial(engine.inbox.apply_and_enter, sent=Sent())
+    operation = partial(engine.inbox.apply, sent=Sent())
     return Applier(operation, engine.inbox.reject, Enqueue(settings))
 
 
@@ -104,13 +108,13 @@ def ack_handler(settings: Settings, mode: TransitionMode) -> Handler:
     """What the bridge does with each batch it reads, by the mode: apply it (inline), or relay
     it to fsm.apply_acks tasks (celery)."""
     if mode is TransitionMode.INLINE:
-        return inline_applier(settings, machine_engine(settings, pre_ping=False))
+        return inline_applier(settings, machine_engine(settings, pre_ping=False, mode=mode))
     route = None
     if settings.queues:  # each ack on its machine's queue: its type read once per machine
         db = database.connect(settings.database_url, prepare=settings.database_prepare)
         route = relay.Routes(db, settings.queue_for)
-    inbox = machine_engine(settings).inbox  # agents' statuses: applied here, never tasks
-    statuses = Applier(inbox.apply_and_hand_on, inbox.reject, Enqueue(settings))
+    inbox = machine_engine(settings, mode=mode).inbox  # agents' statuses: applied here, never tasks
+    statuses = Applier(inbox.apply, inbox.reject, Enqueue(settings))
     return relay.Relay(app, settings.queue, settings.max_relay_bytes, route, statuses)
 
 
@@ -181,7 +185,7 @@ class Worker:
             inbox = self.engine.inbox
             with self._building:
                 if self._applier is None:
-                    applier = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
+                    applier = Applier(inbox.apply, inbox.reject, self.enqueue)
                     self._applier = Combiner(applier, self.settings.ack_batch_size)
         return self._applier
 

@@ -35,7 +35,7 @@ from sqlalchemy import Engine
 from fsm_celery.config import Settings
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.approvals import Approvals
-from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.entry import EnterNow, Entry, HandOn, Onward
 from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
@@ -49,23 +49,38 @@ from fsm_celery.engine.signals import Signals
 from fsm_celery.engine.stats import Stats
 from fsm_celery.engine.travel import Fork, Rewind
 
-__all__ = ["Dispatcher", "Handoff", "Inbound", "MachineEngine", "Next", "Scanned", "Step"]
+__all__ = [
+    "Dispatcher",
+    "EnterNow",
+    "Entry",
+    "HandOn",
+    "Handoff",
+    "Inbound",
+    "Inbox",
+    "MachineEngine",
+    "Next",
+    "Onward",
+    "Scanned",
+    "Step",
+]
 
 
 class MachineEngine:
     """The engine's use cases over one database, dispatcher, settings and clock (built by
-    fsm_celery.wiring)."""
+    fsm_celery.wiring), with what becomes of the states agents' messages and entries decide
+    (`onward`: EnterNow inline, HandOn celery), chosen there once."""
 
     def __init__(
         self,
         db: Engine,
         dispatcher: Dispatcher,
         settings: Settings,
+        onward: Onward,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.runtime = Runtime(db, dispatcher, settings, clock)
         self.catalog = self.runtime.catalog
-        self.entry = Entry(self.runtime)
+        self.entry = Entry(self.runtime, onward)
         self.admin = Admin(self.runtime, self.entry)
         self.approvals = Approvals(self.runtime, self.entry)
         self.signals = Signals(self.runtime, self.entry)

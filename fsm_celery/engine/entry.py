@@ -11,11 +11,11 @@ import logging
 import time
 from collections import deque
 from datetime import datetime, timedelta
+from typing import Protocol
 from uuid import UUID
 
 from sqlalchemy import Connection
 
-from fsm_celery.config import TransitionMode
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
@@ -35,9 +35,48 @@ log = logging.getLogger(__name__)
 EARLY = timedelta(milliseconds=50)  # how early a countdown may fire and still enter a state
 
 
+class Onward(Protocol):
+    """What becomes of the states that a transaction of agents' messages, or of entries, moved
+    machines to: entered here (EnterNow, the inline mode: the due ones in that transaction, the
+    children it started each in one of their own after it), or handed back in its Next, to be
+    entered by an fsm.enter_state task each (HandOn, the celery mode). Chosen once, where the
+    process is built (fsm_celery.wiring, from the transition mode), and given to the Entry."""
+
+    def due_txn(self, entry: Entry, conn: Connection, rows: Rows, writes: Writes) -> None:
+        """In the transaction, once its messages or entries are decided: what it enters."""
+        ...
+
+    def after(self, entry: Entry, decided: Next) -> Next:
+        """After its commit: what is left of its Next to hand on."""
+        ...
+
+
+class EnterNow:
+    """The inline mode's Onward: the states due now are entered in the transaction that moved
+    machines to them, and the children it started in transactions of their own after it."""
+
+    def due_txn(self, entry: Entry, conn: Connection, rows: Rows, writes: Writes) -> None:
+        entry.enter_due_txn(conn, rows, writes)
+
+    def after(self, entry: Entry, decided: Next) -> Next:
+        return entry.enter_started(decided)
+
+
+class HandOn:
+    """The celery mode's Onward: a transaction enters nothing but the machines queued for the
+    slots it freed; every state it decided is handed on (an fsm.enter_state task each)."""
+
+    def due_txn(self, entry: Entry, conn: Connection, rows: Rows, writes: Writes) -> None:
+        entry.settle_txn(conn, rows, writes)
+
+    def after(self, entry: Entry, decided: Next) -> Next:
+        return decided
+
+
 class Entry:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, onward: Onward) -> None:
         self._rt = runtime
+        self.onward = onward  # what becomes of the states its entries decide
         self._fanout = FanOut(runtime)
         self._slots = Slots(runtime)
         self._sent = Sent()  # what an entry that failed sent: its task, run again, sends it not
@@ -52,10 +91,7 @@ class Entry:
     def enter_many(self, steps: list[tuple[UUID, int]]) -> Next:
         """enter, for each (machine, attempt), in one transaction (those another transaction
         holds, each in one of its own afterwards: see _enter)."""
-        entered = self._enter_locking_late(steps)
-        if self._rt.settings.transition_mode is TransitionMode.INLINE:
-            return self.enter_started(entered)
-        return entered  # each child an fsm.enter_state task
+        return self.onward.after(self, self._enter_locking_late(steps))
 
     def enter_started(self, next_states: Next) -> Next:
         """Enter the first states of the children a committed transaction started, in
@@ -117,10 +153,7 @@ class Entry:
                 self.enter_txn(conn, rows, row, writes)
                 if writes.log and row.parent_id is not None and not ancestors:
                     raise _ChildMoved  # rolled back, nothing sent: again, the parent first
-            if self._rt.settings.transition_mode is TransitionMode.INLINE:
-                self.enter_due_txn(conn, rows, writes)
-            else:
-                self.settle_txn(conn, rows, writes)
+            self.onward.due_txn(self, conn, rows, writes)
             self.send_and_write(conn, writes)
         entered = writes.next()
         for step in steps if skip else []:

@@ -7,6 +7,9 @@ messages, fsm_celery.worker sends Celery tasks); they import this module, never 
 - `Step` and `Next`: the states a use case decided and did not enter itself;
 - `Dispatcher`: how state_tasks, state_cancels and transition events leave;
 - `Handoff`: how a Next is entered later (an fsm.enter_state task per step, normally).
+
+What becomes of the states a transaction moved machines to (entered here, or handed on) is
+the engine's own port, `engine.entry.Onward`, chosen once where the process is built.
 """
 
 from __future__ import annotations
