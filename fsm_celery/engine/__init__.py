@@ -5,11 +5,13 @@ definitions). Those that move machines answer with a Next, the states they decid
 not enter themselves (fsm_celery.engine.ports):
 
 - `admin`: start machines, command them, set their budgets (engine/admin.py);
-- `approvals`: people's decisions at approval gates (engine/approvals.py; gates.py opens them);
+- `approvals`: people's decisions at approval gates (engine/approvals.py; the gates open as
+  engine/kinds/approval.py enters their states);
 - `signals`: outside events, applied to a waiting machine or kept for it (engine/signals.py);
 - `rewind`, `fork`: a machine back at a past step, or a new one from it (engine/travel.py);
 - `replays`: recorded histories run again against a definition, read only (engine/replays.py);
-- `entry`: enter a state, the one way a state_task is sent (engine/entry.py);
+- `entry`: enter a state, the one way a state_task is sent (engine/entry.py), as its kind
+  does (engine/kinds: an agent's, a fan-out, an approval gate, a wait);
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
 - `schedules`: start machines on their definitions' cron ticks (engine/schedules.py);

@@ -129,7 +129,7 @@ class Admin:
                 raise CommandRefused(command.action.value, str(machine_id), exc.detail) from exc
             secret = self._rt.settings.token_secrets[0]
             cancel_in_flight(writes, row, secret, _cancel_reason(command))
-            self._entry.enter_due_txn(conn, rows, writes)  # children follow (engine.fanout)
+            self._entry.enter_due_txn(conn, rows, writes)  # children follow (engine.kinds.joins)
             self._entry.send_and_write(conn, writes)
         return writes.next()
 

@@ -31,6 +31,8 @@ ANSWER_CHARS = 300  # of a receiver's answer kept as the error
 def outbox_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
     """Queue a notification for each machine the transaction ended, where its definition or
     FSM_NOTIFY_URL asks for one."""
+    if not writes.ended:
+        return
     rows = []
     for row, t in writes.ended:
         definition = runtime.catalog.version(conn, row.type, row.definition_version)

@@ -13,9 +13,9 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.transition import Rejected, Timeout, decide
-from fsm_celery.engine import gates
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.kinds import approval
 from fsm_celery.engine.ports import Scanned
 from fsm_celery.engine.runtime import TRANSIENT, Runtime
 from fsm_celery.engine.sent import Sent
@@ -102,7 +102,7 @@ class Scan:
         writes.transition(row, decision, "timeout")
         state = definition.state(row.current_state)
         if state.approval is not None:
-            gates.close_txn(conn, row.id, "timed_out", writes.now)
+            approval.close_txn(conn, row.id, "timed_out", writes.now)
         if state.awaits:  # people or an outside event were waited for: no agent to tell
             return
         why = "timed out: no ack or heartbeat before its deadline"

@@ -33,6 +33,8 @@ KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or 
 ENDED = (MachineStatus.COMPLETED, MachineStatus.FAILED, MachineStatus.CANCELLED)
 RUNNING = MachineStatus.RUNNING.value
 
+Rows = dict[UUID, q.AnyRow]  # the machines a transaction holds (locked, or started by it)
+
 
 def aware(value: datetime | None) -> datetime | None:
     """The datetime with UTC attached (SQLite hands back naive datetimes; all stored are UTC)."""
@@ -82,7 +84,7 @@ class Writes:
     events: list[StateEvent] = field(default_factory=list)  # announced once committed
     cancels: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_cancel), too
     ended: list[tuple[q.AnyRow, Transition]] = field(default_factory=list)  # to notify
-    # every transition in order, and how many of them fan-outs have settled (engine.fanout)
+    # every transition in order, and how many of them fan-outs have settled (engine.kinds.joins)
     log: list[tuple[q.AnyRow, Transition, str]] = field(default_factory=list)
     settled: int = 0
     spawned: dict[UUID, Step] = field(default_factory=dict)  # children started here

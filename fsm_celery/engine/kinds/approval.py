@@ -1,6 +1,7 @@
-"""Approval gates opened and closed: a machine entering an approval state opens one (its
+"""The approval gate state kind: a machine entering an approval state opens a gate (its
 deadline set, its people asked); a machine resumed there keeps it; its deadline (the scan) or
-its people's verdict (fsm_celery.engine.approvals) closes it.
+its people's verdict (fsm_celery.engine.approvals) closes it, and a machine taken away from it
+leaves it closed as `left` (`leave_txn`, a hook of the transaction's write).
 """
 
 from __future__ import annotations
@@ -11,37 +12,47 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core import gate, notify
-from fsm_celery.core.definition import StateDefinition
+from fsm_celery.core.definition import MachineDefinition, StateDefinition
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes, aware
+from fsm_celery.engine.writes import Rows, Writes, aware
 from fsm_celery.store import gates as store
 from fsm_celery.store import queries as q
 from fsm_celery.store.notify import insert_notifications_txn
 from fsm_celery.store.queries import AnyRow
 
 
-def open_txn(
-    conn: Connection, runtime: Runtime, row: AnyRow, state: StateDefinition, writes: Writes
-) -> None:
-    """Enter an approval state: open its gate (or, for a machine resumed there, keep the one it
-    had, with the decisions made), set the machine's deadline to the gate's, and ask its people
-    (a notification, where the definition or FSM_NOTIFY_URL asks for them)."""
-    assert state.approval is not None
-    attempt = writes.machine(row).attempt
-    opened = store.open_gate_txn(conn, row.id)
-    if opened is not None and opened.state == state.name and _resumed(conn, row.id, writes):
-        store.update_txn(conn, opened.id, attempt=attempt)
-        writes.entering(row.id, aware(opened.deadline_at) or writes.now, row.agent_id)
-        return
-    if opened is not None:  # left another way (forced, retried, rewound): closed now
-        store.update_txn(conn, opened.id, verdict="left", closed_at=writes.now)
-    deadline = writes.now + state.timeout
-    members = gate.members_of(runtime.settings.approver_groups, state.approval)
-    needed = gate.needed(state.approval, len(members))
-    store.open_txn(conn, row.id, state.name, attempt, writes.now, deadline, needed)
-    writes.gated.add(row.id)
-    writes.entering(row.id, deadline, row.agent_id)
-    _ask(conn, runtime, row, state, attempt, deadline, writes.now)
+class ApprovalGate:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    def enter_txn(
+        self,
+        conn: Connection,
+        rows: Rows,
+        row: AnyRow,
+        definition: MachineDefinition,
+        state: StateDefinition,
+        writes: Writes,
+    ) -> None:
+        """Enter an approval state: open its gate (or, for a machine resumed there, keep the one it
+        had, with the decisions made), set the machine's deadline to the gate's, and ask its people
+        (a notification, where the definition or FSM_NOTIFY_URL asks for them)."""
+        assert state.approval is not None
+        attempt = writes.machine(row).attempt
+        opened = store.open_gate_txn(conn, row.id)
+        if opened is not None and opened.state == state.name and _resumed(conn, row.id, writes):
+            store.update_txn(conn, opened.id, attempt=attempt)
+            writes.entering(row.id, aware(opened.deadline_at) or writes.now, row.agent_id)
+            return
+        if opened is not None:  # left another way (forced, retried, rewound): closed now
+            store.update_txn(conn, opened.id, verdict="left", closed_at=writes.now)
+        deadline = writes.now + state.timeout
+        members = gate.members_of(self._rt.settings.approver_groups, state.approval)
+        needed = gate.needed(state.approval, len(members))
+        store.open_txn(conn, row.id, state.name, attempt, writes.now, deadline, needed)
+        writes.gated.add(row.id)
+        writes.entering(row.id, deadline, row.agent_id)
+        _ask(conn, self._rt, row, state, attempt, deadline, writes.now)
 
 
 def _resumed(conn: Connection, machine_id: UUID, writes: Writes) -> bool:
