@@ -16,7 +16,7 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core.transition import MachineStatus
-from fsm_celery.engine.kinds import approval, kind_of, kinds
+from fsm_celery.engine.kinds import Entering, approval, kind_of, kinds
 from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.kinds.joins import Joins
 from fsm_celery.engine.notify import outbox_txn
@@ -199,7 +199,7 @@ class Entry:
         those it starts."""
         definition = self._rt.catalog.version(conn, row.type, row.definition_version)
         state = definition.state(writes.machine(row).current_state)
-        self._kinds[kind_of(state)].enter_txn(conn, rows, row, definition, state, writes)
+        self._kinds[kind_of(state)].enter_txn(Entering(conn, rows, row, definition, state, writes))
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.

@@ -1,7 +1,7 @@
 """State kinds as plug-ins: what entering a state does, by the kind its definition gives it.
 
-Each kind is a module here implementing StateKind, registered in KINDS under the name
-`kind_of` gives its states:
+Each kind is a module here implementing StateKind (kinds/base.py), registered in `kinds`
+under the name `kind_of` gives its states:
 
 - `agent`: an agent works it: its state_task sent (kinds/agent.py);
 - `fan_out`: children do its work, joined once (kinds/fanout.py; kinds/joins.py counts their
@@ -22,35 +22,16 @@ name in `kind_of`.
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from sqlalchemy import Connection
-
-from fsm_celery.core.definition import MachineDefinition, StateDefinition
+from fsm_celery.core.definition import StateDefinition
 from fsm_celery.engine.kinds.agent import AgentState
 from fsm_celery.engine.kinds.approval import ApprovalGate
+from fsm_celery.engine.kinds.base import Entering, StateKind
 from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.kinds.wait import Wait
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.slots import Slots
-from fsm_celery.engine.writes import Rows, Writes
-from fsm_celery.store.queries import AnyRow
 
-
-class StateKind(Protocol):
-    def enter_txn(
-        self,
-        conn: Connection,
-        rows: Rows,
-        row: AnyRow,
-        definition: MachineDefinition,
-        state: StateDefinition,
-        writes: Writes,
-    ) -> None:
-        """Enter the machine's state (its row locked, `rows` the machines the transaction
-        holds, and those it starts): record on `writes` that it is entered (and what to send),
-        or a transition when it cannot be (a state whose instruction cannot be made fails)."""
-        ...
+__all__ = ["Entering", "StateKind", "kind_of", "kinds"]
 
 
 def kind_of(state: StateDefinition) -> str:

@@ -11,13 +11,14 @@ from uuid import UUID
 
 from sqlalchemy import Connection
 
-from fsm_celery.core.definition import MachineDefinition, StateDefinition
+from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import DispatchFailed, Machine, Rejected, decide
+from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.slots import Slots
-from fsm_celery.engine.writes import Rows, Writes
+from fsm_celery.engine.writes import Writes
 from fsm_celery.store import queries as q
 
 
@@ -26,17 +27,10 @@ class AgentState:
         self._rt = runtime
         self._slots = slots
 
-    def enter_txn(
-        self,
-        conn: Connection,
-        rows: Rows,
-        row: q.AnyRow,
-        definition: MachineDefinition,
-        state: StateDefinition,
-        writes: Writes,
-    ) -> None:
+    def enter_txn(self, at: Entering) -> None:
         """Take a slot of the state's agent type (or queue for one), build the state_task,
         route it, and record it as sent (in this transaction)."""
+        conn, _, row, definition, state, writes = at
         machine = writes.machine(row)
         agent_type = definition.agent_type_of(state)
         if not self._slots.take_txn(conn, row.id, agent_type, writes):

@@ -12,9 +12,10 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core import gate, notify
-from fsm_celery.core.definition import MachineDefinition, StateDefinition
+from fsm_celery.core.definition import StateDefinition
+from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Rows, Writes, aware
+from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.store import gates as store
 from fsm_celery.store import queries as q
 from fsm_celery.store.notify import insert_notifications_txn
@@ -25,18 +26,11 @@ class ApprovalGate:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
 
-    def enter_txn(
-        self,
-        conn: Connection,
-        rows: Rows,
-        row: AnyRow,
-        definition: MachineDefinition,
-        state: StateDefinition,
-        writes: Writes,
-    ) -> None:
+    def enter_txn(self, at: Entering) -> None:
         """Enter an approval state: open its gate (or, for a machine resumed there, keep the one it
         had, with the decisions made), set the machine's deadline to the gate's, and ask its people
         (a notification, where the definition or FSM_NOTIFY_URL asks for them)."""
+        conn, _, row, _, state, writes = at
         assert state.approval is not None
         attempt = writes.machine(row).attempt
         opened = store.open_gate_txn(conn, row.id)

@@ -44,6 +44,7 @@ from fsm_celery.core.transition import (
     initial_context,
 )
 from fsm_celery.engine.cancels import cancel_in_flight
+from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.kinds.plan import Branches, Planner, Refused, TooLarge
 from fsm_celery.engine.ports import Step
 from fsm_celery.engine.runtime import Runtime
@@ -61,18 +62,11 @@ class FanOut:
         self._rt = runtime
         self.planner = Planner(runtime)
 
-    def enter_txn(
-        self,
-        conn: Connection,
-        rows: Rows,
-        row: q.AnyRow,
-        definition: MachineDefinition,
-        state: StateDefinition,
-        writes: Writes,
-    ) -> None:
+    def enter_txn(self, at: Entering) -> None:
         """Start the state's children and wait for their join; a parent resumed in the state
         waits for the fan-out it started before (and joins now if its join was decided while
         it was paused)."""
+        conn, rows, row, definition, state, writes = at
         machine = writes.machine(row)
         open_now = fanouts.open_fan_out_txn(conn, row.id)
         if open_now is not None and open_now.state == state.name:

@@ -14,8 +14,9 @@ from sqlalchemy import Connection
 from fsm_celery.core import signal
 from fsm_celery.core.definition import MachineDefinition, StateDefinition
 from fsm_celery.core.transition import EventArrived, Limits, Rejected, RejectReason, decide
+from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Rows, Writes
+from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import signals as store
 from fsm_celery.store.queries import AnyRow
@@ -25,18 +26,11 @@ class Wait:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
 
-    def enter_txn(
-        self,
-        conn: Connection,
-        rows: Rows,
-        row: AnyRow,
-        definition: MachineDefinition,
-        state: StateDefinition,
-        writes: Writes,
-    ) -> None:
+    def enter_txn(self, at: Entering) -> None:
         """Enter a waiting state: the oldest event kept for it, if one fits, decides it at once;
         else it waits, its deadline set (the scan times it out). A kept event that does not fit
         (its payload against this state's schema, a guard it breaks) is consumed as refused."""
+        conn, _, row, definition, state, writes = at
         assert state.wait is not None
         name = state.wait.event
         while (kept := store.oldest_kept_txn(conn, row.id, name)) is not None:
