@@ -15,6 +15,8 @@ from datetime import datetime
 from functools import partial
 from uuid import UUID
 
+from redis import exceptions as redis_errors
+
 from fsm_celery.acks import relay
 from fsm_celery.acks.apply import TRANSIENT, Applier
 from fsm_celery.acks.bridge import Bridge, Handler
@@ -22,7 +24,7 @@ from fsm_celery.acks.consumer import Consumer, Delivery
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.acks.pubsub import PubSubConsumer
 from fsm_celery.acks.streams import StreamConsumer
-from fsm_celery.channel import acl
+from fsm_celery.channel import acl, webhook
 from fsm_celery.channel.redis import RedisDispatcher, connect
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
@@ -71,7 +73,9 @@ def machine_engine(
         settings.database_url, pre_ping=pre_ping, prepare=settings.database_prepare
     )
     inline = (mode or settings.transition_mode) is TransitionMode.INLINE
-    return MachineEngine(db, dispatcher, settings, EnterNow() if inline else HandOn(), clock)
+    onward = EnterNow() if inline else HandOn()
+    away = (redis_errors.ConnectionError, redis_errors.TimeoutError)  # the dispatcher's
+    return MachineEngine(db, dispatcher, settings, onward, webhook.post_all, clock, away)
 
 
 def dead_letters(settings: Settings) -> DeadLetters:

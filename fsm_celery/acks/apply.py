@@ -16,17 +16,20 @@ from collections.abc import Callable
 from typing import Any
 
 import kombu.exceptions
+import redis
 
 from fsm_celery.acks.consumer import Delivery
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.engine.ports import Handoff, Inbound, Next
-from fsm_celery.engine.runtime import TRANSIENT as ENGINE_TRANSIENT
+from fsm_celery.engine.runtime import DATABASE_AWAY
 
 log = logging.getLogger(__name__)
 
 # Errors of the surroundings, not of a message: the batch is tried again once they pass.
 TRANSIENT = (
-    *ENGINE_TRANSIENT,
+    *DATABASE_AWAY,
+    redis.ConnectionError,
+    redis.TimeoutError,
     kombu.exceptions.OperationalError,  # the broker, when a task could not be published
 )
 

@@ -41,7 +41,7 @@ from fsm_celery.engine.entry import EnterNow, Entry, HandOn, Onward
 from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
-from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Scanned, Step
+from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Poster, Scanned, Step
 from fsm_celery.engine.replays import Replays
 from fsm_celery.engine.retention import Retention
 from fsm_celery.engine.runtime import Runtime, utcnow
@@ -62,6 +62,7 @@ __all__ = [
     "MachineEngine",
     "Next",
     "Onward",
+    "Poster",
     "Scanned",
     "Step",
 ]
@@ -69,8 +70,10 @@ __all__ = [
 
 class MachineEngine:
     """The engine's use cases over one database, dispatcher, settings and clock (built by
-    fsm_celery.wiring), with what becomes of the states agents' messages and entries decide
-    (`onward`: EnterNow inline, HandOn celery), chosen there once."""
+            fsm_celery.wiring), with what becomes of the states agents' messages and entries decide
+            (`onward`: EnterNow inline, HandOn celery), chosen there once, and the way notifications
+        are posted (`post`: fsm_celery.channel.webhook's); `away` names the dispatcher's errors when
+    its transport is away (Redis's), tried again like the database's."""
 
     def __init__(
         self,
@@ -78,9 +81,11 @@ class MachineEngine:
         dispatcher: Dispatcher,
         settings: Settings,
         onward: Onward,
+        post: Poster,
         clock: Callable[[], datetime] = utcnow,
+        away: tuple[type[Exception], ...] = (),
     ) -> None:
-        self.runtime = Runtime(db, dispatcher, settings, clock)
+        self.runtime = Runtime(db, dispatcher, settings, clock, away)
         self.catalog = self.runtime.catalog
         self.entry = Entry(self.runtime, onward)
         self.admin = Admin(self.runtime, self.entry)
@@ -94,7 +99,7 @@ class MachineEngine:
         self.schedules = Schedules(self.runtime, self.admin)
         self.github = GitHub(self.runtime, self.admin, self.approvals)
         self.stats = Stats(self.runtime)
-        self.notifier = Notifier(self.runtime)
+        self.notifier = Notifier(self.runtime, post)
         self.retention = Retention(self.runtime)
 
     @property

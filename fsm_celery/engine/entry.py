@@ -21,7 +21,7 @@ from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.kinds.joins import Joins
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
-from fsm_celery.engine.runtime import TRANSIENT, Runtime
+from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.slots import Slots
 from fsm_celery.engine.writes import Rows, Writes, aware
@@ -115,7 +115,7 @@ class Entry:
         while True:
             try:
                 return self._enter_locking_late(steps)
-            except TRANSIENT:
+            except self._rt.transient:
                 if time.monotonic() + pause > give_up:
                     raise
                 log.warning("entering %d started children failed; trying again", len(steps))
@@ -214,9 +214,10 @@ class Entry:
         Only a crash between the send and the commit sends a state_task twice (at least once);
         its duplicate ack is then refused as stale, and the work is applied once.
         """
-        self._rt.dispatcher.dispatch_many(writes.to_send)
-        if writes.sent is not None:
-            writes.sent.add(writes.sending)  # until the commit (Runtime.transaction)
+        out = writes.out
+        self._rt.dispatcher.dispatch_many(out.to_send)
+        if out.sent is not None:
+            out.sent.add(out.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)
         for hook in self._at_write:
             hook(conn, self._rt, writes)

@@ -17,7 +17,7 @@ from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.kinds import approval
 from fsm_celery.engine.ports import Scanned
-from fsm_celery.engine.runtime import TRANSIENT, Runtime
+from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.store import dialects
@@ -44,7 +44,7 @@ class Scan:
         """
         try:
             return self._scan(limit)
-        except TRANSIENT:
+        except self._rt.transient:
             raise
         except Exception:
             log.exception("the scan's transaction failed; it goes on machine by machine")
@@ -52,7 +52,7 @@ class Scan:
         for machine_id in self._candidates(limit):
             try:
                 scanned = self._scan(limit, machine_id)
-            except TRANSIENT:
+            except self._rt.transient:
                 raise
             except Exception:
                 log.exception("the scan could not write machine %s; it goes on", machine_id)

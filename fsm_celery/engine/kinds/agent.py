@@ -6,6 +6,7 @@ cannot be rendered fails its attempt, nothing sent."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -17,9 +18,21 @@ from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import DispatchFailed, Machine, Rejected, decide
 from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.slots import Slots
+from fsm_celery.engine.slots import Ledger, Slots
 from fsm_celery.engine.writes import Writes
 from fsm_celery.store import queries as q
+
+
+@dataclass
+class Routing:
+    """A transaction's part (Writes.part): per agent type, its live agents in the order they
+    get work (read once a transaction), and the agents handed work in it."""
+
+    live: dict[str, deque[UUID]] = field(default_factory=dict)
+    assigned: set[UUID] = field(default_factory=set)
+
+    def write(self, conn: Connection, writes: Writes) -> None:
+        q.mark_assigned_txn(conn, sorted(self.assigned), writes.now)
 
 
 class AgentState:
@@ -42,7 +55,7 @@ class AgentState:
             if row.queued_at is not None:
                 # taken from the queue, its ancestors perhaps not held here: the scan fails it,
                 # taking the locks in their order (a failed child joins its parent)
-                writes.unqueued.append(row.id)
+                writes.part(Ledger).unqueued.append(row.id)
                 writes.entered.add(row.id)
                 return
             event = DispatchFailed(state.name, machine.attempt, f"prompt of {state.name}: {exc}")
@@ -90,14 +103,15 @@ class AgentState:
         since = writes.now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
         if own is not None and (row.agent_pinned or q.agent_alive_txn(conn, own, since)):
             return str(own), own
-        live = writes.live.get(agent_type)
+        routing = writes.part(Routing)
+        live = routing.live.get(agent_type)
         if live is None:  # once a transaction, however many states it enters
-            live = writes.live[agent_type] = deque(q.live_agents_txn(conn, agent_type, since))
+            live = routing.live[agent_type] = deque(q.live_agents_txn(conn, agent_type, since))
         if not live:
             return agent_type, own
         chosen = live[0]
         live.rotate(-1)  # round robin, starting with the agent assigned least recently
-        writes.assigned.add(chosen)
+        routing.assigned.add(chosen)
         return str(chosen), chosen
 
 

@@ -6,6 +6,7 @@ leaves it closed as `left` (`leave_txn`, a hook of the transaction's write).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -20,6 +21,16 @@ from fsm_celery.store import gates as store
 from fsm_celery.store import queries as q
 from fsm_celery.store.notify import insert_notifications_txn
 from fsm_celery.store.queries import AnyRow
+
+
+@dataclass
+class Opened:
+    """A transaction's part (Writes.part): the machines that opened an approval gate in it."""
+
+    machines: set[UUID] = field(default_factory=set)
+
+    def write(self, conn: Connection, writes: Writes) -> None:
+        """Nothing of its own: the gates are written as they open."""
 
 
 class ApprovalGate:
@@ -44,7 +55,7 @@ class ApprovalGate:
         members = gate.members_of(self._rt.settings.approver_groups, state.approval)
         needed = gate.needed(state.approval, len(members))
         store.open_txn(conn, row.id, state.name, attempt, writes.now, deadline, needed)
-        writes.gated.add(row.id)
+        writes.part(Opened).machines.add(row.id)
         writes.entering(row.id, deadline, row.agent_id)
         _ask(conn, self._rt, row, state, attempt, deadline, writes.now)
 
@@ -64,7 +75,7 @@ def leave_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
     cancel, a force, a parent's cancel), once its moves are written: a gate no one can decide
     at any more is not left `pending`. Only machines that were at an approval state, or
     opened a gate here, are looked at."""
-    at_gates = set(writes.gated)
+    at_gates = set(writes.part(Opened).machines)
     for row, _, _ in writes.log:
         definition = runtime.catalog.version(conn, row.type, row.definition_version)
         if definition.state(row.current_state).approval is not None:

@@ -9,6 +9,7 @@ spending counts against every ancestor's budget (docs/fan-out.md)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +18,7 @@ from sqlalchemy import Connection
 from fsm_celery.core.definition import Body
 from fsm_celery.core.join import Slot, SlotStatus, Tally, Verdict, ended_together, rule_for
 from fsm_celery.core.transition import LOOP_COUNT, LOOP_LIMIT, MachineStatus, Transition
+from fsm_celery.core.usage import NOTHING, Usage
 from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import ENDED, Rows, Writes
@@ -24,9 +26,21 @@ from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
 
 
+@dataclass
+class Progress:
+    """A transaction's part (Writes.part): how many of its transitions fan-outs have settled,
+    and its children's spending rolled up, per ancestor."""
+
+    settled: int = 0
+    rolled_up: dict[UUID, Usage] = field(default_factory=dict)
+
+    def write(self, conn: Connection, writes: Writes) -> None:
+        spent = {mid: u for mid, u in self.rolled_up.items() if mid not in writes.moves}
+        fanouts.add_usage_txn(conn, spent)  # a moved machine's Move holds its new totals
+
+
 class Joins:
-    """Settles fan-outs in a transaction; its progress (the transitions settled so far) is the
-    transaction's own, in `writes.settled`."""
+    """Settles fan-outs in a transaction (its Progress)."""
 
     def __init__(self, runtime: Runtime, fanout: FanOut) -> None:
         self._rt = runtime
@@ -43,9 +57,10 @@ class Joins:
         judged once every end is counted, an ancestor at a time."""
         ended: dict[tuple[UUID, int], list[tuple[q.AnyRow, Transition]]] = {}
         over_budget: dict[UUID, str] = {}
-        while writes.settled < len(writes.log) or ended or over_budget:
-            batch = writes.log[writes.settled :]
-            writes.settled = len(writes.log)
+        progress = writes.part(Progress)
+        while progress.settled < len(writes.log) or ended or over_budget:
+            batch = writes.log[progress.settled :]
+            progress.settled = len(writes.log)
             for row, t, event in batch:
                 if row.parent_id is not None:
                     if t.usage.tokens or t.usage.cost:
@@ -77,11 +92,14 @@ class Joins:
     ) -> dict[UUID, str]:
         """Count a child's spending against each ancestor; the ancestors it takes past their
         budget, and why."""
+        progress = writes.part(Progress)
         over: dict[UUID, str] = {}
         ancestor_id = row.parent_id
         while ancestor_id is not None:
             ancestor = self._fanout.row(conn, rows, ancestor_id)
             writes.roll_up(ancestor, t.usage)
+            rolled = progress.rolled_up
+            rolled[ancestor_id] = rolled.get(ancestor_id, NOTHING).rolled(t.usage)
             machine = writes.machine(ancestor)
             exceeded = machine.budget.exceeded_by(machine.usage)
             if exceeded is not None and machine.status is MachineStatus.RUNNING:
