@@ -1,8 +1,11 @@
-"""Entering a state: its state_task built, routed to an agent, sent, and recorded as sent.
+"""Entering a state, as its kind does (engine/kinds), and the end of every transaction that
+moves machines: what it decided settled (fan-outs' joins, agent types' slots), its state_tasks
+sent, its writes written with their hooks (gates left, notifications queued).
 
 Every use case that moves a machine on enters the next state through here, in its own
 transaction when the state is due now; the fsm.enter_state task enters it in a transaction of
-its own when it was handed on.
+its own when it was handed on. What an entry or an inbox batch does with the states it decided
+is its Onward (EnterNow inline, HandOn celery), chosen where the process is built.
 """
 
 from __future__ import annotations
@@ -175,7 +178,7 @@ class Entry:
                 self.enter_txn(conn, rows, rows[mid], writes)
 
     def settle_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
-        """Settle what the transaction did to fan-outs (see FanOut), and enter the machines
+        """Settle what the transaction did to fan-outs (see Joins), and enter the machines
         queued longest in the slots its transitions freed (see Slots); entering nothing else."""
         self._joins.settle_txn(conn, rows, writes)
         self._enter_queued(conn, rows, self._slots.release_txn(conn, writes), writes)

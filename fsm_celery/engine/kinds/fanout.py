@@ -185,13 +185,9 @@ class FanOut:
         event: str,
         writes: Writes,
     ) -> None:
-        """A parent paused, resumed or moved off a fan-out state: its children follow (those
-        whose state says on_parent_cancel: cancel), and a fan-out it left counts no more."""
-        if event == "join":
-            return  # the join closed its fan-out itself
-        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
-        if not definition.state(t.from_state).fans_out:
-            return
+        """A parent paused, resumed or moved off a fan-out state (by other than its join, which
+        closed its fan-out itself): its children follow (those whose state says
+        on_parent_cancel: cancel), and a fan-out it left counts no more."""
         fan_out = fanouts.open_fan_out_txn(conn, row.id)
         if fan_out is None:
             return

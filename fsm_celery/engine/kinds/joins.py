@@ -67,12 +67,19 @@ class Joins:
                         over_budget |= self._roll_up(conn, rows, row, t, writes)
                     if t.status in ENDED:
                         ended.setdefault((row.parent_id, row.parent_attempt), []).append((row, t))
-                self._fanout.leave_txn(conn, rows, row, t, event, writes)
+                if event != "join" and self._left_fan_out(conn, row, t):
+                    self._fanout.leave_txn(conn, rows, row, t, event, writes)
             if ended:
                 self._settle_deepest(conn, rows, ended, writes)
             elif over_budget:  # the deepest first: the end its join makes counts in the next
                 ancestor = max(over_budget, key=lambda a: self._fanout.row(conn, rows, a).depth)
                 self._out_of_budget(conn, rows, ancestor, over_budget.pop(ancestor), writes)
+
+    def _left_fan_out(self, conn: Connection, row: q.AnyRow, t: Transition) -> bool:
+        """Whether the transition moved the machine from (or paused, or resumed it at) a
+        fan-out state."""
+        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+        return definition.state(t.from_state).fans_out
 
     def _settle_deepest(
         self,
