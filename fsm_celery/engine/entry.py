@@ -1,6 +1,6 @@
 """Entering a state, as its kind does (engine/kinds), and the end of every transaction that
-moves machines: what it decided settled (fan-outs' joins, agent types' slots), its state_tasks
-sent, its writes written with their hooks (gates left, notifications queued).
+moves machines: what it decided followed up (fan-outs settled, freed slots filled), its
+state_tasks sent, its writes written with their hooks (gates left, notifications queued).
 
 Every use case that moves a machine on enters the next state through here, in its own
 transaction when the state is due now; the fsm.enter_state task enters it in a transaction of
@@ -67,7 +67,7 @@ class HandOn:
     slots it freed; every state it decided is handed on (an fsm.enter_state task each)."""
 
     def due_txn(self, entry: Entry, conn: Connection, rows: Rows, writes: Writes) -> None:
-        entry.settle_txn(conn, rows, writes)
+        entry.follow_up_txn(conn, rows, writes)
 
     def after(self, entry: Entry, decided: Next) -> Next:
         return decided
@@ -170,14 +170,14 @@ class Entry:
         to, or started children in, that are due now; until nothing more is (a state entered
         may start children, a join may move a parent on)."""
         while True:
-            self.settle_txn(conn, rows, writes)
+            self.follow_up_txn(conn, rows, writes)
             due = writes.due_now()
             if not due:
                 return
             for mid in due:
                 self.enter_txn(conn, rows, rows[mid], writes)
 
-    def settle_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
+    def follow_up_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
         """Settle what the transaction did to fan-outs (see Joins), and enter the machines
         queued longest in the slots its transitions freed (see Slots); entering nothing else."""
         self._joins.settle_txn(conn, rows, writes)
