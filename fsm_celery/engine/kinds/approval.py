@@ -75,7 +75,8 @@ def leave_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
     cancel, a force, a parent's cancel), once its moves are written: a gate no one can decide
     at any more is not left `pending`. Only machines that were at an approval state, or
     opened a gate here, are looked at."""
-    at_gates = set(writes.part(Opened).machines)
+    opened = writes.parts.get(Opened)
+    at_gates = set(opened.machines) if opened is not None else set()
     for row, _, _ in writes.log:
         definition = runtime.catalog.version(conn, row.type, row.definition_version)
         if definition.state(row.current_state).approval is not None:
