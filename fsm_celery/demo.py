@@ -28,7 +28,7 @@ from fsm_celery.acks.memory import MemoryConsumer
 from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
 from fsm_celery.client import Client
-from fsm_celery.config import Settings
+from fsm_celery.config import Settings, TransitionMode
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.messages import task_channel
 from fsm_celery.engine import MachineEngine
@@ -61,6 +61,7 @@ def run_demo(
             broker_url="memory://localhost/",
             task_token_secret=secrets.token_hex(16),
             definitions_path=str(definitions),
+            transition_mode=TransitionMode.INLINE,  # its bridge applies the acks (below)
         )
         app.conf.update(
             broker_url="memory://localhost/",

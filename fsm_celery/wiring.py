@@ -20,12 +20,13 @@ from fsm_celery.acks.consumer import Consumer
 from fsm_celery.acks.dead import DeadLetters, Policy
 from fsm_celery.acks.pubsub import PubSubConsumer
 from fsm_celery.acks.streams import StreamConsumer
-from fsm_celery.channel import acl
+from fsm_celery.channel import acl, webhook
 from fsm_celery.channel.redis import RedisDispatcher, connect
+from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
 from fsm_celery.core.messages import ack_channel
-from fsm_celery.engine import Dispatcher, MachineEngine
+from fsm_celery.engine import Dispatcher, EnterNow, HandOn, MachineEngine
 from fsm_celery.engine.runtime import utcnow
 from fsm_celery.engine.sent import Sent
 from fsm_celery.store import db as database
@@ -44,6 +45,8 @@ def machine_engine(
 ) -> MachineEngine:
     """The engine on the settings' database, dispatching to agents through Redis (or through
     the dispatcher given: the demo's in-memory bus), on the clock given (tests move theirs).
+    The settings' transition mode is read here, the one place it is decided whether the states
+    agents' messages and entries lead to are entered in this process or handed on.
 
     Without pre_ping no connection is tested as it leaves the pool: for a process that retries
     its work on connection errors anyway (worker tasks, the bridge), where a database restart
@@ -61,7 +64,9 @@ def machine_engine(
     db = database.connect(
         settings.database_url, pre_ping=pre_ping, prepare=settings.database_prepare
     )
-    return MachineEngine(db, dispatcher, settings, clock)
+    inline = settings.transition_mode is TransitionMode.INLINE
+    onward = EnterNow() if inline else HandOn()
+    return MachineEngine(db, dispatcher, settings, onward, webhook.post_all, clock, TRANSIENT)
 
 
 def dead_letters(settings: Settings) -> DeadLetters:
@@ -90,7 +95,7 @@ def _revoke_agent_user(redis_url: str, agent_id: UUID) -> bool:
 def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
     """Applies each batch here, entering the states due now in its transaction (the inline
     mode's handler, and the demo's)."""
-    operation = partial(engine.inbox.apply_and_enter, sent=Sent())
+    operation = partial(engine.inbox.apply, sent=Sent())
     return Applier(operation, engine.inbox.reject, Enqueue(settings))
 
 
@@ -104,7 +109,7 @@ def handle_acks(settings: Settings) -> Handle:
         db = database.connect(settings.database_url, prepare=settings.database_prepare)
         route = relay.Routes(db, settings.queue_for)
     inbox = machine_engine(settings).inbox  # agents' statuses: applied here, never tasks
-    statuses = Applier(inbox.apply_and_hand_on, inbox.reject, Enqueue(settings))
+    statuses = Applier(inbox.apply, inbox.reject, Enqueue(settings))
     return relay.Relay(app, settings.queue, settings.max_relay_bytes, route, statuses)
 
 

@@ -1,12 +1,12 @@
 """Applying agents' messages batch by batch: a batch in one transaction; a message that breaks
 it is isolated, so that it cannot hold back or take down the messages around it.
 
-One Applier serves both modes; the composition root (fsm_celery.wiring) gives it the engine's
-operation that fits: `Inbox.apply_and_enter` in the bridge (the inline mode: the states due
-now are entered in the batch's transaction) or `Inbox.apply_and_hand_on` in fsm.apply_acks
-(the celery mode: nothing is sent, every state decided is handed on). Inline, the operation
-keeps a Sent across tries: the state_tasks a failed try sent before its write was refused are
-recorded by the split, or the next try, without being sent again (DESIGN.md, invariant 8).
+One Applier serves both modes; the composition root (fsm_celery.wiring) gives it
+`Inbox.apply` of an engine built for the mode: in the bridge, inline (the states due now
+are entered in the batch's transaction), or in fsm.apply_acks, celery (nothing is sent,
+every state decided is handed on). Inline, the operation keeps a Sent across tries: the
+state_tasks a failed try sent before its write was refused are recorded by the split, or the
+next try, without being sent again (DESIGN.md, invariant 8).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A gate names the groups of people who may decide (`approvers`), how many approva
 (`schema`, a JSON Schema of its fields). The state's `timeout` is the gate's deadline, and its
 `on_timeout` says what a deadline decides: `approve`, `reject`, or a state to escalate to. Each
 person decides once per gate; the votes are counted in the transaction that records one
-(fsm_celery.engine.gates), so a quorum is met exactly once, however many doors decide at once.
+(fsm_celery.engine.approvals), so a quorum is met exactly once, however many doors decide at once.
 Only approvers vote, each as the name they authenticated with; an admin's (or the CLI's)
 decision is an override: it decides the gate outright and is counted as nobody's vote.
 """

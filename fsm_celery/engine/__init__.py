@@ -5,11 +5,13 @@ definitions). Those that move machines answer with a Next, the states they decid
 not enter themselves (fsm_celery.engine.ports):
 
 - `admin`: start machines, command them, set their budgets (engine/admin.py);
-- `approvals`: people's decisions at approval gates (engine/approvals.py; gates.py opens them);
+- `approvals`: people's decisions at approval gates (engine/approvals.py; the gates open as
+  engine/kinds/approval.py enters their states);
 - `signals`: outside events, applied to a waiting machine or kept for it (engine/signals.py);
 - `rewind`, `fork`: a machine back at a past step, or a new one from it (engine/travel.py);
 - `replays`: recorded histories run again against a definition, read only (engine/replays.py);
-- `entry`: enter a state, the one way a state_task is sent (engine/entry.py);
+- `entry`: enter a state, the one way a state_task is sent (engine/entry.py), as its kind
+  does (engine/kinds: an agent's, a fan-out, an approval gate, a wait);
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
 - `schedules`: start machines on their definitions' cron ticks (engine/schedules.py);
@@ -35,11 +37,11 @@ from sqlalchemy import Engine
 from fsm_celery.config import Settings
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.approvals import Approvals
-from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.entry import EnterNow, Entry, HandOn, Onward
 from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
-from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Scanned, Step
+from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Poster, Scanned, Step
 from fsm_celery.engine.replays import Replays
 from fsm_celery.engine.retention import Retention
 from fsm_celery.engine.runtime import Runtime, utcnow
@@ -49,23 +51,43 @@ from fsm_celery.engine.signals import Signals
 from fsm_celery.engine.stats import Stats
 from fsm_celery.engine.travel import Fork, Rewind
 
-__all__ = ["Dispatcher", "Handoff", "Inbound", "MachineEngine", "Next", "Scanned", "Step"]
+__all__ = [
+    "Dispatcher",
+    "EnterNow",
+    "Entry",
+    "HandOn",
+    "Handoff",
+    "Inbound",
+    "Inbox",
+    "MachineEngine",
+    "Next",
+    "Onward",
+    "Poster",
+    "Scanned",
+    "Step",
+]
 
 
 class MachineEngine:
     """The engine's use cases over one database, dispatcher, settings and clock (built by
-    fsm_celery.wiring)."""
+            fsm_celery.wiring), with what becomes of the states agents' messages and entries decide
+            (`onward`: EnterNow inline, HandOn celery), chosen there once, and the way notifications
+        are posted (`post`: fsm_celery.channel.webhook's); `away` names the dispatcher's errors when
+    its transport is away (Redis's), tried again like the database's."""
 
     def __init__(
         self,
         db: Engine,
         dispatcher: Dispatcher,
         settings: Settings,
+        onward: Onward,
+        post: Poster,
         clock: Callable[[], datetime] = utcnow,
+        away: tuple[type[Exception], ...] = (),
     ) -> None:
-        self.runtime = Runtime(db, dispatcher, settings, clock)
+        self.runtime = Runtime(db, dispatcher, settings, clock, away)
         self.catalog = self.runtime.catalog
-        self.entry = Entry(self.runtime)
+        self.entry = Entry(self.runtime, onward)
         self.admin = Admin(self.runtime, self.entry)
         self.approvals = Approvals(self.runtime, self.entry)
         self.signals = Signals(self.runtime, self.entry)
@@ -77,7 +99,7 @@ class MachineEngine:
         self.schedules = Schedules(self.runtime, self.admin)
         self.github = GitHub(self.runtime, self.admin, self.approvals)
         self.stats = Stats(self.runtime)
-        self.notifier = Notifier(self.runtime)
+        self.notifier = Notifier(self.runtime, post)
         self.retention = Retention(self.runtime)
 
     @property

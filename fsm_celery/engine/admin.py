@@ -28,7 +28,7 @@ from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes, snapshot, start_record
+from fsm_celery.engine.writes import Rows, Writes, snapshot, start_record
 from fsm_celery.exceptions import (
     ARCHIVED,
     CommandRefused,
@@ -108,10 +108,7 @@ class Admin:
         """Apply an operator's command; raises CommandRefused when it does not apply."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            rows = q.lock_machines_txn(conn, [machine_id])
-            row = rows.get(machine_id)
-            if row is None:
-                raise MachineNotFound(str(machine_id))
+            rows, row = _lock_one(conn, machine_id)
             definition = self._rt.catalog.version(conn, row.type, row.definition_version)
             last = q.last_transition_txn(conn, machine_id)
             if last is None:  # every machine has its start's row: its month was archived
@@ -129,7 +126,7 @@ class Admin:
                 raise CommandRefused(command.action.value, str(machine_id), exc.detail) from exc
             secret = self._rt.settings.token_secrets[0]
             cancel_in_flight(writes, row, secret, _cancel_reason(command))
-            self._entry.enter_due_txn(conn, rows, writes)  # children follow (engine.fanout)
+            self._entry.enter_due_txn(conn, rows, writes)  # children follow (engine.kinds.joins)
             self._entry.send_and_write(conn, writes)
         return writes.next()
 
@@ -138,10 +135,7 @@ class Admin:
         resumes if now within it."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            rows = q.lock_machines_txn(conn, [machine_id])
-            row = rows.get(machine_id)
-            if row is None:
-                raise MachineNotFound(str(machine_id))
+            rows, row = _lock_one(conn, machine_id)
             q.set_budget_txn(conn, machine_id, budget.tokens, budget.cost)
             q.record_budget_change_txn(
                 conn,
@@ -220,3 +214,12 @@ def _agent_uuid(agent_id: UUID | str | None) -> UUID | None:
 
 def _fits_int32(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT32_MAX
+
+
+def _lock_one(conn: Connection, machine_id: UUID) -> tuple[Rows, q.AnyRow]:
+    """The machine's row locked (with its ancestors'), or MachineNotFound."""
+    rows = q.lock_machines_txn(conn, [machine_id])
+    row = rows.get(machine_id)
+    if row is None:
+        raise MachineNotFound(str(machine_id))
+    return rows, row

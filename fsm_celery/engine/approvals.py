@@ -2,7 +2,7 @@
 one transaction with the machine's row locked, so a quorum moves the machine exactly once,
 whichever doors (the dashboard, the API, the CLI, the client, GitHub) the decisions came
 through at once. The counting is fsm_celery.core.gate's; the move, fsm_celery.core.transition's;
-opening a gate, fsm_celery.engine.gates'.
+opening a gate, fsm_celery.engine.kinds.approval's.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from fsm_celery.core.gate import Approval, Choice, Verdict, Vote
 from fsm_celery.core.messages import json_problem, unstorable
 from fsm_celery.core.transition import MachineStatus, Rejected, decide
 from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.fanout import Rows
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes, snapshot
+from fsm_celery.engine.writes import Rows, Writes, snapshot
 from fsm_celery.exceptions import (
     GateClosed,
     InvalidDecision,

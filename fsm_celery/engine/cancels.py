@@ -27,4 +27,4 @@ def cancel_in_flight(writes: Writes, row: q.AnyRow, secret: str, reason: str) ->
     )
     # Where its state_task went: the machine's agent, else its type's stream.
     agent = str(row.agent_id) if row.agent_id is not None else str(row.agent_type)
-    writes.cancels.append((agent, cancel.to_wire()))
+    writes.out.cancels.append((agent, cancel.to_wire()))

@@ -1,35 +1,33 @@
-"""Entering a state: its state_task built, routed to an agent, sent, and recorded as sent.
+"""Entering a state, as its kind does (engine/kinds), and the end of every transaction that
+moves machines: what it decided followed up (fan-outs settled, freed slots filled), its
+state_tasks sent, its writes written with their hooks (gates left, notifications queued).
 
 Every use case that moves a machine on enters the next state through here, in its own
 transaction when the state is due now; the fsm.enter_state task enters it in a transaction of
-its own when it was handed on.
+its own when it was handed on. What an entry or an inbox batch does with the states it decided
+is its Onward (EnterNow inline, HandOn celery), chosen where the process is built.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from datetime import datetime, timedelta
+from datetime import timedelta
+from typing import Protocol
 from uuid import UUID
 
 from sqlalchemy import Connection
 
-from fsm_celery.config import TransitionMode
-from fsm_celery.core.attempt_events import DispatchFailed
-from fsm_celery.core.definition import StateDefinition
-from fsm_celery.core.messages import StateTask, task_token
-from fsm_celery.core.prompt import PromptError, render
-from fsm_celery.core.transition import Machine, MachineStatus, Rejected, decide
-from fsm_celery.engine import gates, waits
-from fsm_celery.engine.fanout import FanOut, Rows
+from fsm_celery.core.transition import MachineStatus
+from fsm_celery.engine.kinds import Entering, approval, kind_of, kinds
+from fsm_celery.engine.kinds.fanout import FanOut
+from fsm_celery.engine.kinds.joins import Joins
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.ports import Next
-from fsm_celery.engine.runtime import TRANSIENT, Runtime
+from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.slots import Slots
-from fsm_celery.engine.writes import Writes, aware
-from fsm_celery.store import agents as agent_store
+from fsm_celery.engine.writes import Rows, Writes, aware
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
@@ -37,11 +35,54 @@ log = logging.getLogger(__name__)
 EARLY = timedelta(milliseconds=50)  # how early a countdown may fire and still enter a state
 
 
+class Onward(Protocol):
+    """What becomes of the states that a transaction of agents' messages, or of entries, moved
+    machines to: entered here (EnterNow, the inline mode: the due ones in that transaction, the
+    children it started each in one of their own after it), or handed back in its Next, to be
+    entered by an fsm.enter_state task each (HandOn, the celery mode). Chosen once, where the
+    process is built (fsm_celery.wiring, from the transition mode), and given to the Entry."""
+
+    def due_txn(self, entry: Entry, conn: Connection, rows: Rows, writes: Writes) -> None:
+        """In the transaction, once its messages or entries are decided: what it enters."""
+        ...
+
+    def after(self, entry: Entry, decided: Next) -> Next:
+        """After its commit: what is left of its Next to hand on."""
+        ...
+
+
+class EnterNow:
+    """The inline mode's Onward: the states due now are entered in the transaction that moved
+    machines to them, and the children it started in transactions of their own after it."""
+
+    def due_txn(self, entry: Entry, conn: Connection, rows: Rows, writes: Writes) -> None:
+        entry.enter_due_txn(conn, rows, writes)
+
+    def after(self, entry: Entry, decided: Next) -> Next:
+        return entry.enter_started(decided)
+
+
+class HandOn:
+    """The celery mode's Onward: a transaction enters nothing but the machines queued for the
+    slots it freed; every state it decided is handed on (an fsm.enter_state task each)."""
+
+    def due_txn(self, entry: Entry, conn: Connection, rows: Rows, writes: Writes) -> None:
+        entry.follow_up_txn(conn, rows, writes)
+
+    def after(self, entry: Entry, decided: Next) -> Next:
+        return decided
+
+
 class Entry:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, onward: Onward) -> None:
         self._rt = runtime
-        self._fanout = FanOut(runtime)
+        self.onward = onward  # what becomes of the states its entries decide
         self._slots = Slots(runtime)
+        fanout = FanOut(runtime)
+        self._kinds = kinds(runtime, self._slots, fanout)  # what entering a state does, by kind
+        self._joins = Joins(runtime, fanout)
+        # once its moves are written: gates left closed, the ended machines' notifications
+        self._at_write = (approval.leave_txn, outbox_txn)
         self._sent = Sent()  # what an entry that failed sent: its task, run again, sends it not
 
     def enter(self, machine_id: UUID, attempt: int) -> Next:
@@ -54,10 +95,7 @@ class Entry:
     def enter_many(self, steps: list[tuple[UUID, int]]) -> Next:
         """enter, for each (machine, attempt), in one transaction (those another transaction
         holds, each in one of its own afterwards: see _enter)."""
-        entered = self._enter_locking_late(steps)
-        if self._rt.settings.transition_mode is TransitionMode.INLINE:
-            return self.enter_started(entered)
-        return entered  # each child an fsm.enter_state task
+        return self.onward.after(self, self._enter_locking_late(steps))
 
     def enter_started(self, next_states: Next) -> Next:
         """Enter the first states of the children a committed transaction started, in
@@ -80,7 +118,7 @@ class Entry:
         while True:
             try:
                 return self._enter_locking_late(steps)
-            except TRANSIENT:
+            except self._rt.transient:
                 if time.monotonic() + pause > give_up:
                     raise
                 log.warning("entering %d started children failed; trying again", len(steps))
@@ -119,10 +157,7 @@ class Entry:
                 self.enter_txn(conn, rows, row, writes)
                 if writes.log and row.parent_id is not None and not ancestors:
                     raise _ChildMoved  # rolled back, nothing sent: again, the parent first
-            if self._rt.settings.transition_mode is TransitionMode.INLINE:
-                self.enter_due_txn(conn, rows, writes)
-            else:
-                self.settle_txn(conn, rows, writes)
+            self.onward.due_txn(self, conn, rows, writes)
             self.send_and_write(conn, writes)
         entered = writes.next()
         for step in steps if skip else []:
@@ -135,17 +170,17 @@ class Entry:
         to, or started children in, that are due now; until nothing more is (a state entered
         may start children, a join may move a parent on)."""
         while True:
-            self.settle_txn(conn, rows, writes)
+            self.follow_up_txn(conn, rows, writes)
             due = writes.due_now()
             if not due:
                 return
             for mid in due:
                 self.enter_txn(conn, rows, rows[mid], writes)
 
-    def settle_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
-        """Settle what the transaction did to fan-outs (see FanOut), and enter the machines
+    def follow_up_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
+        """Settle what the transaction did to fan-outs (see Joins), and enter the machines
         queued longest in the slots its transitions freed (see Slots); entering nothing else."""
-        self._fanout.settle_txn(conn, rows, writes)
+        self._joins.settle_txn(conn, rows, writes)
         self._enter_queued(conn, rows, self._slots.release_txn(conn, writes), writes)
 
     def reconcile_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
@@ -161,47 +196,13 @@ class Entry:
                 self.enter_txn(conn, rows, row, writes)
 
     def enter_txn(self, conn: Connection, rows: Rows, row: q.AnyRow, writes: Writes) -> None:
-        """Build the machine's state_task, route it, and record it as sent (in this txn); or,
-        for a state whose children do its work, start them (engine.fanout). `rows` holds the
-        machines the transaction locked, and those it starts.
-
-        A state that cannot be sent (its prompt does not render with this context) fails its
-        machine at once, recorded with the reason, and nothing is sent (core.transition says
-        why).
-        """
+        """Enter the machine's state, as its kind does (engine/kinds): build its state_task,
+        route it, and record it as sent (in this transaction); start its children; open its
+        gate; or wait for its event. `rows` holds the machines the transaction locked, and
+        those it starts."""
         definition = self._rt.catalog.version(conn, row.type, row.definition_version)
-        machine = writes.machine(row)
-        state = definition.state(machine.current_state)
-        if state.fans_out:
-            self._fanout.enter_txn(conn, rows, row, definition, state, writes)
-            return
-        if state.approval is not None:  # people decide it: nothing is sent to an agent
-            gates.open_txn(conn, self._rt, row, state, writes)
-            return
-        if state.wait is not None:  # an outside event decides it (one kept for it, at once)
-            waits.enter_txn(conn, self._rt, row, definition, state, writes)
-            return
-        agent_type = definition.agent_type_of(state)
-        if not self._slots.take_txn(conn, row.id, agent_type, writes):
-            writes.queue(row)  # over its agent type's bound: waits for a slot
-            return
-        try:
-            task = self._task(row, state, machine, writes.now)
-        except PromptError as exc:
-            if row.queued_at is not None:
-                # taken from the queue, its ancestors perhaps not held here: the scan fails it,
-                # taking the locks in their order (a failed child joins its parent)
-                writes.unqueued.append(row.id)
-                writes.entered.add(row.id)
-                return
-            event = DispatchFailed(state.name, machine.attempt, f"prompt of {state.name}: {exc}")
-            decision = decide(definition, machine, event, self._rt.limits)
-            assert not isinstance(decision, Rejected)  # the machine is at that attempt
-            writes.transition(row, decision, "dispatch_error")
-            return
-        earlier = writes.sent_before(row.id, task.attempt, task.state)
-        where, agent_id = self._route(conn, row, agent_type, writes, earlier)
-        writes.dispatch(task, where, agent_id)
+        state = definition.state(writes.machine(row).current_state)
+        self._kinds[kind_of(state)].enter_txn(Entering(conn, rows, row, definition, state, writes))
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.
@@ -216,61 +217,13 @@ class Entry:
         Only a crash between the send and the commit sends a state_task twice (at least once);
         its duplicate ack is then refused as stale, and the work is applied once.
         """
-        self._rt.dispatcher.dispatch_many(writes.to_send)
-        if writes.sent is not None:
-            writes.sent.add(writes.sending)  # until the commit (Runtime.transaction)
+        out = writes.out
+        self._rt.dispatcher.dispatch_many(out.to_send)
+        if out.sent is not None:
+            out.sent.add(out.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)
-        gates.leave_txn(conn, self._rt, writes)
-        if writes.ended:
-            outbox_txn(conn, self._rt, writes)
-
-    def _task(
-        self, row: q.AnyRow, state: StateDefinition, machine: Machine, now: datetime
-    ) -> StateTask:
-        settings = self._rt.settings
-        return StateTask(
-            machine_id=row.id,
-            machine_type=row.type,
-            state=state.name,
-            attempt=machine.attempt,
-            context=dict(machine.context),
-            prompt=render(state.prompt, machine.context, settings.max_prompt_bytes),
-            required_output=list(state.required_output),
-            timeout=int(state.timeout_seconds * 1000),
-            deadline=now + state.timeout,
-            task_token=task_token(settings.token_secrets[0], row.id, state.name, machine.attempt),
-            heartbeat_timeout=_ms(state.heartbeat_timeout),
-        )
-
-    def _route(
-        self,
-        conn: Connection,
-        row: q.AnyRow,
-        agent_type: str,
-        writes: Writes,
-        earlier: str | None = None,
-    ) -> tuple[str, UUID | None]:
-        """Where the task goes, and the agent the machine is then assigned to: its agent (while
-        its states are of that agent's type, or it is pinned), else a live agent of the state's
-        type, else the type's own channel and stream, where any agent of the type may take it.
-        A task a failed transaction sent already stays where it went (`earlier`)."""
-        own = row.agent_id if row.agent_pinned or agent_type == row.agent_type else None
-        if earlier is not None:
-            return earlier, own if earlier == agent_type else UUID(earlier)
-        since = writes.now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
-        if own is not None and (row.agent_pinned or agent_store.agent_alive_txn(conn, own, since)):
-            return str(own), own
-        live = writes.live.get(agent_type)
-        if live is None:  # once a transaction, however many states it enters
-            live = writes.live[agent_type] = deque(
-                agent_store.live_agents_txn(conn, agent_type, since)
-            )
-        if not live:
-            return agent_type, own
-        chosen = live[0]
-        live.rotate(-1)  # round robin, starting with the agent assigned least recently
-        writes.assigned.add(chosen)
-        return str(chosen), chosen
+        for hook in self._at_write:
+            hook(conn, self._rt, writes)
 
 
 class _ChildMoved(Exception):
@@ -283,7 +236,3 @@ def _awaits_dispatch(row: q.AnyRow, attempt: int) -> bool:
         and row.attempt == attempt
         and row.dispatch_due_at is not None
     )
-
-
-def _ms(value: timedelta | None) -> int | None:
-    return None if value is None else int(value.total_seconds() * 1000)

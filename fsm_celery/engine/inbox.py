@@ -41,20 +41,15 @@ class Inbox:
         self._entry = entry
         self._longest_attempt = timedelta(seconds=runtime.settings.max_attempt_seconds)
 
-    def apply_and_enter(self, batch: Iterable[Inbound], sent: Sent | None = None) -> Next:
-        """Apply a batch of raw agent messages in one transaction, and enter the states due now
-        in it (their state_tasks go out before it commits): the inline mode. Those that a
-        failed try of the same messages sent (`sent`) are recorded, not sent again. The Next
-        holds the states that wait out a retry delay."""
-        return self._entry.enter_started(self._apply_batch(batch, sent, enter=True))
+    def apply(self, batch: Iterable[Inbound], sent: Sent | None = None) -> Next:
+        """Apply a batch of raw agent messages in one transaction; what becomes of the states
+        it moved machines to is the Entry's Onward: entered now, their state_tasks sent before
+        it commits, those it started after it (inline; the Next holds the states that wait out
+        a retry delay), or all of them handed on in the Next, nothing sent (celery). Those
+        that a failed try of the same messages sent (`sent`) are recorded, not sent again."""
+        return self._entry.onward.after(self._entry, self._apply_batch(batch, sent))
 
-    def apply_and_hand_on(self, batch: Iterable[Inbound]) -> Next:
-        """Apply a batch of raw agent messages in one transaction, sending nothing: every state
-        the batch moved a machine to is in the Next, for an fsm.enter_state task each (the
-        celery mode)."""
-        return self._apply_batch(batch, None, enter=False)
-
-    def _apply_batch(self, batch: Iterable[Inbound], sent: Sent | None, *, enter: bool) -> Next:
+    def _apply_batch(self, batch: Iterable[Inbound], sent: Sent | None) -> Next:
         settings = self._rt.settings
         writes = Writes(self._rt.clock(), sent=sent)
         parsed: list[tuple[MachineMessage, Inbound]] = []
@@ -83,10 +78,7 @@ class Inbox:
                     writes.reject(RejectReason.WRONG_AGENT, wrong, item.raw, **where)
                 else:
                     self._apply(conn, row, message, item.raw, writes)
-            if enter:
-                self._entry.enter_due_txn(conn, rows, writes)
-            else:
-                self._entry.settle_txn(conn, rows, writes)
+            self._entry.onward.due_txn(self._entry, conn, rows, writes)
             self._entry.send_and_write(conn, writes)
         return writes.next()
 

@@ -10,29 +10,30 @@ while a receiver answers, and a job killed mid-send leaves them to the next one.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
-import httpx
 from sqlalchemy import Connection
 
 from fsm_celery.core import notify
 from fsm_celery.core.retry import jitter_unit
+from fsm_celery.engine.ports import Poster, Webhook
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes
+from fsm_celery.engine.writes import ENDED, Writes
 from fsm_celery.store import notify as store
 from fsm_celery.store.queries import AnyRow
 
 log = logging.getLogger(__name__)
-SENDERS = 8  # receivers tried at once
-ANSWER_CHARS = 300  # of a receiver's answer kept as the error
+NO_SECRET = "FSM_NOTIFY_SECRET is not set: notifications are sent signed only"
 
 
 def outbox_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
     """Queue a notification for each machine the transaction ended, where its definition or
     FSM_NOTIFY_URL asks for one."""
+    ended = [(row, t) for row, t, _ in writes.log if t.status in ENDED]
+    if not ended:
+        return
     rows = []
-    for row, t in writes.ended:
+    for row, t in ended:
         definition = runtime.catalog.version(conn, row.type, row.definition_version)
         urls = notify.targets(definition.notify, runtime.settings.notify_url, t.status.value)
         if not urls:
@@ -62,8 +63,9 @@ def outbox_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
 
 
 class Notifier:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, post: Poster) -> None:
         self._rt = runtime
+        self._post = post  # the HTTP side (fsm_celery.channel.webhook)
 
     def deliver(self, limit: int = 50) -> tuple[int, int]:
         """Send the notifications due now; how many were delivered and how many failed."""
@@ -74,11 +76,13 @@ class Notifier:
             due = store.claim_due_txn(conn, now, limit, lease)
         if not due:
             return 0, 0
-        with (
-            httpx.Client(timeout=settings.notify_timeout_seconds, follow_redirects=False) as http,
-            ThreadPoolExecutor(min(SENDERS, len(due))) as pool,
-        ):
-            errors = list(pool.map(lambda row: self._send(http, row), due))
+        secret = settings.notify_secret
+        if secret:
+            errors = self._post(
+                [_webhook(row, secret) for row in due], settings.notify_timeout_seconds
+            )
+        else:
+            errors = [NO_SECRET] * len(due)
         done = self._rt.clock()
         delivered = 0
         with self._rt.db.begin() as conn:
@@ -86,27 +90,6 @@ class Notifier:
                 delivered += error is None
                 store.settle_txn(conn, row.id, **self._outcome(row, error, done))
         return delivered, len(due) - delivered
-
-    def _send(self, http: httpx.Client, row: AnyRow) -> str | None:
-        """POST one notification; None when the receiver took it (2xx), else what went wrong."""
-        secret = self._rt.settings.notify_secret
-        if not secret:
-            return "FSM_NOTIFY_SECRET is not set: notifications are sent signed only"
-        data = notify.body(row.payload)
-        headers = {
-            "content-type": "application/json",
-            "user-agent": "fsm-celery",
-            "x-fsm-event": f"machine.{row.event}",
-            "x-fsm-delivery": str(row.id),
-            "x-fsm-signature-256": notify.signature(secret, data),
-        }
-        try:
-            response = http.post(row.url, content=data, headers=headers)
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"[:ANSWER_CHARS]
-        if 200 <= response.status_code < 300:
-            return None
-        return f"HTTP {response.status_code}: {response.text[:ANSWER_CHARS]}"
 
     def _outcome(self, row: AnyRow, error: str | None, now: datetime) -> dict[str, object]:
         tries = row.attempts + 1
@@ -117,3 +100,16 @@ class Notifier:
             return {"status": "failed", "last_error": error}
         delay = notify.retry_after(tries, jitter_unit(row.machine_id, int(row.id) * 100 + tries))
         return {"last_error": error, "next_attempt_at": now + timedelta(seconds=delay)}
+
+
+def _webhook(row: AnyRow, secret: str) -> Webhook:
+    """One notification, signed."""
+    data = notify.body(row.payload)
+    headers = {
+        "content-type": "application/json",
+        "user-agent": "fsm-celery",
+        "x-fsm-event": f"machine.{row.event}",
+        "x-fsm-delivery": str(row.id),
+        "x-fsm-signature-256": notify.signature(secret, data),
+    }
+    return Webhook(row.url, data, headers)

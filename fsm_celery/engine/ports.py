@@ -6,12 +6,16 @@ messages, fsm_celery.worker sends Celery tasks); they import this module, never 
 - `Inbound`: a raw message from an agent, as the acks side read it;
 - `Step` and `Next`: the states a use case decided and did not enter itself;
 - `Dispatcher`: how state_tasks, state_cancels and transition events leave;
-- `Handoff`: how a Next is entered later (an fsm.enter_state task per step, normally).
+- `Handoff`: how a Next is entered later (an fsm.enter_state task per step, normally);
+- `Webhook` and `Poster`: how notifications leave (fsm_celery.channel.webhook POSTs them).
+
+What becomes of the states a transaction moved machines to (entered here, or handed on) is
+the engine's own port, `engine.entry.Onward`, chosen once where the process is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 from uuid import UUID
 
@@ -79,3 +83,18 @@ class Dispatcher(Protocol):
         """Publish the events on the events channel; never raises (a listener may miss them,
         a transition must not fail for it)."""
         ...
+
+
+class Webhook(NamedTuple):
+    """A notification to send: its receiver, its body and its headers (signed)."""
+
+    url: str
+    body: bytes
+    headers: Mapping[str, str]
+
+
+class Poster(Protocol):
+    """Sends webhooks, all at once as far as it can, each within `timeout` seconds; for each,
+    in order, None when its receiver took it, else what went wrong. Never raises."""
+
+    def __call__(self, hooks: Sequence[Webhook], timeout: float, /) -> list[str | None]: ...

@@ -138,7 +138,7 @@ class Retention:
             left = parts.detached(conn, table)
         done = []
         for name in left:  # an earlier run stopped between detaching and removing these
-            done.append(self._settle(table, name, cutoff, archive, dry_run))
+            done.append(self._retire(table, name, cutoff, archive, dry_run))
         for month in due:
             done.append(self._remove(month, cutoff, archive, dry_run))
         return done
@@ -154,11 +154,11 @@ class Retention:
             if dry_run:
                 return Outcome(table, _month_of(name), "would go", _where(archive), month.rows)
             parts.detach(self._rt.db, month)
-            return self._settle(table, name, cutoff, archive, dry_run)
+            return self._retire(table, name, cutoff, archive, dry_run)
         except (sqlalchemy.exc.DBAPIError, OSError, RuntimeError) as error:
             return Outcome(table, _month_of(name), "failed", _short(error))
 
-    def _settle(
+    def _retire(
         self, table: str, name: str, cutoff: datetime, archive: str, dry_run: bool
     ) -> Outcome:
         """A detached month: checked again now that nothing can be written to it (put back

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-import redis
 import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
@@ -24,13 +23,12 @@ from fsm_celery.store import reads
 from fsm_celery.store import schedules as schedule_store
 from fsm_celery.store import slots as slot_store
 
-# Errors of the surroundings (the database or Redis away), not of a message or a row: what
-# failed with one is tried again once it passes.
-TRANSIENT = (
+# Errors of the surroundings (the database away), not of a message or a row: what failed with
+# one is tried again once it passes. The dispatcher's own (Redis away) are given to the Runtime
+# by whoever builds it (fsm_celery.wiring), with these in Runtime.transient.
+DATABASE_AWAY = (
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
-    redis.ConnectionError,
-    redis.TimeoutError,
 )
 
 if TYPE_CHECKING:
@@ -107,10 +105,13 @@ class Runtime:
     dispatcher: Dispatcher
     settings: Settings
     clock: Callable[[], datetime] = utcnow
+    away: tuple[type[Exception], ...] = ()  # the dispatcher's errors when its transport is away
     catalog: Catalog = field(init=False)
     limits: Limits = field(init=False)
+    transient: tuple[type[Exception], ...] = field(init=False)  # tried again once they pass
 
     def __post_init__(self) -> None:
+        self.transient = (*DATABASE_AWAY, *self.away)
         self.catalog = Catalog(self.db, self.clock, self.settings.max_child_depth)
         self.limits = Limits(self.settings.max_context_bytes, self.settings.max_handbacks)
 
@@ -121,7 +122,8 @@ class Runtime:
         that was rolled back, nor an agent drop work that still counts)."""
         with self.db.begin() as conn:
             yield conn
-        if writes.sent is not None:
-            writes.sent.forget(writes.sending)  # recorded as sent: nothing decides them again
-        self.dispatcher.cancel_many(writes.cancels)
-        self.dispatcher.announce(writes.events)
+        out = writes.out
+        if out.sent is not None:
+            out.sent.forget(out.sending)  # recorded as sent: nothing decides them again
+        self.dispatcher.cancel_many(out.cancels)
+        self.dispatcher.announce(out.events)

@@ -14,11 +14,11 @@ from sqlalchemy import Connection
 
 from fsm_celery.core.attempt_events import Timeout
 from fsm_celery.core.transition import Rejected, decide
-from fsm_celery.engine import gates
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.kinds import approval
 from fsm_celery.engine.ports import Scanned
-from fsm_celery.engine.runtime import TRANSIENT, Runtime
+from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.store import agents as agent_store
@@ -46,7 +46,7 @@ class Scan:
         """
         try:
             return self._scan(limit)
-        except TRANSIENT:
+        except self._rt.transient:
             raise
         except Exception:
             log.exception("the scan's transaction failed; it goes on machine by machine")
@@ -54,7 +54,7 @@ class Scan:
         for machine_id in self._candidates(limit):
             try:
                 scanned = self._scan(limit, machine_id)
-            except TRANSIENT:
+            except self._rt.transient:
                 raise
             except Exception:
                 log.exception("the scan could not write machine %s; it goes on", machine_id)
@@ -104,7 +104,7 @@ class Scan:
         writes.transition(row, decision, "timeout")
         state = definition.state(row.current_state)
         if state.approval is not None:
-            gates.close_txn(conn, row.id, "timed_out", writes.now)
+            approval.close_txn(conn, row.id, "timed_out", writes.now)
         if state.awaits:  # people or an outside event were waited for: no agent to tell
             return
         why = "timed out: no ack or heartbeat before its deadline"

@@ -1,8 +1,8 @@
 """Outside events: sent to a machine waiting for one, applied in the transaction that records
 it, with the machine's row locked; sent before the machine waits, kept (a few per machine and
-name) and applied when it enters the state that waits, in that transaction (engine/waits.py).
-A key the sender gives makes an event sent twice one event. The decision is
-fsm_celery.core.transition's.
+name) and applied when it enters the state that waits, in that transaction
+(engine/kinds/wait.py). A key the sender gives makes an event sent twice one event. The
+decision is fsm_celery.core.transition's.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from fsm_celery.core.messages import json_problem, unstorable
 from fsm_celery.core.transition import (
     MachineStatus,
 )
-from fsm_celery.engine import waits
 from fsm_celery.engine.entry import Entry
+from fsm_celery.engine.kinds import wait as wait_kind
 from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import Writes
@@ -115,7 +115,7 @@ class Signals:
             return Signalled(machine_id, name, "duplicate", row.current_state)
         if not here:
             return Signalled(machine_id, name, "kept", row.current_state)
-        moved = waits.apply_txn(
+        moved = wait_kind.apply_txn(
             conn, definition, state, row, event_id, name, payload, sender, writes, self._rt.limits
         )
         if moved is None:

@@ -12,6 +12,7 @@ overshoots; the scan counts again what is in flight, should a count ever drift.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -25,6 +26,24 @@ from fsm_celery.store import slots as store
 BOUND_SECONDS = 2.0  # how long a process keeps an agent type's bound before reading it again
 
 
+@dataclass
+class Ledger:
+    """A transaction's part (Writes.part): per agent type with a bound, the bound and the count
+    in flight (its row locked); the slots taken here, the machines whose slot was freed, the
+    transitions looked at so far, and the machines taken out of the queue, left to the scan."""
+
+    bounds: dict[str, int | None] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    taken: dict[UUID, str] = field(default_factory=dict)
+    freed: set[UUID] = field(default_factory=set)
+    released: int = 0
+    unqueued: list[UUID] = field(default_factory=list)
+
+    def write(self, conn: Connection, writes: Writes) -> None:
+        store.write_counts_txn(conn, self.in_flight)
+        store.make_due_txn(conn, self.unqueued, writes.now)
+
+
 class Slots:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
@@ -35,46 +54,49 @@ class Slots:
     def take_txn(self, conn: Connection, machine_id: UUID, agent_type: str, writes: Writes) -> bool:
         """Take a slot of the type for the machine's attempt; False when the type is at its
         bound (the machine is then queued). A type without a bound always has one."""
+        ledger = writes.part(Ledger)
         bound = self._bound(conn, agent_type, writes)
         if bound is None:
             return True
         count = self._count(conn, agent_type, writes)
         if count >= bound:
             return False
-        writes.in_flight[agent_type] = count + 1
-        writes.taken[machine_id] = agent_type
+        ledger.in_flight[agent_type] = count + 1
+        ledger.taken[machine_id] = agent_type
         return True
 
     def release_txn(self, conn: Connection, writes: Writes) -> dict[str, int]:
         """Free the slots of the attempts the transaction's transitions since the last call
         ended; how many slots each type has free now (to enter queued machines in)."""
+        ledger = writes.part(Ledger)
         freed: set[str] = set()
-        for row, _, _ in writes.log[writes.released :]:
-            agent_type = writes.taken.pop(row.id, None)
+        for row, _, _ in writes.log[ledger.released :]:
+            agent_type = ledger.taken.pop(row.id, None)
             if (
                 agent_type is None
-                and row.id not in writes.freed
+                and row.id not in ledger.freed
                 and self._bound(conn, row.agent_type, writes) is not None
                 and self._held(conn, row)
             ):
                 agent_type = row.agent_type
-            writes.freed.add(row.id)
+            ledger.freed.add(row.id)
             if agent_type is not None:
-                writes.in_flight[agent_type] = self._count(conn, agent_type, writes) - 1
+                ledger.in_flight[agent_type] = self._count(conn, agent_type, writes) - 1
                 freed.add(agent_type)
-        writes.released = len(writes.log)
+        ledger.released = len(writes.log)
         return {t: free for t in sorted(freed) if (free := self._free(conn, t, writes)) > 0}
 
     def reconcile_txn(self, conn: Connection, writes: Writes) -> dict[str, int]:
         """Count again each bounded type's work in flight (the scan's repair, should a count
         have drifted); how many slots each has free."""
+        ledger = writes.part(Ledger)
         types = sorted(set(store.bounded_txn(conn)) | set(self._rt.settings.agent_type_limits))
         free: dict[str, int] = {}
         for agent_type in types:
             if self._bound(conn, agent_type, writes) is None:
                 continue
             self._count(conn, agent_type, writes)  # locks the row: nothing moves meanwhile
-            writes.in_flight[agent_type] = store.in_flight_txn(conn, agent_type)
+            ledger.in_flight[agent_type] = store.in_flight_txn(conn, agent_type)
             if (left := self._free(conn, agent_type, writes)) > 0:
                 free[agent_type] = left
         return free
@@ -99,9 +121,10 @@ class Slots:
         return not definition.state(row.current_state).fans_out
 
     def _bound(self, conn: Connection, agent_type: str, writes: Writes) -> int | None:
-        if agent_type not in writes.bounds:
-            writes.bounds[agent_type] = self._known_bound(conn, agent_type)
-        return writes.bounds[agent_type]
+        ledger = writes.part(Ledger)
+        if agent_type not in ledger.bounds:
+            ledger.bounds[agent_type] = self._known_bound(conn, agent_type)
+        return ledger.bounds[agent_type]
 
     def _known_bound(self, conn: Connection, agent_type: str) -> int | None:
         now = time.monotonic()
@@ -118,6 +141,7 @@ class Slots:
         return bound
 
     def _count(self, conn: Connection, agent_type: str, writes: Writes) -> int:
-        if agent_type not in writes.in_flight:
-            writes.in_flight[agent_type] = store.lock_txn(conn, agent_type)
-        return writes.in_flight[agent_type]
+        ledger = writes.part(Ledger)
+        if agent_type not in ledger.in_flight:
+            ledger.in_flight[agent_type] = store.lock_txn(conn, agent_type)
+        return ledger.in_flight[agent_type]

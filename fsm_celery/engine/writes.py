@@ -4,9 +4,9 @@ and rejections, written in one go by the store (and the state_tasks to send befo
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -21,18 +21,28 @@ from fsm_celery.core.messages import (
     StateTask,
 )
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
-from fsm_celery.core.usage import NOTHING, Budget, Usage
+from fsm_celery.core.usage import Budget, Usage
 from fsm_celery.engine.ports import Next, Step
-from fsm_celery.engine.sent import Sending, Sent
+from fsm_celery.engine.sent import Outgoing, Sent
 from fsm_celery.exceptions import Unstorable
-from fsm_celery.store import agents as agent_store
-from fsm_celery.store import fanouts, slots
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
 
 KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or why it paused
 ENDED = (MachineStatus.COMPLETED, MachineStatus.FAILED, MachineStatus.CANCELLED)
 RUNNING = MachineStatus.RUNNING.value
+
+Rows = dict[UUID, q.AnyRow]  # the machines a transaction holds (locked, or started by it)
+
+
+class Part(Protocol):
+    """What a module keeps for one transaction (the slots' ledger, the fan-outs' progress,
+    the agents' routing): made on first use, its own rows written with the transaction's."""
+
+    def write(self, conn: Connection, writes: Writes) -> None: ...
+
+
+P = TypeVar("P", bound=Part)
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -59,47 +69,40 @@ def snapshot(row: q.AnyRow) -> Machine:
 
 @dataclass
 class Writes:
-    """Collects the writes of one transaction, then writes them in one go.
+    """Collects the writes of one transaction (machine moves, dispatches, heartbeats, history
+    and rejections), then writes them in one go; what it sends is its Outgoing's.
 
     It also knows which machines the transaction moved on, to which attempt, and which of
     those it entered: from that come the states still to enter (`next`), the one answer every
-    use case gives.
+    use case gives. What other modules keep for the transaction are its `parts`.
     """
 
     now: datetime
+    sent: InitVar[Sent | None] = None  # what failed transactions sent (kept by the caller)
     moves: dict[UUID, Move] = field(default_factory=dict)
     dispatches: dict[UUID, Dispatch] = field(default_factory=dict)  # of machines not moved
     beats: dict[UUID, Beat] = field(default_factory=dict)
     history: list[History] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
-    to_send: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_task)
-    sending: dict[Sending, str] = field(default_factory=dict)  # dispatched here: where to
-    sent: Sent | None = None  # what failed transactions sent (kept across them by the caller)
     machines: dict[UUID, Machine] = field(default_factory=dict)  # as moved in this transaction
     read: dict[UUID, tuple[q.AnyRow, Machine]] = field(default_factory=dict)  # each row's, once
     delays: dict[UUID, float] = field(default_factory=dict)
     types: dict[UUID, str] = field(default_factory=dict)
     entered: set[UUID] = field(default_factory=set)
-    events: list[StateEvent] = field(default_factory=list)  # announced once committed
-    cancels: list[tuple[str, str]] = field(default_factory=list)  # (agent, state_cancel), too
-    ended: list[tuple[q.AnyRow, Transition]] = field(default_factory=list)  # to notify
-    # every transition in order, and how many of them fan-outs have settled (engine.fanout)
-    log: list[tuple[q.AnyRow, Transition, str]] = field(default_factory=list)
-    settled: int = 0
+    log: list[tuple[q.AnyRow, Transition, str]] = field(default_factory=list)  # in order
     spawned: dict[UUID, Step] = field(default_factory=dict)  # children started here
-    rolled_up: dict[UUID, Usage] = field(default_factory=dict)  # children's usage, per ancestor
-    # per agent type with a bound (engine.slots): the bound, and the count in flight (its row
-    # locked); the slots taken here, the machines whose slot was freed, the log read so far
-    bounds: dict[str, int | None] = field(default_factory=dict)
-    in_flight: dict[str, int] = field(default_factory=dict)
-    taken: dict[UUID, str] = field(default_factory=dict)
-    freed: set[UUID] = field(default_factory=set)
-    released: int = 0
-    unqueued: list[UUID] = field(default_factory=list)  # out of the queue, left to the scan
-    gated: set[UUID] = field(default_factory=set)  # machines that opened an approval gate here
-    # per agent type, its live agents in the order they get work (read once a transaction)
-    live: dict[str, deque[UUID]] = field(default_factory=dict)
-    assigned: set[UUID] = field(default_factory=set)
+    out: Outgoing = field(init=False)
+    parts: dict[type[Any], Any] = field(default_factory=dict)
+
+    def __post_init__(self, sent: Sent | None) -> None:
+        self.out = Outgoing(sent)
+
+    def part(self, kind: type[P]) -> P:
+        """The transaction's part of that kind (made now, the first time)."""
+        found = self.parts.get(kind)
+        if found is None:
+            found = self.parts[kind] = kind()
+        return found
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
@@ -151,8 +154,6 @@ class Writes:
         self.history.append(history)
         self.announce(history, row, t.status.value, t.state_retries)
         self.log.append((row, t, event))
-        if t.status in ENDED:
-            self.ended.append((row, t))
 
     def _move(self, row: q.AnyRow, t: Transition, spent: Usage) -> Move:
         running = t.status is MachineStatus.RUNNING
@@ -224,7 +225,7 @@ class Writes:
         """Queue the event of a machine's history row (and the retries its state has used after
         it), to be announced once the transaction commits."""
         error = history.error_message
-        self.events.append(
+        self.out.events.append(
             StateEvent.model_construct(
                 machine_id=history.machine_id,
                 machine_type=machine.type,
@@ -254,9 +255,7 @@ class Writes:
         machine_id = task.machine_id
         self.entering(machine_id, task.deadline, agent_id)
         sending = (machine_id, task.attempt, task.state)
-        self.sending[sending] = agent
-        if self.sent is None or self.sent.where(sending) is None:
-            self.to_send.append((agent, task.to_wire()))
+        self.out.dispatch(sending, agent, task)
 
     def queue(self, row: q.AnyRow) -> None:
         """Record that the machine's state waits for a slot of its agent type, from now (no
@@ -290,7 +289,7 @@ class Writes:
 
     def sent_before(self, machine_id: UUID, attempt: int, state: str) -> str | None:
         """Where a failed transaction sent this attempt's state_task, if one did."""
-        return None if self.sent is None else self.sent.where((machine_id, attempt, state))
+        return self.out.sent_before((machine_id, attempt, state))
 
     def spawn(self, step: Step) -> None:
         """Record a child started in this transaction, its first state to enter."""
@@ -298,10 +297,10 @@ class Writes:
         self.delays[step.machine_id] = 0.0
 
     def roll_up(self, row: q.AnyRow, usage: Usage) -> None:
-        """Count a descendant's spending against a machine (its budget sees its children's)."""
+        """Count a descendant's spending against a machine (its budget sees its children's; a
+        machine not moved here has it added by the fan-outs' part, engine.kinds.joins)."""
         machine = self.machine(row)
         self.machines[row.id] = replace(machine, usage=machine.usage.rolled(usage))
-        self.rolled_up[row.id] = self.rolled_up.get(row.id, NOTHING).rolled(usage)
         moved = self.moves.get(row.id)
         if moved is not None:
             total = Usage(moved.tokens_used, moved.cost).rolled(usage)
@@ -364,14 +363,12 @@ class Writes:
         return moved + started
 
     def write(self, conn: Connection) -> None:
-        """Write everything decided (`to_send` is sent by the caller, before commit)."""
+        """Write everything decided, and the parts' own rows (what it sends is sent by the
+        caller, before commit)."""
         q.update_heartbeats_txn(conn, list(self.beats.values()))
         q.move_machines_txn(conn, list(self.moves.values()), self.history)
-        spent = {mid: u for mid, u in self.rolled_up.items() if mid not in self.moves}
-        fanouts.add_usage_txn(conn, spent)  # a moved machine's Move holds its new totals
-        slots.write_counts_txn(conn, self.in_flight)
-        agent_store.mark_assigned_txn(conn, sorted(self.assigned), self.now)
-        slots.make_due_txn(conn, self.unqueued, self.now)
+        for part in self.parts.values():
+            part.write(conn, self)
         q.mark_dispatched_txn(conn, list(self.dispatches.values()))
         q.insert_rejections_txn(conn, self.rejections)
 

@@ -1,6 +1,6 @@
 """The fan-outs' SQL: their counters (fan_outs), their children's slots (fan_out_items), and
 the children themselves. Helpers take a connection and never commit; the caller holds the
-parent's row lock (fsm_celery.engine.fanout), which serialises everything written here for
+parent's row lock (fsm_celery.engine.kinds.fanout), which serialises everything written here for
 one fan-out."""
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class NewMachine:
     attempt: int
     state_retries: int
     dispatch_due_at: datetime
-    # a fan-out's child: where it stands in its parent's (fsm_celery.engine.fanout)
+    # a fan-out's child: where it stands in its parent's (fsm_celery.engine.kinds.fanout)
     parent_id: UUID | None = None
     parent_attempt: int | None = None
     slot: int | None = None

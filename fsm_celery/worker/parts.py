@@ -74,7 +74,7 @@ class Worker:
         recorded."""
         if self._batches is None:
             inbox = self.engine.inbox
-            self._batches = Applier(inbox.apply_and_hand_on, inbox.reject, self.enqueue)
+            self._batches = Applier(inbox.apply, inbox.reject, self.enqueue)
         return self._batches(batch)
 
     def _enter(self, steps: list[Step]) -> list[Step]:

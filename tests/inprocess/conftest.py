@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -28,7 +29,7 @@ from fsm_celery.client import MachineInfo, TransitionRecord
 from fsm_celery.config import Settings
 from fsm_celery.core.loader import SHIPPED_DEFINITIONS, definition_files, load_all
 from fsm_celery.core.messages import task_stream
-from fsm_celery.engine import Inbound, MachineEngine, Next
+from fsm_celery.engine import EnterNow, Entry, Inbound, Inbox, MachineEngine, Next
 from fsm_celery.store import queries as q
 from fsm_celery.store.db import upgrade
 from tests.support import FIXTURE_DEFINITIONS
@@ -115,7 +116,13 @@ class Fsm:
     def receive(self, *messages: str | dict[str, Any], agent: UUID | None = None) -> Next:
         """Apply agents' messages in one batch, inline (due states entered at once)."""
         raws = [m if isinstance(m, str) else json.dumps(m) for m in messages]
-        return self.engine.inbox.apply_and_enter([Inbound(raw, agent) for raw in raws])
+        return self.inline.apply([Inbound(raw, agent) for raw in raws])
+
+    @cached_property
+    def inline(self) -> Inbox:
+        """The inline mode's inbox on the engine (whose own, the settings' celery mode, hands
+        every decided state on): the bridge's, started with --inline."""
+        return inline_inbox(self.engine)
 
     def enter_all(self, next_states: Next) -> None:
         """Do what the fsm.enter_state tasks would, once each step's delay has passed."""
@@ -149,6 +156,11 @@ class Fsm:
 
 def ack(task: dict[str, Any], **reply: Any) -> dict[str, Any]:
     return ack_for(task, Reply(**reply))
+
+
+def inline_inbox(engine: MachineEngine) -> Inbox:
+    """An inbox on the engine's runtime that enters the states due now (the inline mode)."""
+    return Inbox(engine.runtime, Entry(engine.runtime, EnterNow()))
 
 
 @pytest.fixture(scope="session")

@@ -384,7 +384,7 @@ def test_in_the_celery_mode_a_gate_opens_with_its_entry_not_with_the_move_to_it(
     tester = fsm.agent("tester")
     mid = fsm.start("test_gate")
     [build] = tester.tasks()
-    [step] = fsm.engine.inbox.apply_and_hand_on([Inbound(json.dumps(ack(build)), None)])
+    [step] = fsm.engine.inbox.apply([Inbound(json.dumps(ack(build)), None)])
     assert fsm.machine(mid).current_state == "REVIEW" and _gates(fsm, mid) == []
     with pytest.raises(GateClosed, match=r"the gate at REVIEW is not open \(yet\)"):
         _decide(fsm, mid, "alice", target="staging")

@@ -263,7 +263,7 @@ def test_without_entering_every_decided_state_is_handed_on_and_nothing_is_sent(f
     agent = fsm.agent("tester")
     mids = [fsm.start("test_linear") for _ in range(3)]
     answers = [json.dumps(ack(task)) for task in agent.tasks()]
-    next_states = fsm.engine.inbox.apply_and_hand_on([Inbound(a) for a in answers])
+    next_states = fsm.engine.inbox.apply([Inbound(a) for a in answers])
     assert sorted(s.machine_id for s in next_states) == sorted(mids)
     assert {(s.state, s.attempt, s.delay) for s in next_states} == {("TWO", 2, 0.0)}
     assert agent.tasks() == []
@@ -289,7 +289,7 @@ def test_batches_reporting_the_same_agents_in_opposite_orders_never_deadlock(fsm
             batch = [status(agent) for agent in order]
             go.wait()
             try:
-                fsm.engine.inbox.apply_and_enter(batch)
+                fsm.inline.apply(batch)
             except Exception as exc:
                 failures.append(exc)
 

@@ -82,8 +82,8 @@ def test_in_the_celery_shape_every_child_and_the_join_are_handed_on(fsm: Fsm) ->
     fsm.enter_all(started)
     [t1], [t2] = fsm.agent("writer").tasks(), fsm.agent("docwriter").tasks()
     inbox = fsm.engine.inbox
-    assert inbox.apply_and_hand_on([Inbound(json.dumps(ack(t1, output={"suite": 1})))]) == []
-    [joined] = inbox.apply_and_hand_on([Inbound(json.dumps(ack(t2, output={"pages": 1})))])
+    assert inbox.apply([Inbound(json.dumps(ack(t1, output={"suite": 1})))]) == []
+    [joined] = inbox.apply([Inbound(json.dumps(ack(t2, output={"pages": 1})))])
     assert (joined.machine_id, joined.state) == (first.machine_id, "SHIP")
 
 

@@ -31,7 +31,7 @@ def _inline(fsm: Fsm, answers: list[dict[str, Any]]) -> None:
 def _celery(fsm: Fsm, answers: list[dict[str, Any]]) -> None:
     """The batch applied as one group-commit round of fsm.apply_acks (the tasks' acks in one
     transaction, nothing sent), then the states it handed on entered as their tasks would."""
-    fsm.enter_all(fsm.engine.inbox.apply_and_hand_on([Inbound(json.dumps(a)) for a in answers]))
+    fsm.enter_all(fsm.engine.inbox.apply([Inbound(json.dumps(a)) for a in answers]))
 
 
 SHAPES = {"inline": _inline, "celery": _celery}

@@ -16,7 +16,7 @@ from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.loader import parse_definition
 from fsm_celery.engine import MachineEngine
 from fsm_celery.store.tables import notifications
-from tests.inprocess.conftest import Fsm, ack
+from tests.inprocess.conftest import Fsm, ack, inline_inbox
 from tests.support.receiver import Receiver
 
 SECRET = "notify-secret"
@@ -48,7 +48,7 @@ def _finish(fsm: Fsm, engine: MachineEngine, context: dict[str, Any] | None = No
     [first] = engine.admin.start("notified", context or {"deploymentUrl": "https://x.test"})
     engine.entry.enter(first.machine_id, first.attempt)
     task = fsm.agent("tester").tasks()[-1]
-    engine.inbox.apply_and_enter([_inbound(ack(task))])
+    inline_inbox(engine).apply([_inbound(ack(task))])
     return first.machine_id
 
 

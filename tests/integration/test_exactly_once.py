@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from fsm_celery.core.messages import ack_channel, task_token
-from fsm_celery.engine import Inbound
+from fsm_celery.engine import EnterNow, Entry, Inbound, Inbox
 from tests.integration.conftest import ONE_MODE
 from tests.support.agents import ScriptedAgent
 from tests.support.credentials import TEST_SECRET
@@ -75,10 +75,12 @@ def test_concurrent_batches_for_one_attempt_lock_the_row(fsm: FsmEnv) -> None:
     bad = json.dumps(ack_for(task, Reply(success=False, error="no")))
     go = threading.Barrier(2)
     results: list[object] = []
+    runtime = fsm.client.engine.runtime
+    inbox = Inbox(runtime, Entry(runtime, EnterNow()))  # the inline mode's, on the engine
 
     def apply(payload: str) -> None:
         go.wait()
-        results.append(fsm.client.engine.inbox.apply_and_enter([Inbound(payload)]))
+        results.append(inbox.apply([Inbound(payload)]))
 
     threads = [threading.Thread(target=apply, args=(p,)) for p in (good, bad)]
     for t in threads:

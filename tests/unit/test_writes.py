@@ -141,7 +141,7 @@ def test_each_transition_queues_its_event_as_its_history_row_says() -> None:
     writes = Writes(NOW)
     row = _row(agent_id=uuid.uuid4())
     writes.transition(row, _moved(row, "END", MachineStatus.COMPLETED), "ack", actor="op")
-    [event] = writes.events
+    [event] = writes.out.events
     [history] = writes.history
     assert (event.machine_id, event.machine_type, event.agent_type, event.agent_id) == (
         row.id,
@@ -166,7 +166,7 @@ def test_entering_a_machine_not_moved_records_a_dispatch_of_its_own() -> None:
     task = _task(row.id, 1, "A")
     writes.dispatch(task, "agent", None)
     assert writes.dispatches[row.id] == Dispatch(row.id, None, NOW, NOW, NOW, None)
-    assert writes.next() == [] and writes.to_send == [("agent", task.to_wire())]
+    assert writes.next() == [] and writes.out.to_send == [("agent", task.to_wire())]
 
 
 def _task(machine_id: uuid.UUID, attempt: int, state: str) -> StateTask:
@@ -189,12 +189,12 @@ def test_a_state_task_a_failed_transaction_sent_is_recorded_and_not_sent_again()
     row = _row(entered_at=None)
     failed = Writes(NOW, sent=sent)
     failed.dispatch(_task(row.id, 1, "A"), "agent-1", None)
-    sent.add(failed.sending)  # what send_and_write does once it sent them; then it rolled back
+    sent.add(failed.out.sending)  # what send_and_write does once it sent them; then it rolled back
     again = Writes(NOW, sent=sent)
     assert again.sent_before(row.id, 1, "A") == "agent-1"
     again.dispatch(_task(row.id, 1, "A"), "agent-1", None)
-    assert again.to_send == [] and row.id in again.dispatches  # recorded, not sent
-    sent.forget(again.sending)  # committed
+    assert again.out.to_send == [] and row.id in again.dispatches  # recorded, not sent
+    sent.forget(again.out.sending)  # committed
     assert sent.where((row.id, 1, "A")) is None
 
 
@@ -227,7 +227,7 @@ def test_a_transition_whose_row_would_not_fit_is_refused_and_records_nothing(
         moved = replace(moved, usage=Usage(0, 1.7e308))
     with pytest.raises(Unstorable, match=problem):
         writes.transition(row, moved, "ack")
-    assert (writes.moves, writes.history, writes.events, writes.machines) == ({}, [], [], {})
+    assert (writes.moves, writes.history, writes.out.events, writes.machines) == ({}, [], [], {})
 
 
 def test_a_reason_with_a_nul_character_is_refused() -> None:

@@ -1,10 +1,12 @@
-"""Approval gates opened and closed: a machine entering an approval state opens one (its
+"""The approval gate state kind: a machine entering an approval state opens a gate (its
 deadline set, its people asked); a machine resumed there keeps it; its deadline (the scan) or
-its people's verdict (fsm_celery.engine.approvals) closes it.
+its people's verdict (fsm_celery.engine.approvals) closes it, and a machine taken away from it
+leaves it closed as `left` (`leave_txn`, a hook of the transaction's write).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -12,6 +14,7 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import gate, notify
 from fsm_celery.core.definition import StateDefinition
+from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import Writes, aware
 from fsm_celery.store import gates as store
@@ -20,28 +23,41 @@ from fsm_celery.store.notify import insert_notifications_txn
 from fsm_celery.store.queries import AnyRow
 
 
-def open_txn(
-    conn: Connection, runtime: Runtime, row: AnyRow, state: StateDefinition, writes: Writes
-) -> None:
-    """Enter an approval state: open its gate (or, for a machine resumed there, keep the one it
-    had, with the decisions made), set the machine's deadline to the gate's, and ask its people
-    (a notification, where the definition or FSM_NOTIFY_URL asks for them)."""
-    assert state.approval is not None
-    attempt = writes.machine(row).attempt
-    opened = store.open_gate_txn(conn, row.id)
-    if opened is not None and opened.state == state.name and _resumed(conn, row.id, writes):
-        store.update_txn(conn, opened.id, attempt=attempt)
-        writes.entering(row.id, aware(opened.deadline_at) or writes.now, row.agent_id)
-        return
-    if opened is not None:  # left another way (forced, retried, rewound): closed now
-        store.update_txn(conn, opened.id, verdict="left", closed_at=writes.now)
-    deadline = writes.now + state.timeout
-    members = gate.members_of(runtime.settings.approver_groups, state.approval)
-    needed = gate.needed(state.approval, len(members))
-    store.open_txn(conn, row.id, state.name, attempt, writes.now, deadline, needed)
-    writes.gated.add(row.id)
-    writes.entering(row.id, deadline, row.agent_id)
-    _ask(conn, runtime, row, state, attempt, deadline, writes.now)
+@dataclass
+class Opened:
+    """A transaction's part (Writes.part): the machines that opened an approval gate in it."""
+
+    machines: set[UUID] = field(default_factory=set)
+
+    def write(self, conn: Connection, writes: Writes) -> None:
+        """Nothing of its own: the gates are written as they open."""
+
+
+class ApprovalGate:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    def enter_txn(self, at: Entering) -> None:
+        """Enter an approval state: open its gate (or, for a machine resumed there, keep the one it
+        had, with the decisions made), set the machine's deadline to the gate's, and ask its people
+        (a notification, where the definition or FSM_NOTIFY_URL asks for them)."""
+        conn, _, row, _, state, writes = at
+        assert state.approval is not None
+        attempt = writes.machine(row).attempt
+        opened = store.open_gate_txn(conn, row.id)
+        if opened is not None and opened.state == state.name and _resumed(conn, row.id, writes):
+            store.update_txn(conn, opened.id, attempt=attempt)
+            writes.entering(row.id, aware(opened.deadline_at) or writes.now, row.agent_id)
+            return
+        if opened is not None:  # left another way (forced, retried, rewound): closed now
+            store.update_txn(conn, opened.id, verdict="left", closed_at=writes.now)
+        deadline = writes.now + state.timeout
+        members = gate.members_of(self._rt.settings.approver_groups, state.approval)
+        needed = gate.needed(state.approval, len(members))
+        store.open_txn(conn, row.id, state.name, attempt, writes.now, deadline, needed)
+        writes.part(Opened).machines.add(row.id)
+        writes.entering(row.id, deadline, row.agent_id)
+        _ask(conn, self._rt, row, state, attempt, deadline, writes.now)
 
 
 def _resumed(conn: Connection, machine_id: UUID, writes: Writes) -> bool:
@@ -59,7 +75,8 @@ def leave_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
     cancel, a force, a parent's cancel), once its moves are written: a gate no one can decide
     at any more is not left `pending`. Only machines that were at an approval state, or
     opened a gate here, are looked at."""
-    at_gates = set(writes.gated)
+    opened = writes.parts.get(Opened)
+    at_gates = set(opened.machines) if opened is not None else set()
     for row, _, _ in writes.log:
         definition = runtime.catalog.version(conn, row.type, row.definition_version)
         if definition.state(row.current_state).approval is not None:

@@ -1,6 +1,6 @@
-"""Entering a state that waits for an outside event: an event kept for it decides it at once,
-else it waits (its deadline set, nothing sent to any agent); fsm_celery.engine.signals sends
-the events.
+"""The wait state kind, a state that waits for an outside event: an event kept for it decides
+it at once, else it waits (its deadline set, nothing sent to any agent);
+fsm_celery.engine.signals sends the events.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from fsm_celery.core import signal
 from fsm_celery.core.attempt_events import EventArrived
 from fsm_celery.core.definition import MachineDefinition, StateDefinition
 from fsm_celery.core.transition import Limits, Rejected, RejectReason, decide
+from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable
@@ -22,39 +23,37 @@ from fsm_celery.store import signals as store
 from fsm_celery.store.queries import AnyRow
 
 
-def enter_txn(
-    conn: Connection,
-    runtime: Runtime,
-    row: AnyRow,
-    definition: MachineDefinition,
-    state: StateDefinition,
-    writes: Writes,
-) -> None:
-    """Enter a waiting state: the oldest event kept for it, if one fits, decides it at once;
-    else it waits, its deadline set (the scan times it out). A kept event that does not fit
-    (its payload against this state's schema, a guard it breaks) is consumed as refused."""
-    assert state.wait is not None
-    name = state.wait.event
-    while (kept := store.oldest_kept_txn(conn, row.id, name)) is not None:
-        problem = signal.payload_problem(state.wait, kept.payload)
-        moved = None
-        if problem is None:
-            moved = apply_txn(
-                conn,
-                definition,
-                state,
-                row,
-                kept.id,
-                name,
-                kept.payload,
-                kept.sender,
-                writes,
-                runtime.limits,
-            )
-        if moved is not None:
-            return
-        store.consume_txn(conn, kept.id, writes.machine(row).attempt, writes.now, "refused")
-    writes.entering(row.id, writes.now + state.timeout, row.agent_id)
+class Wait:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    def enter_txn(self, at: Entering) -> None:
+        """Enter a waiting state: the oldest event kept for it, if one fits, decides it at once;
+        else it waits, its deadline set (the scan times it out). A kept event that does not fit
+        (its payload against this state's schema, a guard it breaks) is consumed as refused."""
+        conn, _, row, definition, state, writes = at
+        assert state.wait is not None
+        name = state.wait.event
+        while (kept := store.oldest_kept_txn(conn, row.id, name)) is not None:
+            problem = signal.payload_problem(state.wait, kept.payload)
+            moved = None
+            if problem is None:
+                moved = apply_txn(
+                    conn,
+                    definition,
+                    state,
+                    row,
+                    kept.id,
+                    name,
+                    kept.payload,
+                    kept.sender,
+                    writes,
+                    self._rt.limits,
+                )
+            if moved is not None:
+                return
+            store.consume_txn(conn, kept.id, writes.machine(row).attempt, writes.now, "refused")
+        writes.entering(row.id, writes.now + state.timeout, row.agent_id)
 
 
 def apply_txn(

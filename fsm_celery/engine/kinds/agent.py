@@ -1,0 +1,123 @@
+"""The agent state kind, worked by an agent: its state_task built, routed to an agent (the
+machine's own, a live one of the state's type in turn, or the type's stream), and recorded as
+sent; over its agent type's bound, queued for a slot (engine/slots.py). A state whose prompt
+cannot be rendered fails its attempt, nothing sent."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from sqlalchemy import Connection
+
+from fsm_celery.core.attempt_events import DispatchFailed
+from fsm_celery.core.definition import StateDefinition
+from fsm_celery.core.messages import StateTask, task_token
+from fsm_celery.core.prompt import PromptError, render
+from fsm_celery.core.transition import Machine, Rejected, decide
+from fsm_celery.engine.kinds.base import Entering
+from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.slots import Ledger, Slots
+from fsm_celery.engine.writes import Writes
+from fsm_celery.store import agents as agent_store
+from fsm_celery.store import queries as q
+
+
+@dataclass
+class Routing:
+    """A transaction's part (Writes.part): per agent type, its live agents in the order they
+    get work (read once a transaction), and the agents handed work in it."""
+
+    live: dict[str, deque[UUID]] = field(default_factory=dict)
+    assigned: set[UUID] = field(default_factory=set)
+
+    def write(self, conn: Connection, writes: Writes) -> None:
+        agent_store.mark_assigned_txn(conn, sorted(self.assigned), writes.now)
+
+
+class AgentState:
+    def __init__(self, runtime: Runtime, slots: Slots) -> None:
+        self._rt = runtime
+        self._slots = slots
+
+    def enter_txn(self, at: Entering) -> None:
+        """Take a slot of the state's agent type (or queue for one), build the state_task,
+        route it, and record it as sent (in this transaction)."""
+        conn, _, row, definition, state, writes = at
+        machine = writes.machine(row)
+        agent_type = definition.agent_type_of(state)
+        if not self._slots.take_txn(conn, row.id, agent_type, writes):
+            writes.queue(row)  # over its agent type's bound: waits for a slot
+            return
+        try:
+            task = self._task(row, state, machine, writes.now)
+        except PromptError as exc:
+            if row.queued_at is not None:
+                # taken from the queue, its ancestors perhaps not held here: the scan fails it,
+                # taking the locks in their order (a failed child joins its parent)
+                writes.part(Ledger).unqueued.append(row.id)
+                writes.entered.add(row.id)
+                return
+            event = DispatchFailed(state.name, machine.attempt, f"prompt of {state.name}: {exc}")
+            decision = decide(definition, machine, event, self._rt.limits)
+            assert not isinstance(decision, Rejected)  # the machine is at that attempt
+            writes.transition(row, decision, "dispatch_error")
+            return
+        earlier = writes.sent_before(row.id, task.attempt, task.state)
+        where, agent_id = self._route(conn, row, agent_type, writes, earlier)
+        writes.dispatch(task, where, agent_id)
+
+    def _task(
+        self, row: q.AnyRow, state: StateDefinition, machine: Machine, now: datetime
+    ) -> StateTask:
+        settings = self._rt.settings
+        return StateTask(
+            machine_id=row.id,
+            machine_type=row.type,
+            state=state.name,
+            attempt=machine.attempt,
+            context=dict(machine.context),
+            prompt=render(state.prompt, machine.context, settings.max_prompt_bytes),
+            required_output=list(state.required_output),
+            timeout=int(state.timeout_seconds * 1000),
+            deadline=now + state.timeout,
+            task_token=task_token(settings.token_secrets[0], row.id, state.name, machine.attempt),
+            heartbeat_timeout=_ms(state.heartbeat_timeout),
+        )
+
+    def _route(
+        self,
+        conn: Connection,
+        row: q.AnyRow,
+        agent_type: str,
+        writes: Writes,
+        earlier: str | None = None,
+    ) -> tuple[str, UUID | None]:
+        """Where the task goes, and the agent the machine is then assigned to: its agent (while
+        its states are of that agent's type, or it is pinned), else a live agent of the state's
+        type, else the type's own channel and stream, where any agent of the type may take it.
+        A task a failed transaction sent already stays where it went (`earlier`)."""
+        own = row.agent_id if row.agent_pinned or agent_type == row.agent_type else None
+        if earlier is not None:
+            return earlier, own if earlier == agent_type else UUID(earlier)
+        since = writes.now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
+        if own is not None and (row.agent_pinned or agent_store.agent_alive_txn(conn, own, since)):
+            return str(own), own
+        routing = writes.part(Routing)
+        live = routing.live.get(agent_type)
+        if live is None:  # once a transaction, however many states it enters
+            live = routing.live[agent_type] = deque(
+                agent_store.live_agents_txn(conn, agent_type, since)
+            )
+        if not live:
+            return agent_type, own
+        chosen = live[0]
+        live.rotate(-1)  # round robin, starting with the agent assigned least recently
+        routing.assigned.add(chosen)
+        return str(chosen), chosen
+
+
+def _ms(value: timedelta | None) -> int | None:
+    return None if value is None else int(value.total_seconds() * 1000)

@@ -1,0 +1,31 @@
+"""What every state kind implements (engine/kinds): entering a state of its kind."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from sqlalchemy import Connection
+
+from fsm_celery.core.definition import MachineDefinition, StateDefinition
+from fsm_celery.engine.writes import Rows, Writes
+from fsm_celery.store.queries import AnyRow
+
+
+class Entering(NamedTuple):
+    """A machine entering a state, in a transaction: its row (locked), its definition and the
+    state, the machines the transaction holds (locked, or started by it) and its Writes."""
+
+    conn: Connection
+    rows: Rows
+    row: AnyRow
+    definition: MachineDefinition
+    state: StateDefinition
+    writes: Writes
+
+
+class StateKind(Protocol):
+    def enter_txn(self, at: Entering) -> None:
+        """Enter the machine's state: record on the Writes that it is entered (and what to
+        send), or a transition when it cannot be (a state whose instruction cannot be made
+        fails)."""
+        ...
