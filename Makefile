@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TEST_PROCESSES ?= 4
 PARALLEL := -n $(TEST_PROCESSES) --dist loadfile
 
-.PHONY: install demo test lint unit inprocess integration docs figures
+.PHONY: install demo test lint unit inprocess integration browser docs figures
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -31,6 +31,9 @@ inprocess: install
 
 integration: install
 	$(PY) -m pytest tests/integration -q $(PARALLEL)
+
+browser: install  # the dashboard in Debian's chromium (/usr/bin/chromium), driven by Playwright
+	$(PY) -m pytest tests/browser -q $(PARALLEL)
 
 test: lint
 	$(PY) -m pytest -q $(PARALLEL)

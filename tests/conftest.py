@@ -6,18 +6,23 @@ runs no test, none."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.support.credentials import TEST_SECRET
-from tests.support.services import Services
+from tests.support.databases import create_template, drop_database
+from tests.support.processes import FsmEnv, database_name, make_env
+from tests.support.services import Services, require_services
 
 # Started by pytest_configure, before any test runs: the suite's own PostgreSQL and Redis unless
 # the environment names others (tests/support/services.py). Tests reach them through the fixture
 # below.
 _services: Services | None = None
 EXISTING_SERVERS = ("FSM_TEST_DATABASE_URL", "FSM_TEST_REDIS_URL")
+TEMPLATE = f"fsm_test_template_{os.getpid()}"
 
 # No fsm_celery process of the suite may fall back on the default Redis or secret.
 os.environ.pop("FSM_BROKER_URL", None)
@@ -74,3 +79,35 @@ def services() -> Services:
     if _services is None:
         pytest.fail("the unit tier has no services: run this test with the others")
     return _services
+
+
+# The deployments (tests/support/processes.py), here as the integration, browser and in-process
+# tiers all make them: one template and one factory per test process, whichever tiers it runs.
+
+
+@pytest.fixture(scope="session")
+def template_db(services: Services) -> Iterator[str]:
+    require_services(services.pg_url, services.redis_url)
+    redis.Redis.from_url(services.redis_url).flushdb()
+    create_template(services.pg_url, TEMPLATE)
+    yield TEMPLATE
+    drop_database(services.pg_url, TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def env_factory(services: Services, template_db: str) -> Iterator[Callable[..., FsmEnv]]:
+    """make_env's deployments, each started as the test asks (start_worker, start_bridge, ...),
+    stopped and their databases dropped at the end of the session."""
+    made: list[FsmEnv] = []
+
+    def factory(name: str, **overrides: object) -> FsmEnv:
+        redis_url = str(overrides.pop("redis_url", services.redis_url))
+        env = make_env(name, services.pg_url, template_db, redis_url, **overrides)
+        made.append(env)
+        return env
+
+    yield factory
+    for env in made:
+        env.stop_all()
+        env.client.engine.db.dispose()
+        drop_database(services.pg_url, database_name(env))
