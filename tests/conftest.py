@@ -83,6 +83,11 @@ def services() -> Services:
 
 # The deployments (tests/support/processes.py), here as the integration, browser and in-process
 # tiers all make them: one template and one factory per test process, whichever tiers it runs.
+# A deployment lives as long as the test file that made it (its worker's beat sends tasks every
+# second, its bridge reads: left running, a process's idle deployments added up, file after
+# file, on two cores), the shared ones of tests/integration/conftest.py for the session.
+_made: list[FsmEnv] = []
+_session_lived: set[int] = set()
 
 
 @pytest.fixture(scope="session")
@@ -97,17 +102,35 @@ def template_db(services: Services) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def env_factory(services: Services, template_db: str) -> Iterator[Callable[..., FsmEnv]]:
     """make_env's deployments, each started as the test asks (start_worker, start_bridge, ...),
-    stopped and their databases dropped at the end of the session."""
-    made: list[FsmEnv] = []
+    stopped and its database dropped once its test file has run (session=True: at the end of
+    the session)."""
 
-    def factory(name: str, **overrides: object) -> FsmEnv:
+    def factory(name: str, *, session: bool = False, **overrides: object) -> FsmEnv:
         redis_url = str(overrides.pop("redis_url", services.redis_url))
         env = make_env(name, services.pg_url, template_db, redis_url, **overrides)
-        made.append(env)
+        _made.append(env)
+        if session:
+            _session_lived.add(id(env))
         return env
 
     yield factory
-    for env in made:
+    _remove(list(_made), services)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _deployments_of_the_file() -> Iterator[None]:
+    """Stops the deployments the file made (after its own fixtures' teardown)."""
+    before = len(_made)
+    yield
+    made = [env for env in _made[before:] if id(env) not in _session_lived]
+    if made and _services is not None:
+        _remove(made, _services)
+
+
+def _remove(envs: list[FsmEnv], services: Services) -> None:
+    for env in envs:
         env.stop_all()
         env.client.engine.db.dispose()
         drop_database(services.pg_url, database_name(env))
+        _made.remove(env)
+        _session_lived.discard(id(env))

@@ -38,7 +38,7 @@ def shared(env_factory: Callable[..., FsmEnv]) -> Callable[[str], FsmEnv]:
 
     def deployment(mode: str) -> FsmEnv:
         if mode not in made:
-            env = env_factory(f"shared_{mode}", transition_mode=mode)
+            env = env_factory(f"shared_{mode}", transition_mode=mode, session=True)
             env.start_worker()
             env.start_bridge()
             made[mode] = env
