@@ -128,6 +128,9 @@ def _deployments_of_the_file() -> Iterator[None]:
 
 
 def _remove(envs: list[FsmEnv], services: Services) -> None:
+    for env in envs:  # all asked to stop at once, then waited for
+        for proc in env.procs:
+            proc.terminate()
     for env in envs:
         env.stop_all()
         env.client.engine.db.dispose()
