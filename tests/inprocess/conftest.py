@@ -3,7 +3,9 @@
 No worker, bridge or agent process is spawned: a test calls the engine's use cases directly,
 reads the state_tasks the engine sent from Redis as an agent would, and answers with acks built
 from them. The clock is the test's, so timeouts and retry delays need no sleeping. What needs
-real processes (crashes, restarts, Celery, Flower) is tests/integration's.
+real processes (crashes, restarts, Celery, Flower) is tests/integration's. The HTTP API's tests
+here ask the real app in this process (FastAPI's TestClient) on a deployment of env_factory's
+(tests/conftest.py) that starts no process.
 """
 
 from __future__ import annotations

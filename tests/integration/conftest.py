@@ -1,46 +1,14 @@
-"""Fixtures for integration tests: real PostgreSQL, Redis, Celery worker and ack bridge."""
+"""Fixtures for integration tests: real PostgreSQL, Redis, Celery worker and ack bridge (the
+deployments, env_factory, are the suite's: tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-import redis
 
-from tests.integration.browser import browser, context, dashboard, page  # noqa: F401 (fixtures)
-from tests.support.databases import create_template, drop_database
-from tests.support.processes import FsmEnv, database_name, make_env
+from tests.support.processes import FsmEnv
 from tests.support.receiver import receiver  # noqa: F401 (a fixture)
-from tests.support.services import Services, require_services
-
-TEMPLATE = f"fsm_test_template_{os.getpid()}"
-
-
-@pytest.fixture(scope="session")
-def template_db(services: Services) -> Iterator[str]:
-    require_services(services.pg_url, services.redis_url)
-    redis.Redis.from_url(services.redis_url).flushdb()
-    create_template(services.pg_url, TEMPLATE)
-    yield TEMPLATE
-    drop_database(services.pg_url, TEMPLATE)
-
-
-@pytest.fixture(scope="session")
-def env_factory(services: Services, template_db: str) -> Iterator[Callable[..., FsmEnv]]:
-    made: list[FsmEnv] = []
-
-    def factory(name: str, **overrides: object) -> FsmEnv:
-        redis_url = str(overrides.pop("redis_url", services.redis_url))
-        env = make_env(name, services.pg_url, template_db, redis_url, **overrides)
-        made.append(env)
-        return env
-
-    yield factory
-    for env in made:
-        env.stop_all()
-        env.client.engine.db.dispose()
-        drop_database(services.pg_url, database_name(env))
 
 
 @pytest.fixture(scope="session", params=["celery", "inline"])
@@ -70,7 +38,7 @@ def shared(env_factory: Callable[..., FsmEnv]) -> Callable[[str], FsmEnv]:
 
     def deployment(mode: str) -> FsmEnv:
         if mode not in made:
-            env = env_factory(f"shared_{mode}", transition_mode=mode)
+            env = env_factory(f"shared_{mode}", transition_mode=mode, session=True)
             env.start_worker()
             env.start_bridge()
             made[mode] = env

@@ -463,11 +463,6 @@ def test_rules_refuse_bad_input(
         agent_acl_rules(agent_id, agent_type, prefix, password)
 
 
-def test_rules_refuse_unknown_optional_commands() -> None:
-    with pytest.raises(ValueError, match=r"^optional commands: expected"):
-        agent_acl_rules(uuid.uuid4(), "cto", "", new_password(), optional_commands=["flushall"])
-
-
 def test_an_agent_whose_user_may_not_wait_still_answers(server: Server) -> None:
     """FSM_REDIS_REPLICAS set, but the agent's user was made before it (no WAIT, no ROLE): its
     answers go out unconfirmed, with a warning, rather than not at all."""

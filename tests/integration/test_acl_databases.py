@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from fsm_celery.channel.acl import agent_acl_rules, agent_username, create_agent_user, new_password
+from fsm_celery.channel.acl import agent_username, create_agent_user, new_password
 from fsm_celery.core.messages import agent_ack_stream, task_stream
 from tests.support.processes import FsmEnv
 from tests.support.services import start_redis, stop_redis
@@ -70,13 +70,6 @@ def test_an_agent_of_another_database_reaches_nothing_of_database_0(port: int) -
         client.xadd(agent_ack_stream(agent, "d2:"), {"message": "{}"})
         assert db0.keys("d0:stream:state:ack*") == []
     client.close()
-
-
-def test_no_credentials_for_another_database_without_a_prefix() -> None:
-    with pytest.raises(ValueError, match="database 3 needs an FSM_CHANNEL_PREFIX of its own"):
-        agent_acl_rules(uuid.uuid4(), "cto", "", new_password(), database=3)
-    assert "+select" not in agent_acl_rules(uuid.uuid4(), "cto", "", new_password())
-    assert "+select" in agent_acl_rules(uuid.uuid4(), "cto", "d3:", new_password(), database=3)
 
 
 def _doctor_line(env: FsmEnv, **overrides: str) -> str:

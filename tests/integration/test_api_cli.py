@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 from fsm_celery import cli
 from fsm_celery.api import default_client
 from fsm_celery.config import get_settings
-from fsm_celery.core.loader import SHIPPED_DEFINITIONS, load_file
+from fsm_celery.core.loader import load_file
 from fsm_celery.core.messages import ack_channel
 from fsm_celery.exceptions import (
     ContextMismatch,
@@ -191,25 +191,6 @@ def test_cli_start_with_unknown_type_fails_cleanly(run) -> None:  # type: ignore
     assert result.exit_code == 1
     assert "unknown machine type 'nope'" in result.output
     assert "Traceback" not in result.output
-
-
-def test_cli_validate_names_file_state_and_field(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(
-        "type: bad\nagent_type: x\ninitial_state: A\nstates:\n"
-        "  - {name: A, timeout: 0, on_success: B, on_failure: END}\n"
-        "  - {name: END, terminal: completed}\n"
-    )
-    result = CliRunner().invoke(cli.main, ["definitions", "validate", str(bad)])
-    assert result.exit_code == 3  # bad configuration
-    assert f"{bad}: state A: field timeout: timeout must be positive" in result.output
-    assert f"{bad}: state A: field on_success[0]: unknown target state 'B'" in result.output
-
-
-def test_cli_validate_accepts_the_shipped_definitions() -> None:
-    result = CliRunner().invoke(cli.main, ["definitions", "validate", str(SHIPPED_DEFINITIONS)])
-    assert result.exit_code == 0, result.output
-    assert result.output.count("ok  ") == len(list(SHIPPED_DEFINITIONS.glob("*.yaml")))
 
 
 @ONE_MODE

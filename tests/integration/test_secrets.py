@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm_celery.config import DEFAULT_SECRET, Settings
+from fsm_celery.config import DEFAULT_SECRET
 from tests.support import ROOT
 
 PROCESSES = {
@@ -95,10 +95,3 @@ def test_a_celery_process_with_a_bad_setting_says_which_in_one_line(
     assert "Traceback" not in done.stderr
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"error: {setting}: ") and says in line, line
-
-
-def test_the_first_secret_signs_and_every_one_is_accepted() -> None:
-    new, old = secrets.token_hex(32), secrets.token_urlsafe(32)
-    settings = Settings(task_token_secret=f"{new}, {old}")
-    assert settings.token_secrets == (new, old)
-    assert settings.secret_problem() is None

@@ -5,6 +5,7 @@ LOGS (a folder per test process)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -56,9 +57,15 @@ class Proc:
             os.killpg(self.popen.pid, sig)
             self.popen.wait(timeout=30)
 
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM to its process group), without waiting."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+
     def stop(self) -> None:
         if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 self.popen.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -271,6 +278,9 @@ class FsmEnv:
         return TestClient(app, base_url=API_BASE, raise_server_exceptions=False)
 
     def stop_all(self) -> None:
+        """Stop every process, all asked at once (each may take seconds to finish its work)."""
+        for proc in self.procs:
+            proc.terminate()
         for proc in self.procs:
             proc.stop()
 

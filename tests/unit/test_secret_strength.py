@@ -50,3 +50,10 @@ def test_a_short_notification_secret_is_refused() -> None:
         task_token_secret="k3v9Qx2LmZ8pW4rT6yB1nC5dF7gH0jKs", notify_secret="k3v9Qx2LmZ8p"
     )
     assert settings.secret_problem() == "FSM_NOTIFY_SECRET is shorter than 32 bytes"
+
+
+def test_the_first_secret_signs_and_every_one_is_accepted() -> None:
+    new, old = secrets.token_hex(32), secrets.token_urlsafe(32)
+    settings = Settings(task_token_secret=f"{new}, {old}")
+    assert settings.token_secrets == (new, old)
+    assert settings.secret_problem() is None

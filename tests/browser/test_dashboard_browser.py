@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from playwright.sync_api import BrowserContext, Page, expect
 
-from tests.integration.browser import (
+from tests.browser.browser import (
     ARTIFACTS,
     FIX_BUG_CONTEXT,
     PNG_MAGIC,

@@ -1,5 +1,5 @@
 """What the dashboard's pages show, in a real browser against a real deployment (see
-tests/integration/browser.py): only the buttons a machine's status allows, kept in step live;
+tests/browser/browser.py): only the buttons a machine's status allows, kept in step live;
 the step and the state's retries; live history rows with their duration; definition pages that
 fit a 1,400 px window, name their version once, show no timeout or retries for terminal states
 and show the type's schedules; a 404 page in the layout, still signed in, for a machine that
@@ -22,7 +22,7 @@ from fsm_celery.core.admin import commands
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.http.pages import duration, retries_text
 from fsm_celery.store.reads import MachineFilter
-from tests.integration.browser import (
+from tests.browser.browser import (
     ARTIFACTS,
     FIX_BUG_CONTEXT,
     WAIT_MS,

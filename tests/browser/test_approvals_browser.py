@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.integration.browser import WAIT_MS, Dashboard, page_fetch, sign_in
+from tests.browser.browser import WAIT_MS, Dashboard, page_fetch, sign_in
 from tests.integration.test_approvals import ALICE, APPROVERS, CAROL, DAVE
 from tests.support.agents import ScriptedAgent
 from tests.support.processes import FsmEnv

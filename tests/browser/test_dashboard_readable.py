@@ -1,5 +1,5 @@
 """What the dashboard shows can be read, in a real browser against a real deployment (see
-tests/integration/browser.py): every control's text stands out from what it is drawn on (WCAG's
+tests/browser/browser.py): every control's text stands out from what it is drawn on (WCAG's
 4.5:1, computed in the page from computed styles); the graph's edges stay inside its panel; a
 finished machine shows no deadline; a definition's states table names approval and wait edges;
 the machines list shows the machines people started (children on their parent's page, or all
@@ -15,7 +15,7 @@ from typing import Any
 
 from playwright.sync_api import Page, expect
 
-from tests.integration.browser import (
+from tests.browser.browser import (
     ARTIFACTS,
     FIX_BUG_CONTEXT,
     WAIT_MS,
