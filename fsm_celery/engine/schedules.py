@@ -20,6 +20,7 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.schedule import Overlap, due, next_tick
+from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.ports import Next
@@ -30,7 +31,6 @@ from fsm_celery.store import schedules as store
 from fsm_celery.store.queries import AnyRow
 
 log = logging.getLogger(__name__)
-ACTOR_CHARS = 100  # the audit's column
 UNFINISHED = {MachineStatus.RUNNING.value, MachineStatus.PAUSED.value}
 
 
