@@ -116,7 +116,7 @@ def claim_tick_txn(conn: Connection, schedule_id: int, tick: datetime, outcome: 
     return conn.execute(statement).rowcount == 1
 
 
-def settle_tick_txn(
+def record_tick_txn(
     conn: Connection,
     schedule_id: int,
     tick: datetime,
