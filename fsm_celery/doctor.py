@@ -22,6 +22,23 @@ BEAT_STALE_SECONDS = 10.0  # a scan runs every second: ten seconds without one i
 
 
 @dataclass(frozen=True)
+class Finding:
+    """What one check found; the table of checks (Doctor.checks) names it."""
+
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def good(detail: str) -> Finding:
+    return Finding(True, detail)
+
+
+def bad(detail: str, fix: str) -> Finding:
+    return Finding(False, detail, fix)
+
+
+@dataclass(frozen=True)
 class Result:
     name: str
     ok: bool
@@ -43,7 +60,7 @@ class Doctor:
 
     def checks(self) -> Iterator[Result]:
         """Run every check, each contained: one that raises is reported as failed."""
-        checks: list[tuple[str, Callable[[], Result], str]] = [
+        checks: list[tuple[str, Callable[[], Finding], str]] = [
             ("database", self.database, "check FSM_DATABASE_URL and that PostgreSQL runs"),
             ("redis", self.redis, "check FSM_REDIS_URL and that Redis runs"),
             ("definitions", self.definitions, "run: fsm-celery definitions load"),
@@ -63,32 +80,31 @@ class Doctor:
         try:
             for name, check, fix in checks:
                 try:
-                    yield check()
+                    found = check()
                 except Exception as exc:
-                    yield self._failed(name, exc, fix)
+                    found = self._failed(exc, fix)
+                yield Result(name, found.ok, found.detail, found.fix)
         finally:
             if self._db is not None:
                 self._db.dispose()
             if self._redis is not None:
                 self._redis.close()
 
-    def _failed(self, name: str, exc: Exception, fix: str) -> Result:
+    def _failed(self, exc: Exception, fix: str) -> Finding:
         """The line of a check that raised: what is missing and how to get it, when known."""
         from fsm_celery.store.db import createdb_command, missing_database
 
         if _missing_table(exc):
             detail = f"the schema is missing ({_driver_message(exc)})"
-            return Result(name, False, detail, "run: fsm-celery db upgrade")
+            return bad(detail, "run: fsm-celery db upgrade")
         database = missing_database(exc)
         if database is not None:
-            return Result(
-                name,
-                False,
+            return bad(
                 f"database {database} does not exist (PostgreSQL answered)",
                 f"create it ({createdb_command(self.settings.database_url)}) "
                 "or run: fsm-celery db upgrade --create",
             )
-        return Result(name, False, _one_line(exc), _fix_for(exc, fix))
+        return bad(_one_line(exc), _fix_for(exc, fix))
 
     def _database(self) -> Engine:
         if self._db is None:
@@ -104,7 +120,7 @@ class Doctor:
             self._redis = connect(self.settings.redis_url)
         return self._redis
 
-    def database(self) -> Result:
+    def database(self) -> Finding:
         from alembic.script import ScriptDirectory
 
         from fsm_celery.store.db import alembic_config, current_revision
@@ -114,28 +130,24 @@ class Doctor:
         head = ScriptDirectory.from_config(alembic_config(str(db.url))).get_current_head()
         where = db.url.render_as_string(hide_password=True)
         if at != head:
-            return Result(
-                "database",
-                False,
+            return bad(
                 f"{where} is at migration {at or 'none'}, the code needs {head}",
                 "run: fsm-celery db upgrade",
             )
-        return Result("database", True, f"{where}, migrations at head ({head})")
+        return good(f"{where}, migrations at head ({head})")
 
-    def redis(self) -> Result:
+    def redis(self) -> Finding:
         client = self._client()
         client.ping()
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
         if policy != "noeviction":
-            return Result(
-                "redis",
-                False,
+            return bad(
                 f"maxmemory-policy is {policy}: an evicting Redis drops broker messages",
                 "set maxmemory-policy noeviction (redis.conf or CONFIG SET)",
             )
-        return Result("redis", True, "reachable, maxmemory-policy noeviction")
+        return good("reachable, maxmemory-policy noeviction")
 
-    def definitions(self) -> Result:
+    def definitions(self) -> Finding:
         from fsm_celery.store import queries as q
 
         folder = self.settings.definitions
@@ -147,13 +159,11 @@ class Doctor:
                 if latest is None or latest[1].digest() != definition.digest():
                     stale.append(definition.type)
         if stale:
-            return Result(
-                "definitions",
-                False,
+            return bad(
                 f"{', '.join(stale)} in {folder} not loaded as they are",
                 "run: fsm-celery definitions load",
             )
-        return Result("definitions", True, f"{len(files)} loaded, in sync with {folder}")
+        return good(f"{len(files)} loaded, in sync with {folder}")
 
     def _celery(self) -> Any:
         from fsm_celery.worker.app import app
@@ -162,20 +172,18 @@ class Doctor:
         app.conf.broker_transport_options = self.settings.celery_transport_options
         return app
 
-    def workers(self) -> Result:
+    def workers(self) -> Finding:
         app = self._celery()
         replies = app.control.ping(timeout=self.ping_timeout)
         names = sorted(name for reply in replies for name in reply)
         if not names:
-            return Result(
-                "workers",
-                False,
+            return bad(
                 f"none answered a ping within {self.ping_timeout:g} s",
                 "start one: celery -A fsm_celery worker",
             )
-        return Result("workers", True, f"{len(names)} answering ({', '.join(names[:3])}…)")
+        return good(f"{len(names)} answering ({', '.join(names[:3])}…)")
 
-    def queues(self) -> Result:
+    def queues(self) -> Finding:
         """Whether a worker consumes each queue the machines' tasks go to (FSM_QUEUE, and
         FSM_QUEUES's): a queue nobody consumes holds its machines' work forever."""
         app = self._celery()
@@ -184,53 +192,45 @@ class Doctor:
         consumed = {q["name"] for queues in replies.values() for q in queues}
         missing = [q for q in wanted if q not in consumed]
         if not replies:
-            return Result(
-                "queues", False, "no worker answered", "start one: celery -A fsm_celery worker"
-            )
+            return bad("no worker answered", "start one: celery -A fsm_celery worker")
         if missing:
-            return Result(
-                "queues",
-                False,
+            return bad(
                 f"no worker consumes {', '.join(missing)}",
                 f"start one: celery -A fsm_celery worker -Q {','.join(missing)}",
             )
-        return Result("queues", True, f"each consumed: {', '.join(wanted)}")
+        return good(f"each consumed: {', '.join(wanted)}")
 
-    def beat(self) -> Result:
+    def beat(self) -> Finding:
         from fsm_celery.store import schedules as schedule_store
 
         with self._database().connect() as conn:
             last = schedule_store.last_run_txn(conn, "scan")
         if last is None:
-            return Result("beat", False, "no scan ever ran", "start it: celery -A fsm_celery beat")
+            return bad("no scan ever ran", "start it: celery -A fsm_celery beat")
         if last.tzinfo is None:
             last = last.replace(tzinfo=UTC)
         age = (datetime.now(UTC) - last).total_seconds()
         if age > max(BEAT_STALE_SECONDS, 5 * self.settings.scan_interval_seconds):
-            return Result(
-                "beat",
-                False,
+            return bad(
                 f"the last scan ran {age:.0f} s ago (timeouts are not being applied)",
                 "start it: celery -A fsm_celery beat (and a worker to run its scan)",
             )
-        return Result("beat", True, f"the last scan ran {age:.1f} s ago")
+        return good(f"the last scan ran {age:.1f} s ago")
 
-    def history(self) -> Result:
+    def history(self) -> Finding:
         """The history's months (PostgreSQL): the next one made ahead, so that machines started
         then can be written; and what the retention keeps."""
         from fsm_celery.store import partitions
 
         db = self._database()
         if db.dialect.name != "postgresql":
-            return Result("history", True, "one table (SQLite: not partitioned)")
+            return good("one table (SQLite: not partitioned)")
         with db.connect() as conn:
             months = {t: partitions.listed(conn, t) for t in partitions.KEYS}
         coming = partitions.next_month(partitions.month(datetime.now(UTC)))
         for table, listed in months.items():
             if not any(p.start == coming for p in listed):
-                return Result(
-                    "history",
-                    False,
+                return bad(
                     f"{table} has no partition for {coming:%Y-%m}: what is written then fails",
                     "start beat (its hourly job makes them), or run: fsm-celery history months "
                     "--make",
@@ -239,9 +239,9 @@ class Doctor:
         days = self.settings.history_retention_days
         kept = f"kept {days:g} days past their month" if days else "kept forever"
         span = f"{listed[0].start:%Y-%m} to {listed[-1].start:%Y-%m}"
-        return Result("history", True, f"{len(listed)} months ({span}), {kept}")
+        return good(f"{len(listed)} months ({span}), {kept}")
 
-    def bridges(self) -> Result:
+    def bridges(self) -> Finding:
         from fsm_celery.acks.streams import ALIVE_KEY, GROUP
         from fsm_celery.core.messages import ack_stream
 
@@ -255,19 +255,15 @@ class Doctor:
         if oldest is not None:
             backlog += f", oldest pending {oldest:.0f} s"
         if not alive:
-            return Result(
-                "bridges", False, f"none alive; {backlog}", "start one: fsm-celery ack-bridge"
-            )
+            return bad(f"none alive; {backlog}", "start one: fsm-celery ack-bridge")
         if oldest is not None and oldest > 2 * self.settings.stream_claim_idle_seconds:
-            return Result(
-                "bridges",
-                False,
+            return bad(
                 f"{len(alive)} alive, but {backlog}: acks are not being applied",
                 "check the bridges' logs and the workers that run fsm.apply_acks",
             )
-        return Result("bridges", True, f"{len(alive)} alive; {backlog}")
+        return good(f"{len(alive)} alive; {backlog}")
 
-    def agents(self) -> Result:
+    def agents(self) -> Finding:
         """An agent alive for every agent type the definitions name (their states' and their
         children's too), those of the definitions folder and every type loaded in the database
         (its newest version): without one, machines wait in a state of that type until it
@@ -292,44 +288,38 @@ class Doctor:
         if missing:
             serves = "; ".join(f"{t} ({', '.join(sorted(needed[t]))})" for t in missing)
             flags = " ".join(f"--agent-type {t}" for t in missing)
-            return Result(
-                "agents",
-                False,
+            return bad(
                 f"none alive for agent type {serves}: their machines would wait and time out",
                 f"start one: fsm-celery agent --mock {flags} (scripted outputs, to try it out), "
                 "or your agent (fsm-celery agent --app module:attribute)",
             )
         shown = ", ".join(f"{t} {alive[t]}" for t in sorted(needed))
-        return Result("agents", True, f"alive for every agent type ({shown})")
+        return good(f"alive for every agent type ({shown})")
 
-    def secret(self) -> Result:
+    def secret(self) -> Finding:
         problem = self.settings.secret_problem()
         if problem is not None:
-            return Result(
-                "token secret",
-                False,
+            return bad(
                 problem,
                 f"set {problem.partition(' ')[0]} to 32+ random bytes "
                 "(python3 -c 'import secrets; print(secrets.token_hex(32))')",
             )
-        return Result("token secret", True, f"set ({len(self.settings.token_secrets)} accepted)")
+        return good(f"set ({len(self.settings.token_secrets)} accepted)")
 
-    def prefix(self) -> Result:
+    def prefix(self) -> Finding:
         """Deployments sharing a Redis must not share key names: ACLs cannot split databases."""
         from fsm_celery.channel.acl import database_of
 
         if self.settings.channel_prefix:
-            return Result("channel prefix", True, repr(self.settings.channel_prefix))
+            return good(repr(self.settings.channel_prefix))
         database = database_of(self.settings.redis_url)
         others = sorted(
             int(name[2:]) for name in self._client().info("keyspace") if name != f"db{database}"
         )
         if database == 0 and not others:
-            return Result("channel prefix", True, "none (the only deployment on this Redis)")
+            return good("none (the only deployment on this Redis)")
         shared = f"database {database}" + (f"; databases {others} hold keys" if others else "")
-        return Result(
-            "channel prefix",
-            False,
+        return bad(
             f"none, on a shared Redis ({shared}): an agent user can SELECT another database "
             "and reach its deployment's keys",
             "give each deployment its own FSM_CHANNEL_PREFIX (docs/protocol.md, Identity), "

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.channel.transient import TRANSIENT
-from fsm_celery.store.queries import machine_types_txn
+from fsm_celery.store.queries import type_of_machines_txn
 
 APPLY_ACKS = "fsm.apply_acks"
 ACKS_SHOWN = 20  # machines an apply_acks task names in Flower
@@ -137,7 +137,7 @@ class Routes:
         missing = [i for i in ids if i not in self._known]
         if missing:
             with self._db.connect() as conn:
-                types = machine_types_txn(conn, missing)
+                types = type_of_machines_txn(conn, missing)
             for mid, machine_type in types.items():
                 self._known[mid] = self._queue_for(machine_type)
             while len(self._known) > self._most:

@@ -322,7 +322,7 @@ class Agent:
 
     def _drop(self, slot: Slot, why: str, reply: dict[str, Any] | None = None) -> None:
         """Stop answering for the slot's attempt: free the slot, stop its heartbeats, cancel
-        an async handler, and settle its entry (with the reply given, never the handler's)."""
+        an async handler, and acknowledge its entry (with the reply given, never the handler's)."""
         with self._lock:
             if self._running.pop(slot.key, None) is None:
                 return  # its handler finished first: its answer went out

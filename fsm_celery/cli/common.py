@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import click
 
 from fsm_celery.client import Client
+from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.terminal import table
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-ACTOR_CHARS = 100  # the history's and the audit's column
 
 
 def client() -> Client:

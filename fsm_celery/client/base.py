@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 from fsm_celery.core.admin import Command
+from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.engine import Handoff, MachineEngine, Next
 from fsm_celery.exceptions import InvalidActor, InvalidAgentId
 from fsm_celery.records import MachineInfo, jsonable
@@ -17,7 +18,6 @@ from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.reader import Reader
 
 log = logging.getLogger("fsm_celery.client")
-ACTOR_CHARS = 100  # state_transitions.actor
 
 
 class ClientBase:

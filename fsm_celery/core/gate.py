@@ -27,7 +27,6 @@ DEFAULT_TIMEOUT = timedelta(days=1)  # an approval state's, when its definition 
 APPROVE, REJECT = "approve", "reject"
 SUMMARY_KEY = "approval"  # the output key that says how a gate was decided
 COMMENT_CHARS = 2000
-ACTOR_CHARS = 100  # state_transitions.actor: the closing decision is its transition's actor
 MAX_FIELDS_BYTES = 16_384  # a decision's fields, as JSON
 
 

@@ -16,10 +16,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fsm_celery.core.context import context_problem
+from fsm_celery.core.timeline import ACTOR_CHARS
 
 EVENT_PATTERN = r"^[a-z][a-z0-9_]{0,49}$"
 MAX_PAYLOAD_BYTES = 65_536  # an event's payload, as JSON (and FSM_MAX_PAYLOAD_BYTES)
-SENDER_CHARS = 100  # state_transitions.actor: the event's sender is its transition's actor
+SENDER_CHARS = ACTOR_CHARS  # the event's sender is its transition's actor
 KEY_CHARS = 100
 
 

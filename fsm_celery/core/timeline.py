@@ -14,6 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 MISSING = object()
+# who a history row names as its actor (state_transitions.actor; the audit keeps as many): a
+# person, an approver, an event's sender, a schedule's trigger
+ACTOR_CHARS = 100
 
 
 def change(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any] | None:

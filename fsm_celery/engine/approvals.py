@@ -18,6 +18,7 @@ from fsm_celery.core.attempt_events import GateDecided
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.gate import Approval, Choice, Verdict, Vote
 from fsm_celery.core.messages import json_problem, unstorable
+from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.core.transition import MachineStatus, Rejected, decide
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Next
@@ -238,8 +239,8 @@ def _repeated_txn(conn: Connection, row: AnyRow, vote: Vote, attempt: int | None
 
 def _check_vote(machine_id: UUID, vote: Vote, max_bytes: int) -> None:
     """Refuse a decision too large, or holding what cannot be stored, before any lock."""
-    if not vote.actor or len(vote.actor) > gate.ACTOR_CHARS:
-        raise InvalidDecision(str(machine_id), f"actor must be 1 to {gate.ACTOR_CHARS} characters")
+    if not vote.actor or len(vote.actor) > ACTOR_CHARS:
+        raise InvalidDecision(str(machine_id), f"actor must be 1 to {ACTOR_CHARS} characters")
     if len(vote.comment) > gate.COMMENT_CHARS:
         raise InvalidDecision(
             str(machine_id),

@@ -69,7 +69,7 @@ class GitHub:
                     if person is None
                     else f"no machine waits for people on {wanted.repository}#{wanted.issue}"
                 )
-                store.settle_delivery_txn(conn, delivery, "ignored", *where)
+                store.record_delivery_txn(conn, delivery, "ignored", *where)
                 return Delivered("ignored", detail=why)
             name, groups = person
             vote = Vote(name, Choice(wanted.choice), wanted.fields, wanted.comment, "github")
@@ -79,9 +79,9 @@ class GitHub:
                         conn, writes, machine_id, vote, Authority(admin=False, groups=groups)
                     )
             except (GateClosed, NotAnApprover, InvalidDecision) as exc:
-                store.settle_delivery_txn(conn, delivery, "refused", *where, machine_id)
+                store.record_delivery_txn(conn, delivery, "refused", *where, machine_id)
                 return Delivered("refused", machine_id, str(exc))
-            store.settle_delivery_txn(conn, delivery, "decided", *where, machine_id)
+            store.record_delivery_txn(conn, delivery, "decided", *where, machine_id)
         said = f"{vote.choice.value} by {name}: {decided.approvals}/{decided.needed} approvals"
         return Delivered("decided", machine_id, said, writes.next())
 
@@ -100,7 +100,7 @@ class GitHub:
         with self._rt.db.begin() as conn:
             store.claim_delivery_txn(conn, delivery, event, action)  # recorded; keys dedupe
             if isinstance(wanted, Ignored):
-                store.settle_delivery_txn(conn, delivery, "ignored")
+                store.record_delivery_txn(conn, delivery, "ignored")
                 return Delivered("ignored", detail=wanted.reason)
             if wanted.branch is not None:
                 found = store.started_on_branch_txn(conn, wanted.repository, wanted.branch)
@@ -132,7 +132,7 @@ class GitHub:
             next_states += done.next
         with self._rt.db.begin() as conn:
             outcome = "signalled" if told else "ignored"
-            store.settle_delivery_txn(conn, delivery, outcome, wanted.repository)
+            store.record_delivery_txn(conn, delivery, outcome, wanted.repository)
         detail = "; ".join(told) or f"no machine here waits for {wanted.name}"
         return Delivered(outcome, detail=detail, next=next_states)
 
@@ -160,7 +160,7 @@ class GitHub:
                 conn, wanted.machine_type, wanted.repository, wanted.issue
             )
             if running is not None:
-                store.settle_delivery_txn(
+                store.record_delivery_txn(
                     conn, delivery, "running", wanted.repository, wanted.issue, running
                 )
                 return Delivered("running", running, f"{wanted.machine_type} runs for it")
@@ -169,11 +169,11 @@ class GitHub:
                     conn, writes, wanted.machine_type, wanted.context, None, wanted.issue
                 )
             except InvalidContext as exc:
-                store.settle_delivery_txn(
+                store.record_delivery_txn(
                     conn, delivery, "refused", wanted.repository, wanted.issue
                 )
                 return Delivered("refused", detail=str(exc))
-            store.settle_delivery_txn(
+            store.record_delivery_txn(
                 conn, delivery, "started", wanted.repository, wanted.issue, step.machine_id
             )
         return Delivered("started", step.machine_id, wanted.machine_type, [step])
@@ -187,6 +187,6 @@ def _claimed(
     if not store.claim_delivery_txn(conn, delivery, event, action):
         return Delivered("duplicate", detail=f"delivery {delivery} was received before")
     if isinstance(wanted, Ignored):
-        store.settle_delivery_txn(conn, delivery, "ignored")
+        store.record_delivery_txn(conn, delivery, "ignored")
         return Delivered("ignored", detail=wanted.reason)
     return None

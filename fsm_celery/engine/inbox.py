@@ -189,7 +189,7 @@ class _Senders:
             return f"machine {row.id} is assigned to agent {row.agent_id}, not {sender}"
         # An unassigned machine's task went to its agent type's stream: any agent of the type.
         if sender not in self._types:
-            self._types.update(agent_store.agent_types_txn(self._conn, [sender]))
+            self._types.update(agent_store.type_of_agents_txn(self._conn, [sender]))
         if self._types.get(sender) == row.agent_type:
             return None
         return (

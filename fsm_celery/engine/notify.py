@@ -67,7 +67,7 @@ class Notifier:
         self._rt = runtime
         self._post = post  # the HTTP side (fsm_celery.channel.webhook)
 
-    def deliver(self, limit: int = 50) -> tuple[int, int]:
+    def send_due(self, limit: int = 50) -> tuple[int, int]:
         """Send the notifications due now; how many were delivered and how many failed."""
         settings = self._rt.settings
         now = self._rt.clock()
@@ -88,7 +88,7 @@ class Notifier:
         with self._rt.db.begin() as conn:
             for row, error in zip(due, errors, strict=True):
                 delivered += error is None
-                store.settle_txn(conn, row.id, **self._outcome(row, error, done))
+                store.record_try_txn(conn, row.id, **self._outcome(row, error, done))
         return delivered, len(due) - delivered
 
     def _outcome(self, row: AnyRow, error: str | None, now: datetime) -> dict[str, object]:

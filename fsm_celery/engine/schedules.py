@@ -20,6 +20,7 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.schedule import Overlap, due, next_tick
+from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.ports import Next
@@ -30,7 +31,6 @@ from fsm_celery.store import schedules as store
 from fsm_celery.store.queries import AnyRow
 
 log = logging.getLogger(__name__)
-ACTOR_CHARS = 100  # the audit's column
 UNFINISHED = {MachineStatus.RUNNING.value, MachineStatus.PAUSED.value}
 
 
@@ -87,7 +87,7 @@ class Schedules:
             status = store.machine_status_txn(conn, row.last_machine_id)
             if status in UNFINISHED:
                 detail = f"machine {row.last_machine_id} is still {status}"
-                store.settle_tick_txn(conn, row.id, tick, "skipped", detail=detail)
+                store.record_tick_txn(conn, row.id, tick, "skipped", detail=detail)
                 return None
         try:
             with conn.begin_nested():  # a failure of this schedule leaves the others' ticks
@@ -98,9 +98,9 @@ class Schedules:
             log.warning(
                 "schedule %s/%s could not start a machine: %s", row.machine_type, row.name, exc
             )
-            store.settle_tick_txn(conn, row.id, tick, "failed", detail=str(exc)[:1000])
+            store.record_tick_txn(conn, row.id, tick, "failed", detail=str(exc)[:1000])
             return None
-        store.settle_tick_txn(conn, row.id, tick, "started", machine_id=step.machine_id)
+        store.record_tick_txn(conn, row.id, tick, "started", machine_id=step.machine_id)
         return [step]
 
     def all(self) -> list[ScheduleInfo]:
@@ -153,7 +153,7 @@ class Schedules:
             row = self._find(conn, ref)
             step = self._admin.start_txn(conn, writes, row.machine_type, row.context)
             store.claim_tick_txn(conn, row.id, now, "started")
-            store.settle_tick_txn(conn, row.id, now, "started", step.machine_id, "triggered", actor)
+            store.record_tick_txn(conn, row.id, now, "started", step.machine_id, "triggered", actor)
             store.update_schedule_txn(conn, row.id, last_machine_id=step.machine_id)
             store.schedule_event_txn(
                 conn, row.id, "trigger", actor, reason, {"machine_id": str(step.machine_id)}

@@ -29,6 +29,13 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:8]
 
 
+class _Asking:
+    """An agent that asks `llm` when it is given one, else runs in mock mode."""
+
+    def __init__(self, llm: Llm | None = None) -> None:
+        self.llm = llm
+
+
 class IntakeAgent:
     """Accepts a task: the query must say something."""
 
@@ -44,13 +51,10 @@ class IntakeAgent:
         )
 
 
-class ResearchAgent:
+class ResearchAgent(_Asking):
     """Gathers findings and sources for the query."""
 
     name = "researcher"
-
-    def __init__(self, llm: Llm | None = None) -> None:
-        self.llm = llm
 
     def process(self, state: TaskState) -> TaskState:
         if self.llm is not None:
@@ -68,13 +72,10 @@ class ResearchAgent:
         )
 
 
-class AnalyzerAgent:
+class AnalyzerAgent(_Asking):
     """Writes the analysis of the findings, revising it after the reviewer's feedback."""
 
     name = "analyzer"
-
-    def __init__(self, llm: Llm | None = None) -> None:
-        self.llm = llm
 
     def process(self, state: TaskState) -> TaskState:
         iteration = state.iteration + 1
@@ -98,7 +99,7 @@ class AnalyzerAgent:
         return replace(after, messages=after.said(self.name, f"analysis v{iteration}"))
 
 
-class ReviewerAgent:
+class ReviewerAgent(_Asking):
     """Approves the analysis or sends it back with feedback.
 
     In mock mode it rejects the first `metadata["rejections"]` reviews of a task (0 when unset),
@@ -106,9 +107,6 @@ class ReviewerAgent:
     """
 
     name = "reviewer"
-
-    def __init__(self, llm: Llm | None = None) -> None:
-        self.llm = llm
 
     def process(self, state: TaskState) -> TaskState:
         if self.llm is not None:

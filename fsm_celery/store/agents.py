@@ -46,7 +46,7 @@ def prune_agents_txn(conn: Connection, before: datetime, limit: int) -> int:
     return len(doomed)
 
 
-def agent_types_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, str]:
+def type_of_agents_txn(conn: Connection, ids: Sequence[UUID]) -> dict[UUID, str]:
     """The type each agent serves: the one it was registered with, else the one it reported."""
     rows = conn.execute(
         select(agents.c.id, func.coalesce(agents.c.registered_type, agents.c.agent_type)).where(

@@ -145,18 +145,17 @@ def _fan_out(parent_id: UUID, attempt: int) -> Any:
     return and_(fan_outs.c.parent_id == parent_id, fan_outs.c.attempt == attempt)
 
 
-_SET_SLOT = (
-    update(fan_out_items)
-    .where(
-        fan_out_items.c.parent_id == bindparam("p"),
-        fan_out_items.c.attempt == bindparam("a"),
-        fan_out_items.c.slot == bindparam("s"),
-    )
-    .values(
-        status=bindparam("st"),
-        result=bindparam("res"),
-        error=bindparam("err"),
-    )
+# one slot of a fan-out, by its parent, attempt and slot (bound as p, a, s)
+_ONE_SLOT = update(fan_out_items).where(
+    fan_out_items.c.parent_id == bindparam("p"),
+    fan_out_items.c.attempt == bindparam("a"),
+    fan_out_items.c.slot == bindparam("s"),
+)
+
+_SET_SLOT = _ONE_SLOT.values(
+    status=bindparam("st"),
+    result=bindparam("res"),
+    error=bindparam("err"),
 )
 
 
@@ -201,15 +200,7 @@ def waiting_txn(
     )
 
 
-_START_SLOT = (
-    update(fan_out_items)
-    .where(
-        fan_out_items.c.parent_id == bindparam("p"),
-        fan_out_items.c.attempt == bindparam("a"),
-        fan_out_items.c.slot == bindparam("s"),
-    )
-    .values(status=SlotStatus.RUNNING.value, child_id=bindparam("child"))
-)
+_START_SLOT = _ONE_SLOT.values(status=SlotStatus.RUNNING.value, child_id=bindparam("child"))
 
 
 def start_slots_txn(

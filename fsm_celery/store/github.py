@@ -25,7 +25,7 @@ def claim_delivery_txn(conn: Connection, delivery: str, event: str, action: str 
     return conn.execute(statement).rowcount == 1
 
 
-def settle_delivery_txn(
+def record_delivery_txn(
     conn: Connection,
     delivery: str,
     outcome: str,

@@ -43,7 +43,7 @@ def claim_due_txn(
     return rows
 
 
-def settle_txn(conn: Connection, notification_id: int, **fields: Any) -> None:
+def record_try_txn(conn: Connection, notification_id: int, **fields: Any) -> None:
     """Record a try's outcome: delivered, failed for good, or the time of the next try."""
     conn.execute(
         update(notifications).where(notifications.c.id == notification_id).values(**fields)

@@ -193,7 +193,7 @@ def forks_txn(conn: Connection, machine_id: UUID, limit: int = 100) -> Sequence[
     ).all()
 
 
-def machine_types_txn(conn: Connection, ids: Sequence[str]) -> dict[str, str]:
+def type_of_machines_txn(conn: Connection, ids: Sequence[str]) -> dict[str, str]:
     """The type of each machine (ids as text; those that are no machine's left out)."""
     valid = []
     for value in ids:

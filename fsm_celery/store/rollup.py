@@ -15,6 +15,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Float,
+    Select,
     case,
     delete,
     func,
@@ -293,18 +294,14 @@ def machine_counts_txn(conn: Connection) -> list[Count]:
     not folded yet; read in one snapshot, a fold that commits meanwhile is counted once."""
     c = machines.c
     live = conn.execute(
-        select(
-            c.type,
-            c.agent_type,
-            c.status,
+        _by_status(
+            c,
             func.count().label("total"),
             func.sum(c.tokens_used).label("tokens"),  # numeric in PostgreSQL: no overflow
             # a double's sum past its range is an error: each row counts for at most a share
             # of it small enough that no count of rows reaches it
             func.sum(case((c.cost > ROW_COST, ROW_COST), else_=c.cost)).label("cost"),
-        )
-        .where(c.status.in_(LIVE))  # by its index: the finished ones are many
-        .group_by(c.type, c.agent_type, c.status)
+        ).where(c.status.in_(LIVE))  # by its index: the finished ones are many
     ).all()
     counts = [
         Count(r.type, r.agent_type, r.status, r.total, int(r.tokens or 0), float(r.cost or 0))
@@ -313,16 +310,19 @@ def machine_counts_txn(conn: Connection) -> list[Count]:
     folded = _stored_counts(conn)
     x = machine_count_changes.c
     pending = conn.execute(
-        select(
-            x.type,
-            x.agent_type,
-            x.status,
+        _by_status(
+            x,
             func.sum(x.machines).label("machines"),
             func.sum(x.tokens).label("tokens"),  # numeric in PostgreSQL: no overflow
             func.sum(x.cost).label("cost"),  # each at most ROW_COST (the triggers')
-        ).group_by(x.type, x.agent_type, x.status)
+        )
     ).all()
     return counts + [n for n in _added(folded, pending).values() if n.total > 0]
+
+
+def _by_status(c: Any, *sums: Any) -> Select[Any]:
+    """`sums` over the rows of `c`'s table, by machine type, agent type and status."""
+    return select(c.type, c.agent_type, c.status, *sums).group_by(c.type, c.agent_type, c.status)
 
 
 def fold_machine_counts_txn(conn: Connection) -> int:

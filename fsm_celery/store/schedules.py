@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, func, insert, select, true, update
+from sqlalchemy import ColumnElement, Connection, Table, func, insert, select, true, update
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.schedule import Schedule, next_tick
@@ -116,7 +116,7 @@ def claim_tick_txn(conn: Connection, schedule_id: int, tick: datetime, outcome: 
     return conn.execute(statement).rowcount == 1
 
 
-def settle_tick_txn(
+def record_tick_txn(
     conn: Connection,
     schedule_id: int,
     tick: datetime,
@@ -184,20 +184,19 @@ def list_schedules_txn(conn: Connection, schedule_id: int | None = None) -> Sequ
 
 
 def schedule_runs_txn(conn: Connection, schedule_id: int, limit: int) -> Sequence[AnyRow]:
-    return conn.execute(
-        select(schedule_runs)
-        .where(schedule_runs.c.schedule_id == schedule_id)
-        .order_by(schedule_runs.c.tick_at.desc())
-        .limit(limit)
-    ).all()
+    return _newest_txn(conn, schedule_runs, schedule_runs.c.tick_at, schedule_id, limit)
 
 
 def schedule_events_txn(conn: Connection, schedule_id: int, limit: int) -> Sequence[AnyRow]:
+    return _newest_txn(conn, schedule_events, schedule_events.c.id, schedule_id, limit)
+
+
+def _newest_txn(
+    conn: Connection, table: Table, newest: ColumnElement[Any], schedule_id: int, limit: int
+) -> Sequence[AnyRow]:
+    """A schedule's rows of `table`, newest first by `newest`, at most `limit`."""
     return conn.execute(
-        select(schedule_events)
-        .where(schedule_events.c.schedule_id == schedule_id)
-        .order_by(schedule_events.c.id.desc())
-        .limit(limit)
+        select(table).where(table.c.schedule_id == schedule_id).order_by(newest.desc()).limit(limit)
     ).all()
 
 

@@ -136,7 +136,7 @@ def fold_stats() -> int:
 @app.task(name="fsm.notify", send_events=False, **RETRY)
 def send_notifications() -> int:
     """Send the notifications of machines that ended (beat, every second); how many went."""
-    delivered, _ = parts().engine.notifier.deliver()
+    delivered, _ = parts().engine.notifier.send_due()
     return delivered
 
 

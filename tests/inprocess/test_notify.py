@@ -70,8 +70,8 @@ def test_a_machine_that_ends_notifies_once_signed_with_its_context(
     _load(engine, {"url": receiver.url})
     mid = _finish(fsm, engine)
     assert receiver.received == []  # nothing is sent inside the transition
-    assert engine.notifier.deliver() == (1, 0)
-    assert engine.notifier.deliver() == (0, 0)  # once
+    assert engine.notifier.send_due() == (1, 0)
+    assert engine.notifier.send_due() == (0, 0)  # once
 
     [(headers, body)] = receiver.received
     expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
@@ -95,20 +95,20 @@ def test_a_failing_receiver_is_tried_again_later_then_given_up_on(
     _load(engine, None)  # the global URL only
     receiver.answers = [500, 503, 502]
     _finish(fsm, engine)
-    assert engine.notifier.deliver() == (0, 1)
-    assert engine.notifier.deliver() == (0, 0)  # not before its backoff
+    assert engine.notifier.send_due() == (0, 1)
+    assert engine.notifier.send_due() == (0, 0)  # not before its backoff
     [row] = _rows(engine)
     assert (row.status, row.last_error) == ("pending", "HTTP 500: nope")
     for _ in range(2):
         fsm.clock.advance(3600)
-        assert engine.notifier.deliver() == (0, 1)
+        assert engine.notifier.send_due() == (0, 1)
     [row] = _rows(engine)
     assert (row.status, row.attempts, row.last_error) == ("failed", 3, "HTTP 502: nope")
     [shown] = wiring.client(engine.settings, engine).notifications(row.machine_id, admin=True)
     assert (shown["status"], shown["attempts"], shown["url"]) == ("failed", 3, receiver.url)
     assert len(receiver.received) == 3
     fsm.clock.advance(86_400)
-    assert engine.notifier.deliver() == (0, 0)  # failed for good
+    assert engine.notifier.send_due() == (0, 0)  # failed for good
 
 
 def test_a_receiver_that_is_down_holds_no_transition_back(fsm: Fsm, receiver: Receiver) -> None:
@@ -116,7 +116,7 @@ def test_a_receiver_that_is_down_holds_no_transition_back(fsm: Fsm, receiver: Re
     _load(engine, None)
     mid = _finish(fsm, engine)
     assert fsm.machine(mid).status == "completed"
-    assert engine.notifier.deliver() == (0, 1)
+    assert engine.notifier.send_due() == (0, 1)
     [row] = _rows(engine)
     assert row.status == "pending" and row.last_error.startswith("ConnectError")
 
@@ -127,7 +127,7 @@ def test_a_definition_notifies_only_the_endings_it_names(fsm: Fsm, receiver: Rec
     _finish(fsm, engine)  # completed: not named
     [second] = engine.admin.start("notified", {})
     engine.admin.command(second.machine_id, Command(Action.CANCEL, "ops", "not needed"))
-    assert engine.notifier.deliver() == (1, 0)
+    assert engine.notifier.send_due() == (1, 0)
     [(headers, body)] = receiver.received
     assert headers["x-fsm-event"] == "machine.cancelled"
     assert json.loads(body)["machineId"] == str(second.machine_id)
@@ -137,6 +137,6 @@ def test_without_a_secret_nothing_is_sent_unsigned(fsm: Fsm, receiver: Receiver)
     engine = _engine(fsm, notify_secret="", notify_url=receiver.url)
     _load(engine, None)
     _finish(fsm, engine)
-    assert engine.notifier.deliver() == (0, 1)
+    assert engine.notifier.send_due() == (0, 1)
     assert receiver.received == []
     assert "FSM_NOTIFY_SECRET is not set" in _rows(engine)[0].last_error

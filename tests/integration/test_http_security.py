@@ -200,7 +200,7 @@ def notified(
     env.client.load_definitions(str(folder))
     machine_id = env.client.start_machine("test_notified", {})
     env.client.cancel(machine_id, "ops", "not needed")
-    assert env.client.engine.notifier.deliver() == (0, 1)
+    assert env.client.engine.notifier.send_due() == (0, 1)
     return env, str(machine_id)
 
 
