@@ -18,8 +18,10 @@ from uuid import UUID
 
 from sqlalchemy import Connection
 
+from fsm_celery.core.clock import aware
+from fsm_celery.core.kinds import kind_of
 from fsm_celery.core.transition import MachineStatus
-from fsm_celery.engine.kinds import Entering, approval, kind_of, kinds
+from fsm_celery.engine.kinds import Entering, approval, kinds
 from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.kinds.joins import Joins
 from fsm_celery.engine.notify import outbox_txn
@@ -27,7 +29,7 @@ from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.slots import Slots
-from fsm_celery.engine.writes import Rows, Writes, aware
+from fsm_celery.engine.writes import Rows, Writes
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
@@ -169,8 +171,11 @@ class Entry:
         """Settle what the transaction did to fan-outs, and enter the states it moved machines
         to, or started children in, that are due now; until nothing more is (a state entered
         may start children, a join may move a parent on)."""
+        followed = None  # the transitions recorded when last followed up
         while True:
-            self.follow_up_txn(conn, rows, writes)
+            if followed != len(writes.log):  # else nothing new to settle, nor slots to free
+                followed = len(writes.log)
+                self.follow_up_txn(conn, rows, writes)
             due = writes.due_now()
             if not due:
                 return
@@ -201,8 +206,10 @@ class Entry:
         gate; or wait for its event. `rows` holds the machines the transaction locked, and
         those it starts."""
         definition = self._rt.catalog.version(conn, row.type, row.definition_version)
-        state = definition.state(writes.machine(row).current_state)
-        self._kinds[kind_of(state)].enter_txn(Entering(conn, rows, row, definition, state, writes))
+        machine = writes.machine(row)
+        state = definition.state(machine.current_state)
+        at = Entering(conn, rows, row, definition, state, writes, machine)
+        self._kinds[kind_of(state)].enter_txn(at)
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.

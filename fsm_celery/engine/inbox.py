@@ -12,6 +12,7 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import intake
 from fsm_celery.core.attempt_events import Ack, HandBack
+from fsm_celery.core.clock import aware
 from fsm_celery.core.definition import FailureKind, MachineDefinition
 from fsm_celery.core.intake import Refused
 from fsm_celery.core.messages import (
@@ -26,7 +27,7 @@ from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Inbound, Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
-from fsm_celery.engine.writes import Writes, aware
+from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import agents as agent_store
 from fsm_celery.store import queries as q

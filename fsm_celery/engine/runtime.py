@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
 from fsm_celery.config import Settings
+from fsm_celery.core.clock import utcnow as utcnow  # the default clock
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.fanout_validator import tree_problems
 from fsm_celery.core.transition import Limits
@@ -32,11 +33,8 @@ DATABASE_AWAY = (
 )
 
 if TYPE_CHECKING:
-    from fsm_celery.engine.writes import Writes
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+    from fsm_celery.core.messages import StateEvent
+    from fsm_celery.engine.sent import Sending, Sent
 
 
 class Catalog:
@@ -99,6 +97,12 @@ class Catalog:
         return latest
 
 
+class Sends(Protocol):
+    """What a transaction sends once it commits (engine.writes.Writes has it)."""
+
+    out: Outgoing
+
+
 @dataclass
 class Runtime:
     db: Engine  # SQLAlchemy's; "engine" in this package means the machine engine
@@ -116,7 +120,7 @@ class Runtime:
         self.limits = Limits(self.settings.max_context_bytes, self.settings.max_handbacks)
 
     @contextmanager
-    def transaction(self, writes: Writes) -> Iterator[Connection]:
+    def transaction(self, writes: Sends) -> Iterator[Connection]:
         """A transaction of a use case; once it commits, the transitions it wrote are announced
         and the attempts it superseded cancelled (never before: a listener must not see a move
         that was rolled back, nor an agent drop work that still counts)."""
@@ -127,3 +131,17 @@ class Runtime:
             out.sent.forget(out.sending)  # recorded as sent: nothing decides them again
         self.dispatcher.cancel_many(out.cancels)
         self.dispatcher.announce(out.events)
+
+
+class Outgoing:
+    """What one transaction sends: its state_tasks before it commits (`to_send`, where each
+    went in `sending`), its transitions' events and its state_cancels once it committed
+    (engine.runtime.Runtime.transaction). A state_task a failed try sent already (`sent`) is
+    recorded where it went, not sent again (Writes.dispatch fills it)."""
+
+    def __init__(self, sent: Sent | None = None) -> None:
+        self.sent = sent
+        self.to_send: list[tuple[str, str]] = []  # (agent, state_task)
+        self.sending: dict[Sending, str] = {}  # dispatched here: where to
+        self.events: list[StateEvent] = []  # announced once committed
+        self.cancels: list[tuple[str, str]] = []  # (agent, state_cancel), too

@@ -17,12 +17,13 @@ follow their parent (kinds/joins.py), an agent's slot is freed (engine/slots.py)
 closed as left and a notification queued (at the write: engine/entry.py's send_and_write).
 
 A new kind (a tool call, an LLM state) is a new module and one line in `kinds`, and its
-name in `kind_of`.
+name in `kind_of` (fsm_celery.core.kinds: pure, so that naming the kind enters no module
+of the engine on the path of an ack).
 """
 
 from __future__ import annotations
 
-from fsm_celery.core.definition import StateDefinition
+from fsm_celery.core.kinds import kind_of
 from fsm_celery.engine.kinds.agent import AgentState
 from fsm_celery.engine.kinds.approval import ApprovalGate
 from fsm_celery.engine.kinds.base import Entering, StateKind
@@ -32,17 +33,6 @@ from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.slots import Slots
 
 __all__ = ["Entering", "StateKind", "kind_of", "kinds"]
-
-
-def kind_of(state: StateDefinition) -> str:
-    """The kind of a state, by what its definition gives it."""
-    if state.fans_out:
-        return "fan_out"
-    if state.approval is not None:
-        return "approval"
-    if state.wait is not None:
-        return "wait"
-    return "agent"
 
 
 def kinds(runtime: Runtime, slots: Slots, fanout: FanOut) -> dict[str, StateKind]:
