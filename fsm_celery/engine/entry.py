@@ -159,8 +159,7 @@ class Entry:
                 self.enter_txn(conn, rows, row, writes)
                 if writes.log and row.parent_id is not None and not ancestors:
                     raise _ChildMoved  # rolled back, nothing sent: again, the parent first
-            self.onward.due_txn(self, conn, rows, writes)
-            self.send_and_write(conn, writes)
+            self.finish_txn(conn, rows, writes)
         entered = writes.next()
         for step in steps if skip else []:
             if step[0] not in rows:  # held by another transaction (or gone): alone
@@ -171,11 +170,10 @@ class Entry:
         """Settle what the transaction did to fan-outs, and enter the states it moved machines
         to, or started children in, that are due now; until nothing more is (a state entered
         may start children, a join may move a parent on)."""
-        followed = None  # the transitions recorded when last followed up
-        while True:
-            if followed != len(writes.log):  # else nothing new to settle, nor slots to free
-                followed = len(writes.log)
-                self.follow_up_txn(conn, rows, writes)
+        followed: int | None = None  # the transitions recorded when last followed up
+        while followed != len(writes.log):  # else nothing new to settle, free, nor enter
+            followed = len(writes.log)
+            self.follow_up_txn(conn, rows, writes)
             due = writes.due_now()
             if not due:
                 return
@@ -205,11 +203,18 @@ class Entry:
         route it, and record it as sent (in this transaction); start its children; open its
         gate; or wait for its event. `rows` holds the machines the transaction locked, and
         those it starts."""
-        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+        key = (row.type, row.definition_version)  # parsed already, nearly always: read
+        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
         machine = writes.machine(row)
         state = definition.state(machine.current_state)
         at = Entering(conn, rows, row, definition, state, writes, machine)
         self._kinds[kind_of(state)].enter_txn(at)
+
+    def finish_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
+        """The end of a transaction of agents' messages or entries, once they are decided: what
+        its Onward enters in it, then its state_tasks sent and its changes written."""
+        self.onward.due_txn(self, conn, rows, writes)
+        self.send_and_write(conn, writes)
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.

@@ -45,7 +45,8 @@ class Catalog:
         self._db = db
         self._clock = clock
         self._max_depth = max_depth
-        self._parsed: dict[tuple[str, int], MachineDefinition] = {}
+        # each (type, version) parsed so far: what the hot path reads before it asks `version`
+        self.parsed: dict[tuple[str, int], MachineDefinition] = {}
 
     def load(self, definitions: Iterable[MachineDefinition]) -> list[tuple[str, int, bool]]:
         """Store each definition as a new version when it changed, and make its schedules the
@@ -79,13 +80,13 @@ class Catalog:
         """One version of a machine type (a child's inline type, `type.state[.branch]`, is
         part of its root type's version)."""
         key = (machine_type, version)
-        found = self._parsed.get(key)
+        found = self.parsed.get(key)
         if found is None:
             if "." in machine_type:
                 root = self.version(conn, machine_type.split(".", 1)[0], version)
-                found = self._parsed[key] = root.at(machine_type)
+                found = self.parsed[key] = root.at(machine_type)
             else:
-                found = self._parsed[key] = q.definition_txn(conn, machine_type, version)
+                found = self.parsed[key] = q.definition_txn(conn, machine_type, version)
         return found
 
     def latest(self, conn: Connection, machine_type: str) -> tuple[int, MachineDefinition]:
@@ -93,7 +94,7 @@ class Catalog:
         latest = q.latest_definition_txn(conn, machine_type)
         if latest is None:
             raise UnknownMachineType(machine_type, reads.machine_types_txn(conn))
-        self._parsed.setdefault((machine_type, latest[0]), latest[1])
+        self.parsed.setdefault((machine_type, latest[0]), latest[1])
         return latest
 
 

@@ -231,15 +231,19 @@ class Writes:
             )
         )
 
-    def dispatch(self, task: StateTask, agent: str, agent_id: UUID | None) -> None:
+    def dispatch(
+        self, task: StateTask, agent: str, agent_id: UUID | None, *, sent: bool | None = None
+    ) -> None:
         """Record that the machine's attempt is sent now to `agent` (its uuid, or its type's
-        stream) with its deadline, and queue it (unless a transaction that failed sent it
-        already: see Sent)."""
+        stream) with its deadline, and queue it, unless a transaction that failed sent it
+        already (see Sent; `sent` when the caller looked it up)."""
         machine_id = task.machine_id
         self.entering(machine_id, task.deadline, agent_id)
         sending = (machine_id, task.attempt, task.state)
         self.out.sending[sending] = agent
-        if self.sent_before(*sending) is None:
+        if sent is None:
+            sent = self.sent_before(*sending) is not None
+        if not sent:
             self.out.to_send.append((agent, task.to_wire()))
 
     def queue(self, row: q.AnyRow) -> None:

@@ -64,9 +64,11 @@ class AgentState:
             assert not isinstance(decision, Rejected)  # the machine is at that attempt
             writes.transition(row, decision, "dispatch_error")
             return
-        earlier = writes.sent_before(row.id, task.attempt, task.state)
+        sent = writes.out.sent  # nearly always none pending: read, not asked
+        sending = (row.id, task.attempt, task.state)
+        earlier = sent.where(sending) if sent is not None and sent.pending else None
         where, agent_id = self._route(conn, row, agent_type, writes, earlier)
-        writes.dispatch(task, where, agent_id)
+        writes.dispatch(task, where, agent_id, sent=earlier is not None)
 
     def _task(
         self, row: q.AnyRow, state: StateDefinition, machine: Machine, now: datetime

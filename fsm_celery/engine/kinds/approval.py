@@ -79,7 +79,8 @@ def leave_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
     opened = writes.parts.get(Opened)
     at_gates = set(opened.machines) if opened is not None else set()
     for row, _, _ in writes.log:
-        definition = runtime.catalog.version(conn, row.type, row.definition_version)
+        key = (row.type, row.definition_version)  # parsed already, nearly always: read
+        definition = runtime.catalog.parsed.get(key) or runtime.catalog.version(conn, *key)
         if definition.state(row.current_state).approval is not None:
             at_gates.add(row.id)
     if at_gates:

@@ -78,7 +78,8 @@ class Joins:
     def _left_fan_out(self, conn: Connection, row: q.AnyRow, t: Transition) -> bool:
         """Whether the transition moved the machine from (or paused, or resumed it at) a
         fan-out state."""
-        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+        key = (row.type, row.definition_version)  # parsed already, nearly always: read
+        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
         return definition.state(t.from_state).fans_out
 
     def _settle_deepest(
