@@ -7,7 +7,7 @@ from __future__ import annotations
 from fsm_celery.core.definition import StateDefinition
 
 
-def kind_of(state: StateDefinition) -> str:
+def state_kind(state: StateDefinition) -> str:
     """The kind of a state, by what its definition gives it."""
     if state.fans_out:
         return "fan_out"

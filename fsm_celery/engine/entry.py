@@ -19,7 +19,7 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core.clock import aware
-from fsm_celery.core.kinds import kind_of
+from fsm_celery.core.kinds import state_kind
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.engine.kinds import Entering, approval, kinds
 from fsm_celery.engine.kinds.fanout import FanOut
@@ -208,7 +208,7 @@ class Entry:
         machine = writes.machine(row)
         state = definition.state(machine.current_state)
         at = Entering(conn, rows, row, definition, state, writes, machine)
-        self._kinds[kind_of(state)].enter_txn(at)
+        self._kinds[state_kind(state)].enter_txn(at)
 
     def finish_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
         """The end of a transaction of agents' messages or entries, once they are decided: what
