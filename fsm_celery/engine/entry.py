@@ -230,7 +230,8 @@ class Entry:
         its duplicate ack is then refused as stale, and the work is applied once.
         """
         out = writes.out
-        self._rt.dispatcher.dispatch_many(out.to_send)
+        if out.to_send:  # the transport is asked only when there is something to send
+            self._rt.dispatcher.dispatch_many(out.to_send)
         if out.sent is not None:
             out.sent.add(out.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)

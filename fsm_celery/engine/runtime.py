@@ -130,8 +130,10 @@ class Runtime:
         out = writes.out
         if out.sent is not None:
             out.sent.forget(out.sending)  # recorded as sent: nothing decides them again
-        self.dispatcher.cancel_many(out.cancels)
-        self.dispatcher.announce(out.events)
+        if out.cancels:  # the transport is asked only when there is something to send
+            self.dispatcher.cancel_many(out.cancels)
+        if out.events:
+            self.dispatcher.announce(out.events)
 
 
 class Outgoing:
