@@ -18,8 +18,10 @@ from uuid import UUID
 
 from sqlalchemy import Connection
 
+from fsm_celery.core.clock import aware
+from fsm_celery.core.kinds import state_kind
 from fsm_celery.core.transition import MachineStatus
-from fsm_celery.engine.kinds import Entering, approval, kind_of, kinds
+from fsm_celery.engine.kinds import Entering, approval, kinds
 from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.kinds.joins import Joins
 from fsm_celery.engine.notify import outbox_txn
@@ -27,7 +29,7 @@ from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
 from fsm_celery.engine.slots import Slots
-from fsm_celery.engine.writes import Rows, Writes, aware
+from fsm_celery.engine.writes import Rows, Writes
 from fsm_celery.store import queries as q
 
 log = logging.getLogger(__name__)
@@ -157,8 +159,7 @@ class Entry:
                 self.enter_txn(conn, rows, row, writes)
                 if writes.log and row.parent_id is not None and not ancestors:
                     raise _ChildMoved  # rolled back, nothing sent: again, the parent first
-            self.onward.due_txn(self, conn, rows, writes)
-            self.send_and_write(conn, writes)
+            self.finish_txn(conn, rows, writes)
         entered = writes.next()
         for step in steps if skip else []:
             if step[0] not in rows:  # held by another transaction (or gone): alone
@@ -169,7 +170,9 @@ class Entry:
         """Settle what the transaction did to fan-outs, and enter the states it moved machines
         to, or started children in, that are due now; until nothing more is (a state entered
         may start children, a join may move a parent on)."""
-        while True:
+        followed: int | None = None  # the transitions recorded when last followed up
+        while followed != len(writes.log):  # else nothing new to settle, free, nor enter
+            followed = len(writes.log)
             self.follow_up_txn(conn, rows, writes)
             due = writes.due_now()
             if not due:
@@ -200,9 +203,18 @@ class Entry:
         route it, and record it as sent (in this transaction); start its children; open its
         gate; or wait for its event. `rows` holds the machines the transaction locked, and
         those it starts."""
-        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
-        state = definition.state(writes.machine(row).current_state)
-        self._kinds[kind_of(state)].enter_txn(Entering(conn, rows, row, definition, state, writes))
+        key = (row.type, row.definition_version)  # parsed already, nearly always: read
+        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
+        machine = writes.machine(row)
+        state = definition.state(machine.current_state)
+        at = Entering(conn, rows, row, definition, state, writes, machine)
+        self._kinds[state_kind(state)].enter_txn(at)
+
+    def finish_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
+        """The end of a transaction of agents' messages or entries, once they are decided: what
+        its Onward enters in it, then its state_tasks sent and its changes written."""
+        self.onward.due_txn(self, conn, rows, writes)
+        self.send_and_write(conn, writes)
 
     def send_and_write(self, conn: Connection, writes: Writes) -> None:
         """Send the transaction's state_tasks, then write its changes; the caller commits.
@@ -218,7 +230,8 @@ class Entry:
         its duplicate ack is then refused as stale, and the work is applied once.
         """
         out = writes.out
-        self._rt.dispatcher.dispatch_many(out.to_send)
+        if out.to_send:  # the transport is asked only when there is something to send
+            self._rt.dispatcher.dispatch_many(out.to_send)
         if out.sent is not None:
             out.sent.add(out.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)

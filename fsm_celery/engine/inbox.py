@@ -12,6 +12,7 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import intake
 from fsm_celery.core.attempt_events import Ack, HandBack
+from fsm_celery.core.clock import aware
 from fsm_celery.core.definition import FailureKind, MachineDefinition
 from fsm_celery.core.intake import Refused
 from fsm_celery.core.messages import (
@@ -26,7 +27,7 @@ from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Inbound, Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.sent import Sent
-from fsm_celery.engine.writes import Writes, aware
+from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import agents as agent_store
 from fsm_celery.store import queries as q
@@ -66,7 +67,7 @@ class Inbox:
                 parsed.append((message, item))
         with self._rt.transaction(writes) as conn:
             self._record_statuses(conn, statuses.values(), writes)
-            rows = q.lock_machines_txn(conn, (m.machine_id for m, _ in parsed))
+            rows = q.lock_machines_txn(conn, [m.machine_id for m, _ in parsed])
             senders = _Senders(conn)
             for message, item in parsed:
                 row = rows.get(message.machine_id)
@@ -78,8 +79,7 @@ class Inbox:
                     writes.reject(RejectReason.WRONG_AGENT, wrong, item.raw, **where)
                 else:
                     self._apply(conn, row, message, item.raw, writes)
-            self._entry.onward.due_txn(self._entry, conn, rows, writes)
-            self._entry.send_and_write(conn, writes)
+            self._entry.finish_txn(conn, rows, writes)
         return writes.next()
 
     def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
@@ -129,7 +129,8 @@ class Inbox:
         machine = writes.machine(row)
         attempt = intake.attempt_of(message, machine.attempt)  # its token was checked unlocked
         where = {**intake.where(message), "attempt": attempt}
-        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+        key = (row.type, row.definition_version)  # parsed already, nearly always: read
+        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
         if isinstance(message, StateHeartbeat):
             self._heartbeat(row, machine, definition, message, attempt, writes, raw)
             return

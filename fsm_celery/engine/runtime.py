@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
 from fsm_celery.config import Settings
+from fsm_celery.core.clock import utcnow as utcnow  # the default clock
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.fanout_validator import tree_problems
 from fsm_celery.core.transition import Limits
@@ -32,11 +33,8 @@ DATABASE_AWAY = (
 )
 
 if TYPE_CHECKING:
-    from fsm_celery.engine.writes import Writes
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+    from fsm_celery.core.messages import StateEvent
+    from fsm_celery.engine.sent import Sending, Sent
 
 
 class Catalog:
@@ -47,7 +45,8 @@ class Catalog:
         self._db = db
         self._clock = clock
         self._max_depth = max_depth
-        self._parsed: dict[tuple[str, int], MachineDefinition] = {}
+        # each (type, version) parsed so far: what the hot path reads before it asks `version`
+        self.parsed: dict[tuple[str, int], MachineDefinition] = {}
 
     def load(self, definitions: Iterable[MachineDefinition]) -> list[tuple[str, int, bool]]:
         """Store each definition as a new version when it changed, and make its schedules the
@@ -81,13 +80,13 @@ class Catalog:
         """One version of a machine type (a child's inline type, `type.state[.branch]`, is
         part of its root type's version)."""
         key = (machine_type, version)
-        found = self._parsed.get(key)
+        found = self.parsed.get(key)
         if found is None:
             if "." in machine_type:
                 root = self.version(conn, machine_type.split(".", 1)[0], version)
-                found = self._parsed[key] = root.at(machine_type)
+                found = self.parsed[key] = root.at(machine_type)
             else:
-                found = self._parsed[key] = q.definition_txn(conn, machine_type, version)
+                found = self.parsed[key] = q.definition_txn(conn, machine_type, version)
         return found
 
     def latest(self, conn: Connection, machine_type: str) -> tuple[int, MachineDefinition]:
@@ -95,8 +94,14 @@ class Catalog:
         latest = q.latest_definition_txn(conn, machine_type)
         if latest is None:
             raise UnknownMachineType(machine_type, reads.machine_types_txn(conn))
-        self._parsed.setdefault((machine_type, latest[0]), latest[1])
+        self.parsed.setdefault((machine_type, latest[0]), latest[1])
         return latest
+
+
+class Sends(Protocol):
+    """What a transaction sends once it commits (engine.writes.Writes has it)."""
+
+    out: Outgoing
 
 
 @dataclass
@@ -116,7 +121,7 @@ class Runtime:
         self.limits = Limits(self.settings.max_context_bytes, self.settings.max_handbacks)
 
     @contextmanager
-    def transaction(self, writes: Writes) -> Iterator[Connection]:
+    def transaction(self, writes: Sends) -> Iterator[Connection]:
         """A transaction of a use case; once it commits, the transitions it wrote are announced
         and the attempts it superseded cancelled (never before: a listener must not see a move
         that was rolled back, nor an agent drop work that still counts)."""
@@ -125,5 +130,21 @@ class Runtime:
         out = writes.out
         if out.sent is not None:
             out.sent.forget(out.sending)  # recorded as sent: nothing decides them again
-        self.dispatcher.cancel_many(out.cancels)
-        self.dispatcher.announce(out.events)
+        if out.cancels:  # the transport is asked only when there is something to send
+            self.dispatcher.cancel_many(out.cancels)
+        if out.events:
+            self.dispatcher.announce(out.events)
+
+
+class Outgoing:
+    """What one transaction sends: its state_tasks before it commits (`to_send`, where each
+    went in `sending`), its transitions' events and its state_cancels once it committed
+    (engine.runtime.Runtime.transaction). A state_task a failed try sent already (`sent`) is
+    recorded where it went, not sent again (Writes.dispatch fills it)."""
+
+    def __init__(self, sent: Sent | None = None) -> None:
+        self.sent = sent
+        self.to_send: list[tuple[str, str]] = []  # (agent, state_task)
+        self.sending: dict[Sending, str] = {}  # dispatched here: where to
+        self.events: list[StateEvent] = []  # announced once committed
+        self.cancels: list[tuple[str, str]] = []  # (agent, state_cancel), too

@@ -28,7 +28,7 @@ BOUND_SECONDS = 2.0  # how long a process keeps an agent type's bound before rea
 
 @dataclass
 class Ledger:
-    """A transaction's part (Writes.part): per agent type with a bound, the bound and the count
+    """A transaction's part (Writes.parts): per agent type with a bound, the bound and the count
     in flight (its row locked); the slots taken here, the machines whose slot was freed, the
     transitions looked at so far, and the machines taken out of the queue, left to the scan."""
 
@@ -54,7 +54,7 @@ class Slots:
     def take_txn(self, conn: Connection, machine_id: UUID, agent_type: str, writes: Writes) -> bool:
         """Take a slot of the type for the machine's attempt; False when the type is at its
         bound (the machine is then queued). A type without a bound always has one."""
-        ledger = writes.part(Ledger)
+        ledger = ledger_of(writes)
         bound = self._bound(conn, agent_type, writes)
         if bound is None:
             return True
@@ -68,7 +68,7 @@ class Slots:
     def release_txn(self, conn: Connection, writes: Writes) -> dict[str, int]:
         """Free the slots of the attempts the transaction's transitions since the last call
         ended; how many slots each type has free now (to enter queued machines in)."""
-        ledger = writes.part(Ledger)
+        ledger = ledger_of(writes)
         freed: set[str] = set()
         for row, _, _ in writes.log[ledger.released :]:
             agent_type = ledger.taken.pop(row.id, None)
@@ -89,7 +89,7 @@ class Slots:
     def reconcile_txn(self, conn: Connection, writes: Writes) -> dict[str, int]:
         """Count again each bounded type's work in flight (the scan's repair, should a count
         have drifted); how many slots each has free."""
-        ledger = writes.part(Ledger)
+        ledger = ledger_of(writes)
         types = sorted(set(store.bounded_txn(conn)) | set(self._rt.settings.agent_type_limits))
         free: dict[str, int] = {}
         for agent_type in types:
@@ -121,7 +121,7 @@ class Slots:
         return not definition.state(row.current_state).fans_out
 
     def _bound(self, conn: Connection, agent_type: str, writes: Writes) -> int | None:
-        ledger = writes.part(Ledger)
+        ledger = ledger_of(writes)
         if agent_type not in ledger.bounds:
             ledger.bounds[agent_type] = self._known_bound(conn, agent_type)
         return ledger.bounds[agent_type]
@@ -141,7 +141,15 @@ class Slots:
         return bound
 
     def _count(self, conn: Connection, agent_type: str, writes: Writes) -> int:
-        ledger = writes.part(Ledger)
+        ledger = ledger_of(writes)
         if agent_type not in ledger.in_flight:
             ledger.in_flight[agent_type] = store.lock_txn(conn, agent_type)
         return ledger.in_flight[agent_type]
+
+
+def ledger_of(writes: Writes) -> Ledger:
+    """The transaction's Ledger (made now, the first time): its part of Writes.parts."""
+    found = writes.parts.get(Ledger)
+    if found is None:
+        found = writes.parts[Ledger] = Ledger()
+    return found

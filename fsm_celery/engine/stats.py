@@ -21,9 +21,9 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from fsm_celery.core.clock import aware
 from fsm_celery.core.stats import Tally, saturated, saturated_cost, tallies
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import aware
 from fsm_celery.store import dialects
 from fsm_celery.store import rollup as r
 from fsm_celery.store.queries import AnyRow

@@ -5,25 +5,25 @@ and rejections, written in one go by the store (and the state_tasks to send befo
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 from uuid import UUID
 
 from sqlalchemy import Connection
 
 from fsm_celery.core import timeline
+from fsm_celery.core.clock import aware, duration_ms
 from fsm_celery.core.messages import (
     EVENT_ERROR_CHARS,
     INT32_MAX,
-    INT64_MAX,
-    INT64_MIN,
     StateEvent,
     StateTask,
 )
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
 from fsm_celery.core.usage import Budget, Usage
 from fsm_celery.engine.ports import Next, Step
-from fsm_celery.engine.sent import Outgoing, Sent
+from fsm_celery.engine.runtime import Outgoing
+from fsm_celery.engine.sent import Sent
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
@@ -40,16 +40,6 @@ class Part(Protocol):
     the agents' routing): made on first use, its own rows written with the transaction's."""
 
     def write(self, conn: Connection, writes: Writes) -> None: ...
-
-
-P = TypeVar("P", bound=Part)
-
-
-def aware(value: datetime | None) -> datetime | None:
-    """The datetime with UTC attached (SQLite hands back naive datetimes; all stored are UTC)."""
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
 
 
 def snapshot(row: q.AnyRow) -> Machine:
@@ -92,17 +82,10 @@ class Writes:
     log: list[tuple[q.AnyRow, Transition, str]] = field(default_factory=list)  # in order
     spawned: dict[UUID, Step] = field(default_factory=dict)  # children started here
     out: Outgoing = field(init=False)
-    parts: dict[type[Any], Any] = field(default_factory=dict)
+    parts: dict[type[Any], Any] = field(default_factory=dict)  # each module's own, by type
 
     def __post_init__(self, sent: Sent | None) -> None:
         self.out = Outgoing(sent)
-
-    def part(self, kind: type[P]) -> P:
-        """The transaction's part of that kind (made now, the first time)."""
-        found = self.parts.get(kind)
-        if found is None:
-            found = self.parts[kind] = kind()
-        return found
 
     def machine(self, row: q.AnyRow) -> Machine:
         """The machine as this transaction has left it so far."""
@@ -248,14 +231,20 @@ class Writes:
             )
         )
 
-    def dispatch(self, task: StateTask, agent: str, agent_id: UUID | None) -> None:
+    def dispatch(
+        self, task: StateTask, agent: str, agent_id: UUID | None, *, sent: bool | None = None
+    ) -> None:
         """Record that the machine's attempt is sent now to `agent` (its uuid, or its type's
-        stream) with its deadline, and queue it (unless a transaction that failed sent it
-        already: see Sent)."""
+        stream) with its deadline, and queue it, unless a transaction that failed sent it
+        already (see Sent; `sent` when the caller looked it up)."""
         machine_id = task.machine_id
         self.entering(machine_id, task.deadline, agent_id)
         sending = (machine_id, task.attempt, task.state)
-        self.out.dispatch(sending, agent, task)
+        self.out.sending[sending] = agent
+        if sent is None:
+            sent = self.sent_before(*sending) is not None
+        if not sent:
+            self.out.to_send.append((agent, task.to_wire()))
 
     def queue(self, row: q.AnyRow) -> None:
         """Record that the machine's state waits for a slot of its agent type, from now (no
@@ -289,7 +278,10 @@ class Writes:
 
     def sent_before(self, machine_id: UUID, attempt: int, state: str) -> str | None:
         """Where a failed transaction sent this attempt's state_task, if one did."""
-        return self.out.sent_before((machine_id, attempt, state))
+        sent = self.out.sent  # nearly always none pending: read, not asked
+        return (
+            sent.where((machine_id, attempt, state)) if sent is not None and sent.pending else None
+        )
 
     def spawn(self, step: Step) -> None:
         """Record a child started in this transaction, its first state to enter."""
@@ -371,11 +363,6 @@ class Writes:
             part.write(conn, self)
         q.mark_dispatched_txn(conn, list(self.dispatches.values()))
         q.insert_rejections_txn(conn, self.rejections)
-
-
-def duration_ms(delta: timedelta) -> int:
-    """A duration in whole milliseconds, within BIGINT (state_transitions.duration_ms)."""
-    return max(INT64_MIN, min(INT64_MAX, int(delta.total_seconds() * 1000)))
 
 
 def start_record(

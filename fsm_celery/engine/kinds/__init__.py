@@ -1,7 +1,7 @@
 """State kinds as plug-ins: what entering a state does, by the kind its definition gives it.
 
 Each kind is a module here implementing StateKind (kinds/base.py), registered in `kinds`
-under the name `kind_of` gives its states:
+under the name `state_kind` gives its states:
 
 - `agent`: an agent works it: its state_task sent (kinds/agent.py);
 - `fan_out`: children do its work, joined once (kinds/fanout.py; kinds/joins.py counts their
@@ -17,12 +17,13 @@ follow their parent (kinds/joins.py), an agent's slot is freed (engine/slots.py)
 closed as left and a notification queued (at the write: engine/entry.py's send_and_write).
 
 A new kind (a tool call, an LLM state) is a new module and one line in `kinds`, and its
-name in `kind_of`.
+name in `state_kind` (fsm_celery.core.kinds: pure, so that naming the kind enters no module
+of the engine on the path of an ack).
 """
 
 from __future__ import annotations
 
-from fsm_celery.core.definition import StateDefinition
+from fsm_celery.core.kinds import state_kind
 from fsm_celery.engine.kinds.agent import AgentState
 from fsm_celery.engine.kinds.approval import ApprovalGate
 from fsm_celery.engine.kinds.base import Entering, StateKind
@@ -31,18 +32,7 @@ from fsm_celery.engine.kinds.wait import Wait
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.slots import Slots
 
-__all__ = ["Entering", "StateKind", "kind_of", "kinds"]
-
-
-def kind_of(state: StateDefinition) -> str:
-    """The kind of a state, by what its definition gives it."""
-    if state.fans_out:
-        return "fan_out"
-    if state.approval is not None:
-        return "approval"
-    if state.wait is not None:
-        return "wait"
-    return "agent"
+__all__ = ["Entering", "StateKind", "kinds", "state_kind"]
 
 
 def kinds(runtime: Runtime, slots: Slots, fanout: FanOut) -> dict[str, StateKind]:

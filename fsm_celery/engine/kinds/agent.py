@@ -19,7 +19,7 @@ from fsm_celery.core.prompt import PromptError, render
 from fsm_celery.core.transition import Machine, Rejected, decide
 from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.slots import Ledger, Slots
+from fsm_celery.engine.slots import Slots, ledger_of
 from fsm_celery.engine.writes import Writes
 from fsm_celery.store import agents as agent_store
 from fsm_celery.store import queries as q
@@ -27,7 +27,7 @@ from fsm_celery.store import queries as q
 
 @dataclass
 class Routing:
-    """A transaction's part (Writes.part): per agent type, its live agents in the order they
+    """A transaction's part (Writes.parts): per agent type, its live agents in the order they
     get work (read once a transaction), and the agents handed work in it."""
 
     live: dict[str, deque[UUID]] = field(default_factory=dict)
@@ -45,8 +45,7 @@ class AgentState:
     def enter_txn(self, at: Entering) -> None:
         """Take a slot of the state's agent type (or queue for one), build the state_task,
         route it, and record it as sent (in this transaction)."""
-        conn, _, row, definition, state, writes = at
-        machine = writes.machine(row)
+        conn, _, row, definition, state, writes, machine = at
         agent_type = definition.agent_type_of(state)
         if not self._slots.take_txn(conn, row.id, agent_type, writes):
             writes.queue(row)  # over its agent type's bound: waits for a slot
@@ -57,7 +56,7 @@ class AgentState:
             if row.queued_at is not None:
                 # taken from the queue, its ancestors perhaps not held here: the scan fails it,
                 # taking the locks in their order (a failed child joins its parent)
-                writes.part(Ledger).unqueued.append(row.id)
+                ledger_of(writes).unqueued.append(row.id)
                 writes.entered.add(row.id)
                 return
             event = DispatchFailed(state.name, machine.attempt, f"prompt of {state.name}: {exc}")
@@ -65,9 +64,11 @@ class AgentState:
             assert not isinstance(decision, Rejected)  # the machine is at that attempt
             writes.transition(row, decision, "dispatch_error")
             return
-        earlier = writes.sent_before(row.id, task.attempt, task.state)
+        sent = writes.out.sent  # nearly always none pending: read, not asked
+        sending = (row.id, task.attempt, task.state)
+        earlier = sent.where(sending) if sent is not None and sent.pending else None
         where, agent_id = self._route(conn, row, agent_type, writes, earlier)
-        writes.dispatch(task, where, agent_id)
+        writes.dispatch(task, where, agent_id, sent=earlier is not None)
 
     def _task(
         self, row: q.AnyRow, state: StateDefinition, machine: Machine, now: datetime
@@ -105,7 +106,7 @@ class AgentState:
         since = writes.now - timedelta(seconds=self._rt.settings.agent_liveness_seconds)
         if own is not None and (row.agent_pinned or agent_store.agent_alive_txn(conn, own, since)):
             return str(own), own
-        routing = writes.part(Routing)
+        routing = _routing(writes)
         live = routing.live.get(agent_type)
         if live is None:  # once a transaction, however many states it enters
             live = routing.live[agent_type] = deque(
@@ -121,3 +122,11 @@ class AgentState:
 
 def _ms(value: timedelta | None) -> int | None:
     return None if value is None else int(value.total_seconds() * 1000)
+
+
+def _routing(writes: Writes) -> Routing:
+    """The transaction's Routing (made now, the first time): its part of Writes.parts."""
+    found = writes.parts.get(Routing)
+    if found is None:
+        found = writes.parts[Routing] = Routing()
+    return found

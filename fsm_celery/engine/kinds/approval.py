@@ -13,10 +13,11 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core import gate, notify
+from fsm_celery.core.clock import aware
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes, aware
+from fsm_celery.engine.writes import Writes
 from fsm_celery.store import gates as store
 from fsm_celery.store import queries as q
 from fsm_celery.store.notify import insert_notifications_txn
@@ -25,7 +26,7 @@ from fsm_celery.store.queries import AnyRow
 
 @dataclass
 class Opened:
-    """A transaction's part (Writes.part): the machines that opened an approval gate in it."""
+    """A transaction's part (Writes.parts): the machines that opened an approval gate in it."""
 
     machines: set[UUID] = field(default_factory=set)
 
@@ -41,7 +42,7 @@ class ApprovalGate:
         """Enter an approval state: open its gate (or, for a machine resumed there, keep the one it
         had, with the decisions made), set the machine's deadline to the gate's, and ask its people
         (a notification, where the definition or FSM_NOTIFY_URL asks for them)."""
-        conn, _, row, _, state, writes = at
+        conn, _, row, _, state, writes, _ = at
         assert state.approval is not None
         attempt = writes.machine(row).attempt
         opened = store.open_gate_txn(conn, row.id)
@@ -55,7 +56,7 @@ class ApprovalGate:
         members = gate.members_of(self._rt.settings.approver_groups, state.approval)
         needed = gate.needed(state.approval, len(members))
         store.open_txn(conn, row.id, state.name, attempt, writes.now, deadline, needed)
-        writes.part(Opened).machines.add(row.id)
+        _opened(writes).machines.add(row.id)
         writes.entering(row.id, deadline, row.agent_id)
         _ask(conn, self._rt, row, state, attempt, deadline, writes.now)
 
@@ -78,7 +79,8 @@ def leave_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
     opened = writes.parts.get(Opened)
     at_gates = set(opened.machines) if opened is not None else set()
     for row, _, _ in writes.log:
-        definition = runtime.catalog.version(conn, row.type, row.definition_version)
+        key = (row.type, row.definition_version)  # parsed already, nearly always: read
+        definition = runtime.catalog.parsed.get(key) or runtime.catalog.version(conn, *key)
         if definition.state(row.current_state).approval is not None:
             at_gates.add(row.id)
     if at_gates:
@@ -132,3 +134,11 @@ def _ask(
             for url in urls
         ],
     )
+
+
+def _opened(writes: Writes) -> Opened:
+    """The transaction's Opened (made now, the first time): its part of Writes.parts."""
+    found = writes.parts.get(Opened)
+    if found is None:
+        found = writes.parts[Opened] = Opened()
+    return found

@@ -7,13 +7,15 @@ from typing import NamedTuple, Protocol
 from sqlalchemy import Connection
 
 from fsm_celery.core.definition import MachineDefinition, StateDefinition
+from fsm_celery.core.transition import Machine
 from fsm_celery.engine.writes import Rows, Writes
 from fsm_celery.store.queries import AnyRow
 
 
 class Entering(NamedTuple):
     """A machine entering a state, in a transaction: its row (locked), its definition and the
-    state, the machines the transaction holds (locked, or started by it) and its Writes."""
+    state, the machines the transaction holds (locked, or started by it), its Writes, and the
+    machine as the transaction has left it."""
 
     conn: Connection
     rows: Rows
@@ -21,6 +23,7 @@ class Entering(NamedTuple):
     definition: MachineDefinition
     state: StateDefinition
     writes: Writes
+    machine: Machine  # as the transaction has left it so far (Writes.machine)
 
 
 class StateKind(Protocol):

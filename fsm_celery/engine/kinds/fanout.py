@@ -59,7 +59,7 @@ class FanOut:
         """Start the state's children and wait for their join; a parent resumed in the state
         waits for the fan-out it started before (and joins now if its join was decided while
         it was paused)."""
-        conn, rows, row, definition, state, writes = at
+        conn, rows, row, definition, state, writes, _ = at
         machine = writes.machine(row)
         open_now = fanouts.open_fan_out_txn(conn, row.id)
         if open_now is not None and open_now.state == state.name:

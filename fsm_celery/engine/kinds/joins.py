@@ -28,7 +28,7 @@ from fsm_celery.store import queries as q
 
 @dataclass
 class Progress:
-    """A transaction's part (Writes.part): how many of its transitions fan-outs have settled,
+    """A transaction's part (Writes.parts): how many of its transitions fan-outs have settled,
     and its children's spending rolled up, per ancestor."""
 
     settled: int = 0
@@ -57,7 +57,7 @@ class Joins:
         judged once every end is counted, an ancestor at a time."""
         ended: dict[tuple[UUID, int], list[tuple[q.AnyRow, Transition]]] = {}
         over_budget: dict[UUID, str] = {}
-        progress = writes.part(Progress)
+        progress = _progress(writes)
         while progress.settled < len(writes.log) or ended or over_budget:
             batch = writes.log[progress.settled :]
             progress.settled = len(writes.log)
@@ -78,7 +78,8 @@ class Joins:
     def _left_fan_out(self, conn: Connection, row: q.AnyRow, t: Transition) -> bool:
         """Whether the transition moved the machine from (or paused, or resumed it at) a
         fan-out state."""
-        definition = self._rt.catalog.version(conn, row.type, row.definition_version)
+        key = (row.type, row.definition_version)  # parsed already, nearly always: read
+        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
         return definition.state(t.from_state).fans_out
 
     def _settle_deepest(
@@ -99,7 +100,7 @@ class Joins:
     ) -> dict[UUID, str]:
         """Count a child's spending against each ancestor; the ancestors it takes past their
         budget, and why."""
-        progress = writes.part(Progress)
+        progress = _progress(writes)
         over: dict[UUID, str] = {}
         ancestor_id = row.parent_id
         while ancestor_id is not None:
@@ -195,3 +196,11 @@ def _slot(child: q.AnyRow, t: Transition, body: Body, inputs: Mapping[int, Any])
         return Slot(child.slot, SlotStatus.SUCCEEDED, result)
     status = SlotStatus.FAILED if t.status is MachineStatus.FAILED else SlotStatus.CANCELLED
     return Slot(child.slot, status, None, t.error or status.value)
+
+
+def _progress(writes: Writes) -> Progress:
+    """The transaction's Progress (made now, the first time): its part of Writes.parts."""
+    found = writes.parts.get(Progress)
+    if found is None:
+        found = writes.parts[Progress] = Progress()
+    return found

@@ -31,7 +31,7 @@ class Wait:
         """Enter a waiting state: the oldest event kept for it, if one fits, decides it at once;
         else it waits, its deadline set (the scan times it out). A kept event that does not fit
         (its payload against this state's schema, a guard it breaks) is consumed as refused."""
-        conn, _, row, definition, state, writes = at
+        conn, _, row, definition, state, writes, _ = at
         assert state.wait is not None
         name = state.wait.event
         while (kept := store.oldest_kept_txn(conn, row.id, name)) is not None:
