@@ -61,8 +61,10 @@ def test_a_200_mb_entry_never_reaches_the_bridge_and_the_next_acks_are_applied(
         stream = f"{guarded.settings.channel_prefix}stream:state:ack:{agent.id}"
         before = _rss(bridge.popen.pid)
         pad = b"x" * (200 * MB)  # a small `message`, and 200 MB where the old script never looked
+        # Count the commands from here on (scripts' too): before the entry, which the bridge
+        # may drop the moment it is written.
+        guarded.redis.config_resetstat()
         guarded.redis.xadd(stream, {"message": "{}", "pad": pad})  # Redis's own cost: seconds
-        guarded.redis.config_resetstat()  # count the commands from here on (scripts' too)
         others = [
             guarded.client.start_machine("test_pair", {}, agent_id=bystander.id) for _ in range(3)
         ]
@@ -82,10 +84,11 @@ def test_a_200_mb_entry_never_reaches_the_bridge_and_the_next_acks_are_applied(
     assert peak - before < 30 * MB, f"the bridge grew by {(peak - before) / MB:.0f} MB"
     # Nothing loads the entry: MEMORY USAGE measures the stream, UNLINK frees it off the main
     # thread (the old read, and a DEL, held every client 1.7 s for 16 x 32 MB). What ran is
-    # asserted, not how long a PING waited (a loaded machine's figure, not the bridge's).
+    # asserted, not how long a PING waited (a loaded machine's figure, not the bridge's). The
+    # read script is the only UNLINK on this Redis; a DEL is not counted against it: the
+    # worker's kombu releases its unacked-restore mutex with one every few seconds.
     stats = guarded.redis.info("commandstats")
     assert stats.get("cmdstat_unlink", {}).get("calls", 0) >= 1, stats
-    assert "cmdstat_del" not in stats, stats["cmdstat_del"]
     assert "cmdstat_xrange" not in stats, stats["cmdstat_xrange"]
 
 
