@@ -22,12 +22,12 @@ from fsm_celery.acks.pubsub import PubSubConsumer
 from fsm_celery.acks.streams import StreamConsumer
 from fsm_celery.channel import acl, webhook
 from fsm_celery.channel.redis import RedisDispatcher, connect
-from fsm_celery.channel.transient import TRANSIENT
+from fsm_celery.channel.transient import REDIS_AWAY
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
+from fsm_celery.core.clock import utcnow
 from fsm_celery.core.messages import ack_channel
 from fsm_celery.engine import Dispatcher, EnterNow, HandOn, MachineEngine
-from fsm_celery.engine.runtime import utcnow
 from fsm_celery.engine.sent import Sent
 from fsm_celery.store import db as database
 from fsm_celery.worker import tasks
@@ -66,7 +66,7 @@ def machine_engine(
     )
     inline = settings.transition_mode is TransitionMode.INLINE
     onward = EnterNow() if inline else HandOn()
-    return MachineEngine(db, dispatcher, settings, onward, webhook.post_all, clock, TRANSIENT)
+    return MachineEngine(db, dispatcher, settings, onward, webhook.post_all, clock, REDIS_AWAY)
 
 
 def dead_letters(settings: Settings) -> DeadLetters:

@@ -8,10 +8,11 @@ import kombu.exceptions
 import redis
 import sqlalchemy.exc
 
+REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError)  # the dispatcher's, given to the engine
+
 TRANSIENT = (
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
-    redis.ConnectionError,
-    redis.TimeoutError,
+    *REDIS_AWAY,
     kombu.exceptions.OperationalError,  # the broker, when a task could not be published
 )

@@ -35,6 +35,7 @@ from datetime import datetime
 from sqlalchemy import Engine
 
 from fsm_celery.config import Settings
+from fsm_celery.core.clock import utcnow
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.approvals import Approvals
 from fsm_celery.engine.entry import EnterNow, Entry, HandOn, Onward
@@ -44,7 +45,7 @@ from fsm_celery.engine.notify import Notifier
 from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Poster, Scanned, Step
 from fsm_celery.engine.replays import Replays
 from fsm_celery.engine.retention import Retention
-from fsm_celery.engine.runtime import Runtime, utcnow
+from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.scan import Scan
 from fsm_celery.engine.schedules import Schedules
 from fsm_celery.engine.signals import Signals

@@ -13,7 +13,7 @@ import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 
 from fsm_celery.config import Settings
-from fsm_celery.core.clock import utcnow as utcnow  # the default clock
+from fsm_celery.core.clock import utcnow
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.fanout_validator import tree_problems
 from fsm_celery.core.transition import Limits

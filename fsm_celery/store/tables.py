@@ -19,8 +19,8 @@ from sqlalchemy import (
     Uuid,
 )
 
-from fsm_celery.store.columns import TYPE_CHARS as TYPE_CHARS  # a machine type's bound
 from fsm_celery.store.columns import (
+    TYPE_CHARS,
     BigId,
     Json,
     at,

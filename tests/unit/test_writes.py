@@ -14,12 +14,13 @@ import pytest
 from sqlalchemy import Table
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
+from fsm_celery.core.clock import duration_ms
 from fsm_celery.core.messages import StateTask
 from fsm_celery.core.transition import MachineStatus, Transition
 from fsm_celery.core.usage import Usage
 from fsm_celery.engine.ports import Step
 from fsm_celery.engine.sent import Sent
-from fsm_celery.engine.writes import Writes, duration_ms
+from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import postgres, rows, sqlite
 from fsm_celery.store.rows import (
