@@ -23,7 +23,6 @@ from rich.table import Table
 
 from fsm_celery import wiring
 from fsm_celery.acks.bridge import Bridge
-from fsm_celery.acks.dead import Policy
 from fsm_celery.acks.memory import MemoryConsumer
 from fsm_celery.agent.mock import MockScript
 from fsm_celery.channel.memory import MemoryBus
@@ -31,6 +30,7 @@ from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.core.messages import task_channel
+from fsm_celery.core.parking import Policy
 from fsm_celery.engine import MachineEngine
 from fsm_celery.exceptions import FsmError
 from fsm_celery.pipeline.orchestrator import PIPELINE, as_node, default_agents, pipeline_context

@@ -14,22 +14,23 @@ from functools import partial
 from uuid import UUID
 
 from fsm_celery.acks import relay
-from fsm_celery.acks.apply import Applier
 from fsm_celery.acks.bridge import Bridge, Handle
-from fsm_celery.acks.consumer import Consumer
-from fsm_celery.acks.dead import DeadLetters, Policy
+from fsm_celery.acks.consumer import Consumer, Envelope
+from fsm_celery.acks.dead import DeadLetters
 from fsm_celery.acks.pubsub import PubSubConsumer
 from fsm_celery.acks.streams import StreamConsumer
 from fsm_celery.channel import acl, webhook
 from fsm_celery.channel.redis import RedisDispatcher, connect
-from fsm_celery.channel.transient import REDIS_AWAY
+from fsm_celery.channel.transient import REDIS_AWAY, TRANSIENT
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
 from fsm_celery.core.clock import utcnow
 from fsm_celery.core.messages import ack_channel
+from fsm_celery.core.parking import Policy
 from fsm_celery.engine import Dispatcher, EnterNow, HandOn, MachineEngine
-from fsm_celery.engine.sent import Sent
+from fsm_celery.engine.inbox import Applier
 from fsm_celery.store import db as database
+from fsm_celery.store.sent import Sent
 from fsm_celery.worker import tasks
 from fsm_celery.worker.app import app
 from fsm_celery.worker.enqueue import Enqueue
@@ -92,11 +93,11 @@ def _revoke_agent_user(redis_url: str, agent_id: UUID) -> bool:
         admin.close()
 
 
-def inline_applier(settings: Settings, engine: MachineEngine) -> Applier:
+def inline_applier(settings: Settings, engine: MachineEngine) -> Applier[Envelope]:
     """Applies each batch here, entering the states due now in its transaction (the inline
     mode's handler, and the demo's)."""
     operation = partial(engine.inbox.apply, sent=Sent())
-    return Applier(operation, engine.inbox.reject, Enqueue(settings))
+    return Applier(operation, engine.inbox.reject, Enqueue(settings), TRANSIENT)
 
 
 def handle_acks(settings: Settings) -> Handle:
@@ -109,7 +110,7 @@ def handle_acks(settings: Settings) -> Handle:
         db = database.connect(settings.database_url, prepare=settings.database_prepare)
         route = relay.Routes(db, settings.queue_for)
     inbox = machine_engine(settings).inbox  # agents' statuses: applied here, never tasks
-    statuses = Applier(inbox.apply, inbox.reject, Enqueue(settings))
+    statuses: Applier[Envelope] = Applier(inbox.apply, inbox.reject, Enqueue(settings), TRANSIENT)
     return relay.Relay(app, settings.queue, settings.max_relay_bytes, route, statuses)
 
 

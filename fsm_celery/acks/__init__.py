@@ -6,13 +6,12 @@ to the transaction that applies them.
   the three;
 - bridge.py: the loop: each consumer read, each batch handled, each message finished, tried
   again or parked;
-- dead.py: the one dead-letter policy (when to give up on a message, and why) and the stream
-  where given-up messages are parked;
-- apply.py: the Applier: a batch in one transaction, a message that breaks it isolated;
+- dead.py: the stream where given-up messages are parked (when to give up on one, and why,
+  is fsm_celery.core.parking's, one policy for every process);
 - relay.py: the celery mode's hand-off: the bridge's Relay sends each batch as an
   fsm.apply_acks task, which a worker applies (fsm_celery.worker.tasks);
 - serve.py: the bridge's processes.
 
-Which handler the bridge uses (apply here, or relay) is the transition mode's choice, read
-once from the settings in fsm_celery.wiring.
+Which handler the bridge uses (apply here, through the engine's Applier, engine/inbox.py, or
+relay) is the transition mode's choice, read once from the settings in fsm_celery.wiring.
 """

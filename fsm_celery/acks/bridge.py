@@ -16,8 +16,8 @@ from collections.abc import Callable
 import redis
 
 from fsm_celery.acks.consumer import Consumer, Envelope
-from fsm_celery.acks.dead import Policy
 from fsm_celery.channel.transient import TRANSIENT
+from fsm_celery.core.parking import Policy
 
 log = logging.getLogger(__name__)
 

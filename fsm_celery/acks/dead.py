@@ -1,12 +1,7 @@
-"""The dead-letter policy, one for every way acks are applied: the bridge's loop and the
-fsm.apply_acks task both ask it when a message is given up on, and park it the same way.
-
-A message that can be neither applied nor recorded as rejected (the database refuses even
-the rejection) is tried again, and parked once it was tried FSM_DEAD_LETTER_AFTER times; a
-message that cannot be handed out again (pub/sub) is parked at once. A message handed out
-more than CRASH_DELIVERIES times that never came back was in hand each time its reader died:
-it is parked before it is tried again. Parked messages are kept, with their source and the
-reason, in the dead-letter stream (`fsm-celery rejected --parked`).
+"""The dead-letter stream: where the messages given up on are parked, by the policy every way
+acks are applied follows (fsm_celery.core.parking: the bridge's loop and the fsm.apply_acks
+task both ask it when a message is given up on, and park it the same way). Parked messages are
+kept, with their source and the reason (`fsm-celery rejected --parked`).
 """
 
 from __future__ import annotations
@@ -18,44 +13,10 @@ from typing import Any
 import redis
 
 from fsm_celery.acks.consumer import Envelope
+from fsm_celery.core.parking import reason
 
 DEAD_STREAM = "stream:state:dead"
 DEAD_MAXLEN = 10_000
-CRASH_DELIVERIES = 10  # reads of a message never answered: it brought its reader down each time
-
-
-class Policy:
-    """When to give up on a message, and why (no I/O: the consumer parks what it gives up)."""
-
-    CRASHED = f"read {CRASH_DELIVERIES} times and never answered"
-
-    def __init__(self, after: int) -> None:
-        self.after = after
-
-    def give_up(self, failed: Sequence[Envelope], *, redelivers: bool = True) -> list[Envelope]:
-        """Of the messages that could not be applied nor recorded, those to park now."""
-        return [d for d in failed if not redelivers or d.tries >= self.after]
-
-    def sort(
-        self, failed: Sequence[Envelope], *, redelivers: bool = True
-    ) -> tuple[list[Envelope], list[Envelope]]:
-        """The failed messages as (to park now, to try again)."""
-        parked = self.give_up(failed, redelivers=redelivers)
-        given_up = {id(d) for d in parked}
-        return parked, [d for d in failed if id(d) not in given_up]
-
-    @staticmethod
-    def crashed(batch: Sequence[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
-        """The batch as (those handed out so often, never answered, that each must be what
-        kills its reader; the others)."""
-        crashed = [e for e in batch if e.tries > CRASH_DELIVERIES]
-        return crashed, [e for e in batch if e.tries <= CRASH_DELIVERIES]
-
-
-def reason(envelope: Envelope) -> str:
-    """Why a message given up on is parked (one text, whichever process parks it)."""
-    times = "time" if envelope.tries == 1 else "times"
-    return f"could not be applied nor recorded {envelope.tries} {times}"
 
 
 class DeadLetters:

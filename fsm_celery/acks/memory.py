@@ -9,7 +9,7 @@ from collections import deque
 from uuid import UUID
 
 from fsm_celery.acks.consumer import Envelope
-from fsm_celery.acks.dead import reason
+from fsm_celery.core.parking import reason
 from fsm_celery.engine.ports import Inbound
 
 

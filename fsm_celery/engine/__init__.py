@@ -22,7 +22,7 @@ not enter themselves (fsm_celery.engine.ports):
   removed (engine/retention.py);
 - `catalog`: the machine definitions (engine/runtime.py).
 
-The decisions are fsm_celery.core's; what a transaction writes is an engine.writes.Writes,
+The decisions are fsm_celery.core's; what a transaction writes is a store.writes.Writes,
 which the store turns into SQL. What the engine needs from outside (a Dispatcher, a Handoff)
 is declared in engine/ports.py, and given to it by fsm_celery.wiring.
 """
@@ -36,13 +36,14 @@ from sqlalchemy import Engine
 
 from fsm_celery.config import Settings
 from fsm_celery.core.clock import utcnow
+from fsm_celery.core.steps import Next, Step
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.approvals import Approvals
 from fsm_celery.engine.entry import EnterNow, Entry, HandOn, Onward
 from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
-from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Next, Poster, Scanned, Step
+from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Poster, Scanned
 from fsm_celery.engine.replays import Replays
 from fsm_celery.engine.retention import Retention
 from fsm_celery.engine.runtime import Runtime

@@ -16,6 +16,7 @@ from fsm_celery.core.admin import Action, Command, decide_command
 from fsm_celery.core.context import context_problem
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.messages import INT32_MAX, unstorable
+from fsm_celery.core.steps import Next, Step
 from fsm_celery.core.transition import (
     LOOP_COUNT,
     LOOP_LIMIT,
@@ -26,9 +27,7 @@ from fsm_celery.core.transition import (
 from fsm_celery.core.usage import BUDGET_EXCEEDED, Budget
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Rows, Writes, snapshot, start_record
 from fsm_celery.exceptions import (
     ARCHIVED,
     CommandRefused,
@@ -40,6 +39,7 @@ from fsm_celery.exceptions import (
 )
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import NewMachine
+from fsm_celery.store.writes import Rows, Writes, snapshot, start_record
 
 
 class Admin:

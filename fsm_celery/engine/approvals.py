@@ -18,12 +18,11 @@ from fsm_celery.core.attempt_events import GateDecided
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.gate import Approval, Choice, Verdict, Vote
 from fsm_celery.core.messages import json_problem, unstorable
+from fsm_celery.core.steps import Next
 from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.core.transition import MachineStatus, Rejected, decide
 from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Rows, Writes, snapshot
 from fsm_celery.exceptions import (
     GateClosed,
     InvalidDecision,
@@ -34,6 +33,7 @@ from fsm_celery.exceptions import (
 from fsm_celery.store import gates as store
 from fsm_celery.store import queries as q
 from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.writes import Rows, Writes, snapshot
 
 
 @dataclass(frozen=True)

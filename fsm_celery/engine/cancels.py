@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from fsm_celery.core.messages import StateCancel, task_token
 from fsm_celery.core.transition import MachineStatus
-from fsm_celery.engine.writes import Writes
 from fsm_celery.store import queries as q
+from fsm_celery.store.writes import Writes
 
 REASON_CHARS = 2000  # of a state_cancel's reason, as an agent's own texts are bounded
 

@@ -20,17 +20,18 @@ from sqlalchemy import Connection
 
 from fsm_celery.core.clock import aware
 from fsm_celery.core.kinds import state_kind
-from fsm_celery.core.transition import MachineStatus
+from fsm_celery.core.steps import Next
+from fsm_celery.core.transition import MachineStatus, Transition
 from fsm_celery.engine.kinds import Entering, approval, kinds
+from fsm_celery.engine.kinds.approval import Opened
 from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.kinds.joins import Joins
 from fsm_celery.engine.notify import outbox_txn
-from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.sent import Sent
-from fsm_celery.engine.slots import Slots
-from fsm_celery.engine.writes import Rows, Writes
+from fsm_celery.engine.slots import Ledger, Slots
 from fsm_celery.store import queries as q
+from fsm_celery.store.sent import Sent
+from fsm_celery.store.writes import ENDED, Rows, Writes
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class Onward(Protocol):
         ...
 
     def after(self, entry: Entry, decided: Next) -> Next:
-        """After its commit: what is left of its Next to hand on."""
+        """After its commit, when it started children (else its Next is handed on as it is):
+        what is left of its Next to hand on."""
         ...
 
 
@@ -83,8 +85,6 @@ class Entry:
         fanout = FanOut(runtime)
         self._kinds = kinds(runtime, self._slots, fanout)  # what entering a state does, by kind
         self._joins = Joins(runtime, fanout)
-        # once its moves are written: gates left closed, the ended machines' notifications
-        self._at_write = (approval.leave_txn, outbox_txn)
         self._sent = Sent()  # what an entry that failed sent: its task, run again, sends it not
 
     def enter(self, machine_id: UUID, attempt: int) -> Next:
@@ -182,9 +182,28 @@ class Entry:
 
     def follow_up_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
         """Settle what the transaction did to fan-outs (see Joins), and enter the machines
-        queued longest in the slots its transitions freed (see Slots); entering nothing else."""
-        self._joins.settle_txn(conn, rows, writes)
-        self._enter_queued(conn, rows, self._slots.release_txn(conn, writes), writes)
+        queued longest in the slots its transitions freed (see Slots); entering nothing else.
+
+        Each runs only when a transition recorded since the last follow-up concerns it (a
+        child's, or one from a fan-out state; one of a bounded agent type, or a slot taken
+        here): a transaction of plain agent states asks neither."""
+        start, writes.followed = writes.followed, len(writes.log)
+        if any(
+            row.parent_id is not None or (event != "join" and self._fans_out(conn, row, t))
+            for row, t, event in writes.log[start:]
+        ):
+            self._joins.settle_txn(conn, rows, writes)
+        bounds = self._slots.bounds  # with what settling recorded (a join's losers cancelled)
+        if Ledger in writes.parts or any(
+            bounds.of(conn, row.agent_type) is not None for row, _, _ in writes.log[start:]
+        ):
+            self._enter_queued(conn, rows, self._slots.release_txn(conn, writes), writes)
+
+    def _fans_out(self, conn: Connection, row: q.AnyRow, t: Transition) -> bool:
+        """Whether the transition moved the machine from a fan-out state."""
+        key = (row.type, row.definition_version)  # parsed already, nearly always: read
+        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
+        return definition.state(t.from_state).fans_out
 
     def reconcile_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
         """Count again each bounded agent type's work in flight, and fill its free slots."""
@@ -235,8 +254,16 @@ class Entry:
         if out.sent is not None:
             out.sent.add(out.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)
-        for hook in self._at_write:
-            hook(conn, self._rt, writes)
+        if Opened in writes.parts or any(self._at_gate(conn, row) for row, _, _ in writes.log):
+            approval.leave_txn(conn, self._rt, writes)  # gates left closed
+        if any(t.status in ENDED for _, t, _ in writes.log):
+            outbox_txn(conn, self._rt, writes)  # the ended machines' notifications
+
+    def _at_gate(self, conn: Connection, row: q.AnyRow) -> bool:
+        """Whether the machine was at an approval state when the transaction took it."""
+        key = (row.type, row.definition_version)
+        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
+        return definition.state(row.current_state).approval is not None
 
 
 class _ChildMoved(Exception):

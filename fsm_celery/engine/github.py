@@ -13,12 +13,11 @@ from sqlalchemy import Connection
 from fsm_celery.core import signal
 from fsm_celery.core.gate import Choice, Vote
 from fsm_celery.core.github import Decision, Ignored, Outside, Trigger
+from fsm_celery.core.steps import Next
 from fsm_celery.engine.admin import Admin
 from fsm_celery.engine.approvals import Approvals, Authority
-from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.signals import Signals
-from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import (
     EventRefused,
     GateClosed,
@@ -28,6 +27,7 @@ from fsm_celery.exceptions import (
     NotAnApprover,
 )
 from fsm_celery.store import github as store
+from fsm_celery.store.writes import Writes
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,15 @@
 """Agents' messages, a batch in one transaction: acks and hand-backs move machines on,
 heartbeats extend deadlines, statuses keep the agent registry, and every message that may not
-change anything is recorded as rejected, with the reason."""
+change anything is recorded as rejected, with the reason. A message that breaks its batch's
+transaction is isolated (the Applier), so that it cannot hold back or take down the messages
+around it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from typing import Generic, Protocol, TypeVar
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -22,18 +26,33 @@ from fsm_celery.core.messages import (
     StateHandBack,
     StateHeartbeat,
 )
+from fsm_celery.core.steps import Next
 from fsm_celery.core.transition import Machine, Rejected, RejectReason, check_event, decide
 from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.ports import Inbound, Next
+from fsm_celery.engine.ports import Handoff, Inbound
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.sent import Sent
-from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import agents as agent_store
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import AgentReport
+from fsm_celery.store.sent import Sent
+from fsm_celery.store.writes import Writes
+
+log = logging.getLogger(__name__)
 
 BAD_TOKEN = "missing or invalid taskToken for this machine, state and attempt"
+
+
+class Carrying(Protocol):
+    """A message as the acks side read it (fsm_celery.acks.consumer.Envelope)."""
+
+    @property
+    def item(self) -> Inbound: ...
+
+
+T = TypeVar("T", bound=Carrying)
+Operation = Callable[[list[Inbound]], Next]  # apply a batch in one transaction
+Reject = Callable[[str, RejectReason, str], None]  # record one message as rejected, alone
 
 
 class Inbox:
@@ -48,7 +67,10 @@ class Inbox:
         it commits, those it started after it (inline; the Next holds the states that wait out
         a retry delay), or all of them handed on in the Next, nothing sent (celery). Those
         that a failed try of the same messages sent (`sent`) are recorded, not sent again."""
-        return self._entry.onward.after(self._entry, self._apply_batch(batch, sent))
+        decided = self._apply_batch(batch, sent)
+        if any(step.parent_id is not None for step in decided):  # else nothing to do after
+            return self._entry.onward.after(self._entry, decided)
+        return decided
 
     def _apply_batch(self, batch: Iterable[Inbound], sent: Sent | None) -> Next:
         settings = self._rt.settings
@@ -84,7 +106,7 @@ class Inbox:
 
     def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
         """Record a message as rejected, in a transaction of its own (one the batch's
-        transaction could not take: see fsm_celery.acks.apply)."""
+        transaction could not take: see Applier)."""
         writes = Writes(self._rt.clock())
         message = intake.parse(raw, self._rt.settings.max_payload_bytes)
         where = {} if isinstance(message, Refused) else intake.where(message)
@@ -229,3 +251,78 @@ def _report(status: AgentStatus, now: datetime) -> AgentReport:
         started_at=now,
         last_seen_at=now,
     )
+
+
+class Applier(Generic[T]):
+    """Applies raw agent messages (acks, hand-backs, heartbeats, statuses) in batches and hands
+    on the states they decided and did not enter.
+
+    A batch that fails for a reason other than a transient one is split and applied message by
+    message, so that one message the database refuses is recorded as rejected instead of
+    holding back, or taking down, the messages around it. A message that cannot even be
+    recorded is returned to the caller, which tries it again and, past a few tries, parks it
+    (fsm_celery.core.parking): nothing is dropped, and nothing stalls.
+
+    One Applier serves both modes: in the bridge its operation is an inline engine's
+    `Inbox.apply` (the states due now entered in the batch's transaction), in fsm.apply_acks a
+    celery one's (every state decided handed on). Inline, the operation keeps a Sent across
+    tries: the state_tasks a failed try sent before its write was refused are recorded by the
+    split, or the next try, without being sent again (DESIGN.md, invariant 8).
+    """
+
+    def __init__(
+        self,
+        operation: Operation,
+        reject: Reject,
+        handoff: Handoff,
+        transient: tuple[type[Exception], ...],
+    ) -> None:
+        self.operation, self.reject, self.handoff = operation, reject, handoff
+        self.transient = transient  # the surroundings away (fsm_celery.channel.transient)
+
+    def __call__(self, batch: list[T]) -> list[T]:
+        """Apply the batch; the messages neither applied nor recorded. Raises only transient
+        errors (the caller keeps the whole batch and tries again)."""
+        try:
+            next_states = self.operation([d.item for d in batch])
+        except self.transient:
+            raise
+        except Exception as exc:
+            if len(batch) > 1:
+                return [failed for envelope in batch for failed in self([envelope])]
+            return self._reject(batch[0], exc)
+        self._hand_on(len(batch), next_states)
+        return []
+
+    def _hand_on(self, applied: int, next_states: Next) -> None:
+        """Hand the committed batch's states on. Redis or the broker away (a failover) loses
+        nothing: each state's dispatch is due in PostgreSQL and the scan enters it. Trying the
+        task again (or Celery's `reject requeue=False` when even that cannot be sent) would read
+        as a batch lost, so the log says what happened instead."""
+        try:
+            self.handoff(next_states)
+        except self.transient as exc:
+            log.warning(
+                "applied and committed %d messages; the %d states they moved machines to could "
+                "not be handed on (%s): nothing is lost, the scan enters each when it is due",
+                applied,
+                len(next_states),
+                _first_line(exc),
+            )
+
+    def _reject(self, envelope: T, error: Exception) -> list[T]:
+        log.error("a message could not be applied; it is recorded as rejected", exc_info=error)
+        detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        try:
+            self.reject(envelope.item.raw, RejectReason.UNPROCESSABLE, detail)
+        except self.transient:
+            raise
+        except Exception:
+            log.exception("the rejection of a message could not be recorded either")
+            return [envelope]
+        return []
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"

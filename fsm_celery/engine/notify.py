@@ -18,9 +18,9 @@ from fsm_celery.core import notify
 from fsm_celery.core.retry import jitter_unit
 from fsm_celery.engine.ports import Poster, Webhook
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import ENDED, Writes
 from fsm_celery.store import notify as store
 from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.writes import ENDED, Writes
 
 log = logging.getLogger(__name__)
 NO_SECRET = "FSM_NOTIFY_SECRET is not set: notifications are sent signed only"

@@ -4,7 +4,7 @@ Adapters implement these (fsm_celery.channel sends state_tasks, fsm_celery.acks 
 messages, fsm_celery.worker sends Celery tasks); they import this module, never the reverse:
 
 - `Inbound`: a raw message from an agent, as the acks side read it;
-- `Step` and `Next`: the states a use case decided and did not enter itself;
+- `Next` (of `Step`s, fsm_celery.core.steps): what a use case decided and did not enter;
 - `Dispatcher`: how state_tasks, state_cancels and transition events leave;
 - `Handoff`: how a Next is entered later (an fsm.enter_state task per step, normally);
 - `Webhook` and `Poster`: how notifications leave (fsm_celery.channel.webhook POSTs them).
@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 from uuid import UUID
 
+from fsm_celery.core.steps import Next
+
 if TYPE_CHECKING:
     from fsm_celery.core.messages import StateEvent
 
@@ -29,25 +31,6 @@ class Inbound(NamedTuple):
 
     raw: str
     agent: UUID | None = None
-
-
-class Step(NamedTuple):
-    """A machine, the attempt whose state must be entered next, and how long to wait first
-    (its type, the state name and a new child's parent travel along for people: Flower shows
-    them, and the children a fan-out starts are sent as one group)."""
-
-    machine_id: UUID
-    attempt: int
-    delay: float = 0.0
-    state: str = ""
-    machine_type: str = ""
-    parent_id: UUID | None = None
-
-
-Next = list[Step]
-"""What every use case of the engine returns: the states it decided and did not enter itself,
-each to be entered after its delay, through a Handoff (the scan enters any whose hand-off is
-lost). A state the use case entered is not in it: its state_task is already sent."""
 
 
 class Scanned(NamedTuple):

@@ -23,9 +23,9 @@ import sqlalchemy.exc
 from sqlalchemy import Connection, text
 
 from fsm_celery.config import ARCHIVE_TABLE
-from fsm_celery.engine import writes
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.store import partitions as parts
+from fsm_celery.store import writes
 from fsm_celery.store.rollup import HISTORY as FOLD
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,7 @@ DATABASE_AWAY = (
 )
 
 if TYPE_CHECKING:
-    from fsm_celery.core.messages import StateEvent
-    from fsm_celery.engine.sent import Sending, Sent
+    from fsm_celery.store.writes import Outgoing
 
 
 class Catalog:
@@ -99,7 +98,7 @@ class Catalog:
 
 
 class Sends(Protocol):
-    """What a transaction sends once it commits (engine.writes.Writes has it)."""
+    """What a transaction sends once it commits (store.writes.Writes has it)."""
 
     out: Outgoing
 
@@ -134,17 +133,3 @@ class Runtime:
             self.dispatcher.cancel_many(out.cancels)
         if out.events:
             self.dispatcher.announce(out.events)
-
-
-class Outgoing:
-    """What one transaction sends: its state_tasks before it commits (`to_send`, where each
-    went in `sending`), its transitions' events and its state_cancels once it committed
-    (engine.runtime.Runtime.transaction). A state_task a failed try sent already (`sent`) is
-    recorded where it went, not sent again (Writes.dispatch fills it)."""
-
-    def __init__(self, sent: Sent | None = None) -> None:
-        self.sent = sent
-        self.to_send: list[tuple[str, str]] = []  # (agent, state_task)
-        self.sending: dict[Sending, str] = {}  # dispatched here: where to
-        self.events: list[StateEvent] = []  # announced once committed
-        self.cancels: list[tuple[str, str]] = []  # (agent, state_cancel), too

@@ -19,12 +19,12 @@ from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.kinds import approval
 from fsm_celery.engine.ports import Scanned
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.sent import Sent
-from fsm_celery.engine.writes import Writes, snapshot
 from fsm_celery.store import agents as agent_store
 from fsm_celery.store import dialects
 from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store
+from fsm_celery.store.sent import Sent
+from fsm_celery.store.writes import Writes, snapshot
 
 log = logging.getLogger(__name__)
 

@@ -20,15 +20,15 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.schedule import Overlap, due, next_tick
+from fsm_celery.core.steps import Next
 from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.engine.admin import Admin
-from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import FsmError, InvalidActor, ScheduleNotFound
 from fsm_celery.store import schedules as store
 from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.writes import Writes
 
 log = logging.getLogger(__name__)
 UNFINISHED = {MachineStatus.RUNNING.value, MachineStatus.PAUSED.value}

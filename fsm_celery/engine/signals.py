@@ -16,18 +16,18 @@ from sqlalchemy import Connection
 
 from fsm_celery.core import signal
 from fsm_celery.core.messages import json_problem, unstorable
+from fsm_celery.core.steps import Next
 from fsm_celery.core.transition import (
     MachineStatus,
 )
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.kinds import wait as wait_kind
-from fsm_celery.engine.ports import Next
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import EventRefused, InvalidEvent, MachineNotFound
 from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
 from fsm_celery.store import signals as store
+from fsm_celery.store.writes import Writes
 
 
 @dataclass(frozen=True)

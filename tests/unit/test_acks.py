@@ -14,14 +14,15 @@ import kombu.exceptions
 import pytest
 import redis
 
-from fsm_celery.acks.apply import Applier
 from fsm_celery.acks.bridge import Bridge, Reconnect, handle_until_done
 from fsm_celery.acks.consumer import Envelope
-from fsm_celery.acks.dead import CRASH_DELIVERIES, Policy, reason
 from fsm_celery.acks.memory import MemoryConsumer
 from fsm_celery.acks.relay import ACKS_SHOWN, acks_repr, chunks, wire
+from fsm_celery.channel.transient import TRANSIENT
+from fsm_celery.core.parking import CRASH_DELIVERIES, Policy, reason
 from fsm_celery.core.transition import RejectReason
 from fsm_celery.engine import Inbound, Next, Step
+from fsm_celery.engine.inbox import Applier
 from fsm_celery.worker.tasks import unwire
 
 
@@ -56,8 +57,8 @@ def _envelopes(*payloads: str, tries: int = 1) -> list[Envelope]:
     return [Envelope(Inbound(p), "s", tries) for p in payloads]
 
 
-def _applier(inbox: Inbox, handed: list[Step]) -> Applier:
-    return Applier(inbox.apply, inbox.reject, handed.extend)
+def _applier(inbox: Inbox, handed: list[Step]) -> Applier[Envelope]:
+    return Applier(inbox.apply, inbox.reject, handed.extend, TRANSIENT)
 
 
 def test_a_healthy_batch_is_applied_in_one_transaction_and_its_next_states_handed_on() -> None:
@@ -96,8 +97,10 @@ def test_a_committed_batch_whose_states_cannot_be_handed_on_says_so_and_is_done(
     def unreachable(_: Next) -> None:
         raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379.")
 
-    with caplog.at_level(logging.WARNING, logger="fsm_celery.acks.apply"):
-        assert Applier(inbox.apply, inbox.reject, unreachable)(_envelopes("a", "b")) == []
+    with caplog.at_level(logging.WARNING, logger="fsm_celery.engine.inbox"):
+        assert (
+            Applier(inbox.apply, inbox.reject, unreachable, TRANSIENT)(_envelopes("a", "b")) == []
+        )
     assert inbox.applied == [["a", "b"]] and inbox.rejected == []
     [line] = [r.getMessage() for r in caplog.records]
     assert line == (

@@ -40,7 +40,7 @@ NAMES = {Ack: "ack", Timeout: "timeout", GateDecided: "approval"}
 
 
 def row_of(machine: Machine, event: str, t: Transition, **kw: Any) -> Row:
-    """The history row the engine writes for the transition (engine.writes.Writes._history)."""
+    """The history row the engine writes for the transition (store.writes.Writes._history)."""
     return Row(
         attempt=machine.attempt,
         event=event,

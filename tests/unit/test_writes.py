@@ -16,11 +16,9 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from fsm_celery.core.clock import duration_ms
 from fsm_celery.core.messages import StateTask
+from fsm_celery.core.steps import Step
 from fsm_celery.core.transition import MachineStatus, Transition
 from fsm_celery.core.usage import Usage
-from fsm_celery.engine.ports import Step
-from fsm_celery.engine.sent import Sent
-from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import postgres, rows, sqlite
 from fsm_celery.store.rows import (
@@ -34,7 +32,9 @@ from fsm_celery.store.rows import (
     Row,
     columns,
 )
+from fsm_celery.store.sent import Sent
 from fsm_celery.store.tables import agents, machines, rejected_messages, transitions
+from fsm_celery.store.writes import Writes
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TABLES: list[tuple[type[Row], Table]] = [

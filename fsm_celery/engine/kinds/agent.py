@@ -20,9 +20,9 @@ from fsm_celery.core.transition import Machine, Rejected, decide
 from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.slots import Slots, ledger_of
-from fsm_celery.engine.writes import Writes
 from fsm_celery.store import agents as agent_store
 from fsm_celery.store import queries as q
+from fsm_celery.store.writes import Writes
 
 
 @dataclass
@@ -47,7 +47,8 @@ class AgentState:
         route it, and record it as sent (in this transaction)."""
         conn, _, row, definition, state, writes, machine = at
         agent_type = definition.agent_type_of(state)
-        if not self._slots.take_txn(conn, row.id, agent_type, writes):
+        bounded = self._slots.bounds.of(conn, agent_type) is not None  # nearly always known
+        if bounded and not self._slots.take_txn(conn, row.id, agent_type, writes):
             writes.queue(row)  # over its agent type's bound: waits for a slot
             return
         try:

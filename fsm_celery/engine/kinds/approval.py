@@ -17,11 +17,11 @@ from fsm_celery.core.clock import aware
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes
 from fsm_celery.store import gates as store
 from fsm_celery.store import queries as q
 from fsm_celery.store.notify import insert_notifications_txn
 from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.writes import Writes
 
 
 @dataclass

@@ -8,8 +8,8 @@ from sqlalchemy import Connection
 
 from fsm_celery.core.definition import MachineDefinition, StateDefinition
 from fsm_celery.core.transition import Machine
-from fsm_celery.engine.writes import Rows, Writes
 from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.writes import Rows, Writes
 
 
 class Entering(NamedTuple):

@@ -35,17 +35,17 @@ from fsm_celery.core.join import (
     rule_for,
     to_cancel,
 )
+from fsm_celery.core.steps import Step
 from fsm_celery.core.transition import MachineStatus, Rejected, Transition, decide, initial_context
 from fsm_celery.engine.cancels import cancel_in_flight
 from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.kinds.plan import Branches, Planner, Refused, TooLarge
-from fsm_celery.engine.ports import Step
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Rows, Writes, start_record
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import NewMachine
+from fsm_celery.store.writes import Rows, Writes, start_record
 
 PARENT = "parent"  # the actor of what a parent does to its children
 

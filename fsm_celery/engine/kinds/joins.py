@@ -21,9 +21,9 @@ from fsm_celery.core.transition import LOOP_COUNT, LOOP_LIMIT, MachineStatus, Tr
 from fsm_celery.core.usage import NOTHING, Usage
 from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import ENDED, Rows, Writes
 from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
+from fsm_celery.store.writes import ENDED, Rows, Writes
 
 
 @dataclass

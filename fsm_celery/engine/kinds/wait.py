@@ -17,10 +17,10 @@ from fsm_celery.core.definition import MachineDefinition, StateDefinition
 from fsm_celery.core.transition import Limits, Rejected, RejectReason, decide
 from fsm_celery.engine.kinds.base import Entering
 from fsm_celery.engine.runtime import Runtime
-from fsm_celery.engine.writes import Writes
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import signals as store
 from fsm_celery.store.queries import AnyRow
+from fsm_celery.store.writes import Writes
 
 
 class Wait:

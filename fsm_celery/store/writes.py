@@ -1,5 +1,7 @@
-"""What one transaction decided, as typed rows: machine moves, dispatches, heartbeats, history
-and rejections, written in one go by the store (and the state_tasks to send before it commits).
+"""The write-set, the store's unit of work: what one transaction decided, as typed rows
+(machine moves, dispatches, heartbeats, history and rejections), written in one go, and what it
+sends (its state_tasks before it commits, its events and cancels after). The engine's modules
+record into it; it decides nothing.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ from fsm_celery.core.messages import (
     StateEvent,
     StateTask,
 )
+from fsm_celery.core.steps import Next, Step
 from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Transition
 from fsm_celery.core.usage import Budget, Usage
-from fsm_celery.engine.ports import Next, Step
-from fsm_celery.engine.runtime import Outgoing
-from fsm_celery.engine.sent import Sent
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import queries as q
 from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
+from fsm_celery.store.sent import Sending, Sent
 
 KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or why it paused
 ENDED = (MachineStatus.COMPLETED, MachineStatus.FAILED, MachineStatus.CANCELLED)
@@ -57,6 +58,20 @@ def snapshot(row: q.AnyRow) -> Machine:
     )
 
 
+class Outgoing:
+    """What one transaction sends: its state_tasks before it commits (`to_send`, where each
+    went in `sending`), its transitions' events and its state_cancels once it committed
+    (fsm_celery.engine.runtime.Runtime.transaction). A state_task a failed try sent already
+    (`sent`) is recorded where it went, not sent again (Writes.dispatch fills it)."""
+
+    def __init__(self, sent: Sent | None = None) -> None:
+        self.sent = sent
+        self.to_send: list[tuple[str, str]] = []  # (agent, state_task)
+        self.sending: dict[Sending, str] = {}  # dispatched here: where to
+        self.events: list[StateEvent] = []  # announced once committed
+        self.cancels: list[tuple[str, str]] = []  # (agent, state_cancel), too
+
+
 @dataclass
 class Writes:
     """Collects the writes of one transaction (machine moves, dispatches, heartbeats, history
@@ -80,6 +95,7 @@ class Writes:
     types: dict[UUID, str] = field(default_factory=dict)
     entered: set[UUID] = field(default_factory=set)
     log: list[tuple[q.AnyRow, Transition, str]] = field(default_factory=list)  # in order
+    followed: int = 0  # of the log, the transitions followed up (engine.entry)
     spawned: dict[UUID, Step] = field(default_factory=dict)  # children started here
     out: Outgoing = field(init=False)
     parts: dict[type[Any], Any] = field(default_factory=dict)  # each module's own, by type
