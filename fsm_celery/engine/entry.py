@@ -19,16 +19,18 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core.clock import aware
+from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.kinds import state_kind
 from fsm_celery.core.steps import Next
 from fsm_celery.core.transition import MachineStatus, Transition
-from fsm_celery.engine.kinds import Entering, approval, kinds
+from fsm_celery.engine.kinds import Entering, kinds
 from fsm_celery.engine.kinds.approval import Opened
 from fsm_celery.engine.kinds.fanout import FanOut
 from fsm_celery.engine.kinds.joins import Joins
 from fsm_celery.engine.notify import outbox_txn
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.engine.slots import Ledger, Slots
+from fsm_celery.store import gates
 from fsm_celery.store import queries as q
 from fsm_celery.store.sent import Sent
 from fsm_celery.store.writes import ENDED, Rows, Writes
@@ -201,9 +203,7 @@ class Entry:
 
     def _fans_out(self, conn: Connection, row: q.AnyRow, t: Transition) -> bool:
         """Whether the transition moved the machine from a fan-out state."""
-        key = (row.type, row.definition_version)  # parsed already, nearly always: read
-        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
-        return definition.state(t.from_state).fans_out
+        return self._definition(conn, row).state(t.from_state).fans_out
 
     def reconcile_txn(self, conn: Connection, rows: Rows, writes: Writes) -> None:
         """Count again each bounded agent type's work in flight, and fill its free slots."""
@@ -222,8 +222,7 @@ class Entry:
         route it, and record it as sent (in this transaction); start its children; open its
         gate; or wait for its event. `rows` holds the machines the transaction locked, and
         those it starts."""
-        key = (row.type, row.definition_version)  # parsed already, nearly always: read
-        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
+        definition = self._definition(conn, row)
         machine = writes.machine(row)
         state = definition.state(machine.current_state)
         at = Entering(conn, rows, row, definition, state, writes, machine)
@@ -254,16 +253,27 @@ class Entry:
         if out.sent is not None:
             out.sent.add(out.sending)  # until the commit (Runtime.transaction)
         writes.write(conn)
-        if Opened in writes.parts or any(self._at_gate(conn, row) for row, _, _ in writes.log):
-            approval.leave_txn(conn, self._rt, writes)  # gates left closed
+        self._leave_gates_txn(conn, writes)
         if any(t.status in ENDED for _, t, _ in writes.log):
             outbox_txn(conn, self._rt, writes)  # the ended machines' notifications
 
-    def _at_gate(self, conn: Connection, row: q.AnyRow) -> bool:
-        """Whether the machine was at an approval state when the transaction took it."""
+    def _leave_gates_txn(self, conn: Connection, writes: Writes) -> None:
+        """Close, as `left`, the gates of the machines this transaction took away from them (a
+        cancel, a force, a parent's cancel), once its moves are written: a gate no one can
+        decide at any more is not left `pending`. Only machines that were at an approval state,
+        or opened a gate here, are looked at."""
+        opened = writes.parts.get(Opened)
+        at_gates = set(opened.machines) if opened is not None else set()
+        for row, _, _ in writes.log:
+            if self._definition(conn, row).state(row.current_state).approval is not None:
+                at_gates.add(row.id)
+        if at_gates:
+            gates.leave_txn(conn, sorted(at_gates), writes.now)
+
+    def _definition(self, conn: Connection, row: q.AnyRow) -> MachineDefinition:
+        """The machine's definition (parsed already, nearly always: read, not asked)."""
         key = (row.type, row.definition_version)
-        definition = self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
-        return definition.state(row.current_state).approval is not None
+        return self._rt.catalog.parsed.get(key) or self._rt.catalog.version(conn, *key)
 
 
 class _ChildMoved(Exception):

@@ -1,7 +1,8 @@
 """The approval gate state kind: a machine entering an approval state opens a gate (its
 deadline set, its people asked); a machine resumed there keeps it; its deadline (the scan) or
 its people's verdict (fsm_celery.engine.approvals) closes it, and a machine taken away from it
-leaves it closed as `left` (`leave_txn`, a hook of the transaction's write).
+leaves it closed as `left` (by engine/entry.py, once the transaction's moves are written: its
+Opened part says which machines opened a gate in it).
 """
 
 from __future__ import annotations
@@ -69,22 +70,6 @@ def _resumed(conn: Connection, machine_id: UUID, writes: Writes) -> bool:
         return events[-1] == "resume"
     last = q.last_transition_txn(conn, machine_id)
     return last is not None and last.event == "resume"
-
-
-def leave_txn(conn: Connection, runtime: Runtime, writes: Writes) -> None:
-    """Close, as `left`, the gates of the machines this transaction took away from them (a
-    cancel, a force, a parent's cancel), once its moves are written: a gate no one can decide
-    at any more is not left `pending`. Only machines that were at an approval state, or
-    opened a gate here, are looked at."""
-    opened = writes.parts.get(Opened)
-    at_gates = set(opened.machines) if opened is not None else set()
-    for row, _, _ in writes.log:
-        key = (row.type, row.definition_version)  # parsed already, nearly always: read
-        definition = runtime.catalog.parsed.get(key) or runtime.catalog.version(conn, *key)
-        if definition.state(row.current_state).approval is not None:
-            at_gates.add(row.id)
-    if at_gates:
-        store.leave_txn(conn, sorted(at_gates), writes.now)
 
 
 def close_txn(conn: Connection, machine_id: UUID, verdict: str, now: datetime) -> None:
