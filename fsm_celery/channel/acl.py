@@ -23,7 +23,7 @@ import hashlib
 import re
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from uuid import UUID
 
 import redis
@@ -131,45 +131,14 @@ def agent_acl_rules(
     ]
 
 
-def acl_setuser_command(
-    agent_id: UUID | str,
-    agent_type: str,
-    prefix: str,
-    password: str,
-    *,
-    optional_commands: Iterable[str] = (),
-    database: int = 0,
-) -> str:
-    """The `ACL SETUSER …` line an operator pastes into redis-cli."""
-    line = acl_file_line(
-        agent_id,
-        agent_type,
-        prefix,
-        password,
-        optional_commands=optional_commands,
-        database=database,
-    )
-    return "ACL SETUSER " + line.removeprefix("user ")
+def acl_setuser_command(agent_id: UUID | str, rules: Sequence[str]) -> str:
+    """The `ACL SETUSER …` line an operator pastes into redis-cli, of the agent's rules
+    (agent_acl_rules)."""
+    return " ".join(["ACL SETUSER", agent_username(agent_id), *rules])
 
 
-def acl_file_line(
-    agent_id: UUID | str,
-    agent_type: str,
-    prefix: str,
-    password: str,
-    *,
-    optional_commands: Iterable[str] = (),
-    database: int = 0,
-) -> str:
-    """The `user …` line of the agent in a Redis ACL file (aclfile)."""
-    rules = agent_acl_rules(
-        agent_id,
-        agent_type,
-        prefix,
-        password,
-        optional_commands=optional_commands,
-        database=database,
-    )
+def acl_file_line(agent_id: UUID | str, rules: Sequence[str]) -> str:
+    """The `user …` line of the agent in a Redis ACL file (aclfile), of its rules."""
     return " ".join(["user", agent_username(agent_id), *rules])
 
 

@@ -65,8 +65,9 @@ def agents_credentials(agent_id: uuid.UUID, agent_type: str, apply: bool, actor:
     password = acl.new_password()
     with refused(click.BadParameter):
         database = acl.database_of(settings.redis_url)
-        line = acl.acl_setuser_command(agent_id, agent_type, prefix, password, database=database)
-        file_line = acl.acl_file_line(agent_id, agent_type, prefix, password, database=database)
+        shown = acl.agent_acl_rules(agent_id, agent_type, prefix, password, database=database)
+        line = acl.acl_setuser_command(agent_id, shown)
+        file_line = acl.acl_file_line(agent_id, shown)
     if apply:
         from fsm_celery.channel.redis import connect
 

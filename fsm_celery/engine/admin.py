@@ -26,8 +26,7 @@ from fsm_celery.core.transition import (
 )
 from fsm_celery.core.usage import BUDGET_EXCEEDED, Budget
 from fsm_celery.engine.cancels import cancel_in_flight
-from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.usecase import MovingUseCase
 from fsm_celery.exceptions import (
     ARCHIVED,
     CommandRefused,
@@ -42,11 +41,7 @@ from fsm_celery.store.rows import NewMachine
 from fsm_celery.store.writes import Rows, Writes, snapshot, start_record
 
 
-class Admin:
-    def __init__(self, runtime: Runtime, entry: Entry) -> None:
-        self._rt = runtime
-        self._entry = entry
-
+class Admin(MovingUseCase):
     def start(
         self,
         machine_type: str,

@@ -21,8 +21,7 @@ from fsm_celery.core.messages import json_problem, unstorable
 from fsm_celery.core.steps import Next
 from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.core.transition import MachineStatus, Rejected, decide
-from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.usecase import MovingUseCase
 from fsm_celery.exceptions import (
     GateClosed,
     InvalidDecision,
@@ -70,11 +69,7 @@ class Decided:
     next: Next = field(default_factory=list)
 
 
-class Approvals:
-    def __init__(self, runtime: Runtime, entry: Entry) -> None:
-        self._rt = runtime
-        self._entry = entry
-
+class Approvals(MovingUseCase):
     def decide(
         self,
         machine_id: UUID,

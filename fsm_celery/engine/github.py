@@ -5,7 +5,9 @@ approver's `/approve` or `/reject` comment decided at the gate of the issue's ma
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -28,6 +30,8 @@ from fsm_celery.exceptions import (
 )
 from fsm_celery.store import github as store
 from fsm_celery.store.writes import Writes
+
+Wanted = TypeVar("Wanted", Decision, Trigger)
 
 
 @dataclass(frozen=True)
@@ -53,35 +57,34 @@ class GitHub:
         """Carry out an `/approve` or `/reject` comment: the decision of the approver whose
         GitHub login wrote it, at the gate of the machine running for the issue, recorded with
         the delivery in one transaction (a delivery sent again decides nothing)."""
-        writes = Writes(self._rt.clock())
-        with self._rt.transaction(writes) as conn:
-            done = _claimed(conn, delivery, event, wanted, action)
-            if done is not None:
-                return done
-            assert not isinstance(wanted, Ignored)
-            where = (wanted.repository, wanted.issue)
-            person = self._approver(wanted.user_id)
-            machine_id = store.waiting_for_issue_txn(conn, *where)
-            if person is None or machine_id is None:
-                why = (
-                    f"{wanted.login} (GitHub account {wanted.user_id}) is no approver's "
-                    "github_id (FSM_APPROVERS)"
-                    if person is None
-                    else f"no machine waits for people on {wanted.repository}#{wanted.issue}"
+        return self._once(delivery, event, wanted, action, self._decide_txn)
+
+    def _decide_txn(
+        self, conn: Connection, writes: Writes, delivery: str, wanted: Decision
+    ) -> Delivered:
+        where = (wanted.repository, wanted.issue)
+        person = self._approver(wanted.user_id)
+        machine_id = store.waiting_for_issue_txn(conn, *where)
+        if person is None or machine_id is None:
+            why = (
+                f"{wanted.login} (GitHub account {wanted.user_id}) is no approver's "
+                "github_id (FSM_APPROVERS)"
+                if person is None
+                else f"no machine waits for people on {wanted.repository}#{wanted.issue}"
+            )
+            store.record_delivery_txn(conn, delivery, "ignored", *where)
+            return Delivered("ignored", detail=why)
+        name, groups = person
+        vote = Vote(name, Choice(wanted.choice), wanted.fields, wanted.comment, "github")
+        try:
+            with conn.begin_nested():  # a refused decision leaves the delivery's row only
+                decided = self._approvals.decide_txn(
+                    conn, writes, machine_id, vote, Authority(admin=False, groups=groups)
                 )
-                store.record_delivery_txn(conn, delivery, "ignored", *where)
-                return Delivered("ignored", detail=why)
-            name, groups = person
-            vote = Vote(name, Choice(wanted.choice), wanted.fields, wanted.comment, "github")
-            try:
-                with conn.begin_nested():  # a refused decision leaves the delivery's row only
-                    decided = self._approvals.decide_txn(
-                        conn, writes, machine_id, vote, Authority(admin=False, groups=groups)
-                    )
-            except (GateClosed, NotAnApprover, InvalidDecision) as exc:
-                store.record_delivery_txn(conn, delivery, "refused", *where, machine_id)
-                return Delivered("refused", machine_id, str(exc))
-            store.record_delivery_txn(conn, delivery, "decided", *where, machine_id)
+        except (GateClosed, NotAnApprover, InvalidDecision) as exc:
+            store.record_delivery_txn(conn, delivery, "refused", *where, machine_id)
+            return Delivered("refused", machine_id, str(exc))
+        store.record_delivery_txn(conn, delivery, "decided", *where, machine_id)
         said = f"{vote.choice.value} by {name}: {decided.approvals}/{decided.needed} approvals"
         return Delivered("decided", machine_id, said, writes.next())
 
@@ -149,34 +152,49 @@ class GitHub:
     ) -> Delivered:
         """Record the delivery and start what it asks for, in one transaction: a delivery
         GitHub sends again finds its row and starts nothing."""
+        return self._once(delivery, event, wanted, action, self._start_txn)
+
+    def _start_txn(
+        self, conn: Connection, writes: Writes, delivery: str, wanted: Trigger
+    ) -> Delivered:
+        store.lock_issue_txn(conn, wanted.repository, wanted.issue)
+        running = store.running_for_issue_txn(
+            conn, wanted.machine_type, wanted.repository, wanted.issue
+        )
+        if running is not None:
+            store.record_delivery_txn(
+                conn, delivery, "running", wanted.repository, wanted.issue, running
+            )
+            return Delivered("running", running, f"{wanted.machine_type} runs for it")
+        try:  # refused before anything of the machine is written
+            step = self._admin.start_txn(
+                conn, writes, wanted.machine_type, wanted.context, None, wanted.issue
+            )
+        except InvalidContext as exc:
+            store.record_delivery_txn(conn, delivery, "refused", wanted.repository, wanted.issue)
+            return Delivered("refused", detail=str(exc))
+        store.record_delivery_txn(
+            conn, delivery, "started", wanted.repository, wanted.issue, step.machine_id
+        )
+        return Delivered("started", step.machine_id, wanted.machine_type, [step])
+
+    def _once(
+        self,
+        delivery: str,
+        event: str,
+        wanted: Wanted | Ignored,
+        action: str | None,
+        carry_out: Callable[[Connection, Writes, str, Wanted], Delivered],
+    ) -> Delivered:
+        """Record the delivery and carry out what it asks for in the same transaction: one
+        GitHub sends again, or one that asks nothing, is settled by its row alone."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
             done = _claimed(conn, delivery, event, wanted, action)
             if done is not None:
                 return done
             assert not isinstance(wanted, Ignored)
-            store.lock_issue_txn(conn, wanted.repository, wanted.issue)
-            running = store.running_for_issue_txn(
-                conn, wanted.machine_type, wanted.repository, wanted.issue
-            )
-            if running is not None:
-                store.record_delivery_txn(
-                    conn, delivery, "running", wanted.repository, wanted.issue, running
-                )
-                return Delivered("running", running, f"{wanted.machine_type} runs for it")
-            try:  # refused before anything of the machine is written
-                step = self._admin.start_txn(
-                    conn, writes, wanted.machine_type, wanted.context, None, wanted.issue
-                )
-            except InvalidContext as exc:
-                store.record_delivery_txn(
-                    conn, delivery, "refused", wanted.repository, wanted.issue
-                )
-                return Delivered("refused", detail=str(exc))
-            store.record_delivery_txn(
-                conn, delivery, "started", wanted.repository, wanted.issue, step.machine_id
-            )
-        return Delivered("started", step.machine_id, wanted.machine_type, [step])
+            return carry_out(conn, writes, delivery, wanted)
 
 
 def _claimed(

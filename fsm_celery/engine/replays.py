@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.replay import Replay, Row, replay
-from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.usecase import UseCase
 from fsm_celery.exceptions import MachineNotFound, VersionNotFound, WrongDefinition
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
@@ -61,10 +61,7 @@ class MachineReplay:
         }
 
 
-class Replays:
-    def __init__(self, runtime: Runtime) -> None:
-        self._rt = runtime
-
+class Replays(UseCase):
     def machine(
         self,
         machine_id: UUID,

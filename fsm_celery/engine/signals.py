@@ -20,9 +20,8 @@ from fsm_celery.core.steps import Next
 from fsm_celery.core.transition import (
     MachineStatus,
 )
-from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.kinds import wait as wait_kind
-from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.usecase import MovingUseCase
 from fsm_celery.exceptions import EventRefused, InvalidEvent, MachineNotFound
 from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
@@ -43,11 +42,7 @@ class Signalled:
     next: Next = field(default_factory=list)
 
 
-class Signals:
-    def __init__(self, runtime: Runtime, entry: Entry) -> None:
-        self._rt = runtime
-        self._entry = entry
-
+class Signals(MovingUseCase):
     def send(
         self,
         machine_id: UUID,

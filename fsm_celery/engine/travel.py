@@ -23,8 +23,7 @@ from fsm_celery.core.steps import Next, Step
 from fsm_celery.core.transition import MachineStatus, Rejected
 from fsm_celery.engine.admin import checked_context
 from fsm_celery.engine.cancels import cancel_in_flight
-from fsm_celery.engine.entry import Entry
-from fsm_celery.engine.runtime import Runtime
+from fsm_celery.engine.usecase import MovingUseCase, UseCase
 from fsm_celery.exceptions import CommandRefused, MachineNotFound, StepNotFound, Unstorable
 from fsm_celery.store import fanouts
 from fsm_celery.store import queries as q
@@ -40,11 +39,7 @@ class Rewound:
     next: Next
 
 
-class Rewind:
-    def __init__(self, runtime: Runtime, entry: Entry) -> None:
-        self._rt = runtime
-        self._entry = entry
-
+class Rewind(MovingUseCase):
     def rewind(
         self,
         machine_id: UUID,
@@ -133,10 +128,7 @@ def _why_not(row: q.AnyRow, step: int) -> str | None:
     return None
 
 
-class Fork:
-    def __init__(self, runtime: Runtime) -> None:
-        self._rt = runtime
-
+class Fork(UseCase):
     def fork(
         self,
         source_id: UUID,

@@ -396,7 +396,8 @@ def test_printed_setuser_line_works_in_redis_cli(
     server: Server, connect: Callable[[AgentUser], redis.Redis]
 ) -> None:
     agent = AgentUser(str(uuid.uuid4()), "t1:", new_password())
-    line = acl_setuser_command(agent.id, AGENT_TYPE, agent.prefix, agent.password)
+    rules = agent_acl_rules(agent.id, AGENT_TYPE, agent.prefix, agent.password)
+    line = acl_setuser_command(agent.id, rules)
     cli = shutil.which("redis-cli")
     assert cli is not None, "redis-cli is not on PATH"
 
@@ -420,7 +421,8 @@ def test_printed_setuser_line_works_in_redis_cli(
 def test_acl_file_line_loads_at_server_start(tmp_path: Path) -> None:
     agent = AgentUser(str(uuid.uuid4()), "t1:", new_password())
     acl_file = tmp_path / "users.acl"
-    acl_file.write_text(acl_file_line(agent.id, AGENT_TYPE, agent.prefix, agent.password) + "\n")
+    rules = agent_acl_rules(agent.id, AGENT_TYPE, agent.prefix, agent.password)
+    acl_file.write_text(acl_file_line(agent.id, rules) + "\n")
     process, port = start_redis(tmp_path, "--aclfile", str(acl_file))
     try:
         with redis.Redis(

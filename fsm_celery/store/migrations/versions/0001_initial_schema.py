@@ -1,9 +1,4 @@
-"""initial schema
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-11-22 22:40:12.769939
-"""
+"""initial schema"""
 
 from __future__ import annotations
 
@@ -13,8 +8,6 @@ from sqlalchemy.dialects import postgresql
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,9 +1,4 @@
-"""heartbeats and admin commands
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-11-22 23:05:00
-"""
+"""heartbeats and admin commands"""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

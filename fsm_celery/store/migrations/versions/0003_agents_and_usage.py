@@ -1,9 +1,4 @@
-"""agents registry, usage accounting and budgets
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-11-22 23:30:00
-"""
+"""agents registry, usage accounting and budgets"""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision = "0003"
 down_revision = "0002"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

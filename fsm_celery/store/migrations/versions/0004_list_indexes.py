@@ -1,9 +1,4 @@
-"""indexes for listing machines newest first by type, and by agent type and status
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-11-23 00:55:00
-"""
+"""indexes for listing machines newest first by type, and by agent type and status"""
 
 from __future__ import annotations
 
@@ -11,8 +6,6 @@ from alembic import op
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

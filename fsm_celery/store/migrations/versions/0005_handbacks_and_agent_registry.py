@@ -1,9 +1,4 @@
-"""hand-backs in a row per machine; the type an agent's credentials were issued for
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-11-23 10:00:00
-"""
+"""hand-backs in a row per machine; the type an agent's credentials were issued for"""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision = "0005"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,9 +1,4 @@
-"""schedules, the ticks they ran and what operators did to them; when beat's scan last ran
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-11-24 10:00:00
-"""
+"""schedules, the ticks they ran and what operators did to them; when beat's scan last ran"""
 
 from __future__ import annotations
 
@@ -13,8 +8,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0006"
 down_revision = "0005"
-branch_labels = None
-depends_on = None
 
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

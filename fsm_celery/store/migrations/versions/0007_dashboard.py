@@ -1,9 +1,5 @@
 """the dashboard: indexes to list machines newest first by each filter; GitHub deliveries seen;
 the notification outbox; the statistics folded from the history
-
-Revision ID: 0007
-Revises: 0006
-Create Date: 2026-11-25 10:00:00
 """
 
 from __future__ import annotations
@@ -14,8 +10,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0007"
 down_revision = "0006"
-branch_labels = None
-depends_on = None
 
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

@@ -4,10 +4,6 @@
 PostgreSQL rewrites the whole of state_transitions for it, under a lock that holds the engine's
 writes back until it is done: on a long history, run it while the workers and the bridge are
 stopped.
-
-Revision ID: 0008
-Revises: 0007
-Create Date: 2026-11-25 14:00:00
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ from alembic import op
 
 revision = "0008"
 down_revision = "0007"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -4,10 +4,6 @@ per agent type, a bound on work in flight with the machines queued for it
 
 Widening a VARCHAR rewrites nothing in PostgreSQL; the new columns are NULL or have a constant
 default, which PostgreSQL adds without a rewrite too.
-
-Revision ID: 0009
-Revises: 0008
-Create Date: 2026-11-25 20:30:00
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0009"
 down_revision = "0008"
-branch_labels = None
-depends_on = None
 
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 NOW = sa.text("CURRENT_TIMESTAMP")

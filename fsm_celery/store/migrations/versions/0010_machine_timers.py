@@ -13,10 +13,6 @@ on each page (fillfactor 80) so that the new version of a row fits beside the ol
 
 SQLite: its batch operations copy a table into a new one, which drops its triggers; a later
 migration that alters state_machines that way must create the triggers again (TRIGGERS_SQLITE).
-
-Revision ID: 0010
-Revises: 0009
-Create Date: 2026-11-26 02:00:00
 """
 
 from __future__ import annotations
@@ -26,8 +22,6 @@ from alembic import op
 
 revision = "0010"
 down_revision = "0009"
-branch_labels = None
-depends_on = None
 
 RUNNING = sa.text("status = 'running'")
 ARMED = "status = 'running' AND (deadline_at IS NOT NULL OR dispatch_due_at IS NOT NULL)"

@@ -12,10 +12,6 @@ the change and deleted by the fold that added it, in one transaction, so none is
 nor lost whatever the order their transactions commit in.
 
 SQLite: see 0010 on its batch operations and triggers (TRIGGERS_SQLITE here too).
-
-Revision ID: 0011
-Revises: 0010
-Create Date: 2026-11-26 02:30:00
 """
 
 from __future__ import annotations
@@ -25,8 +21,6 @@ from alembic import op
 
 revision = "0011"
 down_revision = "0010"
-branch_labels = None
-depends_on = None
 
 FINISHED = "('completed', 'failed', 'cancelled')"
 ROW_COST = "1.9490628022799996e+289"  # fsm_celery.store.rollup.ROW_COST: a row's share of a sum

@@ -1,9 +1,5 @@
 """approval gates: a row per visit of a machine to an approval state (its counters written in
 the transaction that records a decision), and each person's decision, one per person and gate
-
-Revision ID: 0012
-Revises: 0011
-Create Date: 2026-11-26 05:00:00
 """
 
 from __future__ import annotations
@@ -14,8 +10,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0012"
 down_revision = "0011"
-branch_labels = None
-depends_on = None
 
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

@@ -1,9 +1,5 @@
 """outside events sent to machines: applied at once to a machine waiting for one, else kept
 until it enters a state that waits for it (a key the sender gives makes a resent event one)
-
-Revision ID: 0013
-Revises: 0012
-Create Date: 2026-11-26 06:00:00
 """
 
 from __future__ import annotations
@@ -14,8 +10,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0013"
 down_revision = "0012"
-branch_labels = None
-depends_on = None
 
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

@@ -3,10 +3,6 @@ the starting context), so that the context at any step can be reconstructed with
 per row; rows recorded before have none (their steps' contexts are not known)
 
 A nullable column without a default: PostgreSQL adds it without rewriting the table.
-
-Revision ID: 0014
-Revises: 0013
-Create Date: 2026-11-26 07:00:00
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0014"
 down_revision = "0013"
-branch_labels = None
-depends_on = None
 
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 

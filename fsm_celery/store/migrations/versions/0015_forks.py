@@ -4,10 +4,6 @@ before are the source's, read through the link, not copied)
 Added with ALTER TABLE ... ADD COLUMN on both databases (no batch on SQLite: a batch recreates
 state_machines and would drop the triggers of 0010 and 0011); nullable, no default: PostgreSQL
 rewrites nothing.
-
-Revision ID: 0015
-Revises: 0014
-Create Date: 2026-11-26 07:30:00
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ from alembic import op
 
 revision = "0015"
 down_revision = "0014"
-branch_labels = None
-depends_on = None
 
 FORKED = sa.text("forked_from IS NOT NULL")
 

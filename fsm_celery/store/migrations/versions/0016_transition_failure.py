@@ -7,10 +7,6 @@ error the core wrote)
 Added with ALTER TABLE ... ADD COLUMN on both databases (no batch on SQLite, which would drop
 the triggers of 0010 and 0011 with the table it recreates); nullable, no default: PostgreSQL
 rewrites nothing.
-
-Revision ID: 0016
-Revises: 0015
-Create Date: 2026-11-26 08:00:00
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from alembic import op
 
 revision = "0016"
 down_revision = "0015"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

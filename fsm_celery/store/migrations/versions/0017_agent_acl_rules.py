@@ -3,10 +3,6 @@ itself), so that the bridge can create it again on a Redis that lost it: restart
 aclfile, or a replica promoted by Sentinel (ACL users are not replicated)
 
 Added with ALTER TABLE ... ADD COLUMN (no batch on SQLite: see 0015); nullable, no default.
-
-Revision ID: 0017
-Revises: 0016
-Create Date: 2026-11-26 08:30:00
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0017"
 down_revision = "0016"
-branch_labels = None
-depends_on = None
 
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 

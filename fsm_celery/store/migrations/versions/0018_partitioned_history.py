@@ -11,10 +11,6 @@ any migration (on this machine, about a million history rows in 15 s). state_tra
 its foreign key to state_machines (it would lock state_machines whenever a month is attached or
 detached) and its index on machine_id alone (the unique key's first column serves). On SQLite
 state_transitions is rebuilt the same way, unpartitioned (rejected_messages does not change).
-
-Revision ID: 0018
-Revises: 0017
-Create Date: 2026-11-26 10:00:00
 """
 
 from __future__ import annotations
@@ -32,8 +28,6 @@ from fsm_celery.store import partitions
 
 revision = "0018"
 down_revision = "0017"
-branch_labels = None
-depends_on = None
 
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 NOW = sa.text("CURRENT_TIMESTAMP")

@@ -4,10 +4,6 @@ name they authenticated with, make a quorum); decisions recorded before were all
 votes, so they stay false
 
 A constant default: PostgreSQL rewrites nothing.
-
-Revision ID: 0019
-Revises: 0018
-Create Date: 2026-11-28 19:00:00
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ from alembic import op
 
 revision = "0019"
 down_revision = "0018"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,9 +1,4 @@
-"""who issued and who revoked an agent's Redis credentials, when and why (agents revoke)
-
-Revision ID: 0020
-Revises: 0019
-Create Date: 2026-11-28 19:00:00
-"""
+"""who issued and who revoked an agent's Redis credentials, when and why (agents revoke)"""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ from alembic import op
 
 revision = "0020"
 down_revision = "0019"
-branch_labels = None
-depends_on = None
 
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 

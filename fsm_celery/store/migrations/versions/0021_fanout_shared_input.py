@@ -4,10 +4,6 @@ and each slot keeps its own part; fan-outs opened before have none (their slots 
 
 Added with ALTER TABLE ... ADD COLUMN on both databases; nullable, no default: PostgreSQL
 rewrites nothing.
-
-Revision ID: 0021
-Revises: 0020
-Create Date: 2026-11-28 19:00:00
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0021"
 down_revision = "0020"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
