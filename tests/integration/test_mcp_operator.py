@@ -82,16 +82,16 @@ async def tool_names(session: ClientSession) -> set[str]:
     return {tool.name for tool in (await session.list_tools()).tools}
 
 
-async def call(session: ClientSession, name: str, **arguments: Any) -> dict[str, Any]:
+async def call(session: ClientSession, tool: str, /, **arguments: Any) -> dict[str, Any]:
     """A tool's structured answer (fails the test on a tool error)."""
-    result = await session.call_tool(name, arguments)
+    result = await session.call_tool(tool, arguments)
     assert not result.is_error, _text(result)
     return dict(result.structured_content or json.loads(_text(result)))
 
 
-async def refusal(session: ClientSession, name: str, **arguments: Any) -> str:
+async def refusal(session: ClientSession, tool: str, /, **arguments: Any) -> str:
     """The text of a tool's error (fails the test when the call succeeds)."""
-    result = await session.call_tool(name, arguments)
+    result = await session.call_tool(tool, arguments)
     assert result.is_error, _text(result)
     return _text(result)
 
