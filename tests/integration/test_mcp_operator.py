@@ -187,9 +187,7 @@ def test_an_approver_decides_at_a_gate_as_themselves(door: FsmEnv) -> None:
         door.wait_for_gate(mid, "REVIEW", timeout=30)
 
         async def approve(session: ClientSession) -> dict[str, Any]:
-            return await call(
-                session, "approve", machine_id=str(mid), fields={"target": "staging"}
-            )
+            return await call(session, "approve", machine_id=str(mid), fields={"target": "staging"})
 
         over_stdio(door, ALICE, approve)
         over_stdio(door, CAROL, approve)
