@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -218,6 +219,68 @@ def test_an_admin_sends_an_outside_event_that_moves_a_waiting_machine(door: FsmE
         assert sent["event"]["outcome"] == "applied"
         assert door.wait_until_done(mid).status == "completed"
     assert "DEPLOY" in door.visited(mid)
+
+
+def test_an_admin_rewinds_and_forks_a_machine_and_replays_it_reading_only(door: FsmEnv) -> None:
+    with ScriptedAgent(door) as agent:
+        mid = door.client.start_machine("test_linear", {"n": 1}, agent_id=agent.id)
+        door.wait_until_done(mid)
+        steps = len(door.client.history(mid))
+        yaml_text = (ROOT / "tests/fixtures/definitions/test_linear.yaml").read_text()
+
+        async def travel(session: ClientSession) -> dict[str, Any]:
+            replayed = await call(session, "replay_machine", machine_id=str(mid))
+            given = await call(session, "replay_machine", machine_id=str(mid), definition=yaml_text)
+            context = await call(session, "machine_context", machine_id=str(mid), step=1)
+            forked = await call(session, "fork_machine", machine_id=str(mid), step=1)
+            rewound = await call(
+                session, "rewind_machine", machine_id=str(mid), step=1, set={"n": 2}
+            )
+            return {
+                "outcomes": [replayed["outcome"], given["outcome"]],
+                "context": context["context"],
+                "forked": forked["machine"],
+                "rewound": rewound,
+            }
+
+        done = over_stdio(door, ADMIN_TOKEN, travel)
+        assert door.wait_until_done(mid).context["n"] == 2
+    assert done["outcomes"] == ["same", "same"]
+    assert done["context"]["n"] == 1
+    assert done["forked"]["forked_from"] == str(mid)
+    rewind = [r for r in door.client.history(mid) if r.event == "rewind"]
+    assert [(r.attempt, r.actor) for r in rewind] == [(done["rewound"]["step"], "admin")]
+    assert done["rewound"]["step"] >= steps
+
+
+def test_a_list_is_paged_by_the_cursor_each_page_gives(door: FsmEnv) -> None:
+    started = {door.client.start_machine("test_wait", {}) for _ in range(3)}
+
+    async def pages(session: ClientSession) -> list[list[str]]:
+        found: list[list[str]] = []
+        cursor = None
+        while len(found) < 3:
+            page = await call(
+                session, "list_machines", type="test_wait", status="running", limit=1, cursor=cursor
+            )
+            found.append([m["id"] for m in page["items"]])
+            cursor = page["next"]
+        return found
+
+    seen = over_stdio(door, VIEWER_TOKEN, pages)
+    assert all(len(page) == 1 for page in seen)
+    assert len({page[0] for page in seen}) == 3
+    assert {page[0] for page in seen} == {str(mid) for mid in started}
+    for mid in started:
+        door.client.cancel(mid, "test")
+
+
+def test_stdio_refuses_to_start_with_a_token_that_is_none_of_the_settings(door: FsmEnv) -> None:
+    argv = [sys.executable, "-m", "fsm_celery", "mcp", "operator"]
+    env = {**door.env, "FSM_MCP_TOKEN": "not-one-of-the-tokens"}
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "none of the settings'" in done.stderr
 
 
 @pytest.fixture(scope="module")
