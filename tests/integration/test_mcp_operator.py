@@ -27,9 +27,11 @@ from tests.support.processes import FsmEnv
 
 ALICE = "alice-token-for-the-mcp-door-5e2a9c71d3b84f06"
 CAROL = "carol-token-for-the-mcp-door-0b7d4e19a6c25f83"
+DAVE = "dave-token-for-the-mcp-door-8f1c3a6e27d94b50"
 APPROVERS = {
     "alice": {"groups": ["release"], "token": ALICE},
     "carol": {"groups": ["release"], "token": CAROL},
+    "dave": {"groups": ["ops"], "token": DAVE},
 }
 READS = {
     "list_machines",
@@ -182,7 +184,7 @@ def test_a_bad_argument_is_refused_naming_it(door: FsmEnv) -> None:
     assert "name" in name
 
 
-def test_an_approver_decides_at_a_gate_as_themselves(door: FsmEnv) -> None:
+def test_an_approver_decides_at_a_gate_as_themselves_and_only_at_their_groups(door: FsmEnv) -> None:
     with ScriptedAgent(door) as agent:
         mid = door.client.start_machine("test_gate_fast", {}, agent_id=agent.id)
         door.wait_for_gate(mid, "REVIEW", timeout=30)
@@ -190,6 +192,10 @@ def test_an_approver_decides_at_a_gate_as_themselves(door: FsmEnv) -> None:
         async def approve(session: ClientSession) -> dict[str, Any]:
             return await call(session, "approve", machine_id=str(mid), fields={"target": "staging"})
 
+        async def out_of_group(session: ClientSession) -> str:
+            return await refusal(session, "approve", machine_id=str(mid), fields={"target": "x"})
+
+        assert "dave" in over_stdio(door, DAVE, out_of_group)
         over_stdio(door, ALICE, approve)
         over_stdio(door, CAROL, approve)
         door.wait_until_done(mid)
