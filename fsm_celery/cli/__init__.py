@@ -11,6 +11,7 @@ serve (what they share is cli/common.py):
 - history.py: history (a machine's; its monthly partitions: months, archive)
 - processes.py: ack-bridge, dashboard, demo, dev, stop
 - operations.py: init, db upgrade, doctor, stats, rejected
+- mcp.py: mcp operator (the MCP server for operators)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fsm_celery.cli import (
     events,
     history,
     machines,
+    mcp,
     operations,
     people,
     processes,
@@ -44,6 +46,7 @@ PARTS = (
     history,
     processes,
     operations,
+    mcp,
 )
 
 

@@ -3,7 +3,11 @@ list them, their children, trees and fan-outs."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -139,3 +143,20 @@ class Machines(ClientBase):
         (done, failed, running, waiting, cancelled)."""
         rows, slots = self.reader.fan_outs(machine_id, limit)
         return [FanOutProgress.from_row(r, slots.get(r.attempt, {})) for r in rows]
+
+
+def encode_cursor(cursor: Cursor) -> str:
+    """A page's cursor as the text a door hands out (base64 of its JSON)."""
+    created_at, machine_id = cursor
+    raw = json.dumps([created_at.isoformat(), str(machine_id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> Cursor:
+    """The cursor a page handed out (ValueError when it is not one)."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        created_at, machine_id = json.loads(raw)
+        return datetime.fromisoformat(created_at), UUID(machine_id)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise ValueError(f"cursor {text[:60]!r} is not one a page gave") from exc

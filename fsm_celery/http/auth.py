@@ -24,7 +24,6 @@ import hmac
 import ipaddress
 import secrets
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -34,6 +33,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from fsm_celery.client.identities import Identities, Known, Role
 from fsm_celery.config import Settings
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -41,11 +41,6 @@ CSRF_HEADER = "x-csrf-token"
 SESSION_COOKIE = "fsm_session"
 SESSION_SECONDS = 12 * 3600
 SESSION_KEY = "dashboard:session:{digest}"
-
-
-class Role(IntEnum):
-    VIEWER = 1
-    ADMIN = 2
 
 
 @dataclass(frozen=True)
@@ -64,16 +59,6 @@ class Principal:
     @property
     def is_approver(self) -> bool:
         return bool(self.groups)
-
-
-@dataclass(frozen=True)
-class Known:
-    """A token of the settings: its role, and for an approver's, their name and groups."""
-
-    token: str
-    role: Role
-    name: str | None = None
-    groups: frozenset[str] = frozenset()
 
 
 class Sessions:
@@ -106,15 +91,8 @@ class Auth:
     """The tokens of the settings, the keys derived for sessions, and the live sessions."""
 
     def __init__(self, settings: Settings, sessions: Sessions) -> None:
-        self._known = (
-            [Known(t, Role.ADMIN) for t in settings.admin_tokens]
-            + [Known(t, Role.VIEWER) for t in settings.viewer_tokens]
-            + [
-                Known(a.token, Role.VIEWER, name, frozenset(a.groups))
-                for name, a in settings.approvers.items()
-                if a.token
-            ]
-        )
+        self.identities = Identities(settings)
+        self._known = self.identities.known
         self.public_reads = settings.public_reads
         self.sessions = sessions
         self.session_key = (
@@ -125,14 +103,8 @@ class Auth:
         )
 
     def identify(self, token: str) -> Known | None:
-        """The settings' token it is, or None; every configured token is compared, in constant
-        time, so the answer's timing says nothing about which one nearly matched."""
-        given = token.encode()
-        found: Known | None = None
-        for known in self._known:
-            if hmac.compare_digest(known.token.encode(), given) and found is None:
-                found = known
-        return found
+        """The settings' token it is, or None (client/identities.py)."""
+        return self.identities.identify(token)
 
     def role_of(self, token: str) -> Role | None:
         known = self.identify(token)

@@ -19,6 +19,7 @@ from fastapi.templating import Jinja2Templates
 
 from fsm_celery import terminal
 from fsm_celery.client import Client
+from fsm_celery.client.machines import encode_cursor
 from fsm_celery.core.admin import commands
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.graph import graph
@@ -33,7 +34,7 @@ from fsm_celery.http.auth import (
     principal,
 )
 from fsm_celery.http.models import machine_filter
-from fsm_celery.http.paging import CURSOR_CHARS, MachinePage, encode_cursor
+from fsm_celery.http.paging import CURSOR_CHARS, MachinePage
 from fsm_celery.records import FanOutProgress, MachineInfo, definition_view
 from fsm_celery.store.reads import MachineFilter
 from fsm_celery.views import more_text

@@ -4,17 +4,14 @@ next page follows. The list routes take their page as a dependency (`MachinePage
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Annotated, Any, TypeVar
-from uuid import UUID
 
 from fastapi import HTTPException, Query
 
+from fsm_celery.client.machines import decode_cursor as client_cursor
+from fsm_celery.client.machines import encode_cursor
 from fsm_celery.http.models import STEP_MOST
 from fsm_celery.records import MachineInfo, TransitionRecord
 from fsm_celery.store.reads import Cursor
@@ -90,19 +87,11 @@ def step_page(
     return StepPage(limit, after)
 
 
-def encode_cursor(cursor: Cursor) -> str:
-    created_at, machine_id = cursor
-    raw = json.dumps([created_at.isoformat(), str(machine_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
 def decode_cursor(text: str | None) -> Cursor | None:
     """The cursor a previous page gave (400 when it is not one)."""
     if not text:
         return None
     try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        created_at, machine_id = json.loads(raw)
-        return datetime.fromisoformat(created_at), UUID(machine_id)
-    except (binascii.Error, ValueError, TypeError) as exc:
-        raise HTTPException(400, f"cursor {text[:60]!r} is not one a page gave") from exc
+        return client_cursor(text)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from exc

@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "exits",
             "http",
             "init",
+            "mcp",
             "views",
         },
     ),

@@ -9,7 +9,8 @@ from uuid import uuid4
 import pytest
 from fastapi import HTTPException
 
-from fsm_celery.http.paging import MachinePage, Page, StepPage, decode_cursor, encode_cursor
+from fsm_celery.client.machines import encode_cursor
+from fsm_celery.http.paging import MachinePage, Page, StepPage, decode_cursor
 
 
 def test_a_page_shows_its_limit_and_names_the_last_shown_when_more_follow() -> None:

@@ -31,5 +31,14 @@ def test_every_setting_named_is_a_setting() -> None:
 
 
 def test_every_door_has_its_section() -> None:
-    for door in ("Agents", "GitHub", "Signed events", "Approvers", "Viewers", "Admins", "CLI"):
+    for door in (
+        "Agents",
+        "GitHub",
+        "Signed events",
+        "Approvers",
+        "Viewers",
+        "Admins",
+        "MCP",
+        "CLI",
+    ):
         assert re.search(rf"^## .*{door}", DOC, re.M), door
