@@ -5,7 +5,8 @@ For each state_task: the state's rendered prompt and the machine's context go to
 messages; the state's output contract (its `required_output` keys, as a JSON Schema) is the
 structured-output schema asked for; an answer that is not JSON or breaks the contract is sent
 back to the model as a correction turn, at most FSM_LLM_MAX_CORRECTIONS times, before the
-attempt is answered as failed (the engine's retry policy takes it from there). A rate limit
+attempt is answered as failed (the engine's retry policy takes it from there), with what it
+spent. A rate limit
 (429) or a server error (5xx) is tried again after the server's Retry-After (or a growing
 delay), never past the state's deadline; each call and each wait is a heartbeat with progress
 text. The tokens each call used, and their cost by the price table (FSM_LLM_PRICES), are
@@ -27,7 +28,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from fsm_celery.agent.sdk import ANY, Agent
+from fsm_celery.agent.sdk import ANY, Agent, Failed
 from fsm_celery.agent.task import Task
 from fsm_celery.config import LlmPrice, Settings
 
@@ -37,10 +38,6 @@ MAX_PROBLEMS = 20  # contract problems told to the model in one correction turn
 MARGIN_SECONDS = 1.0  # kept before the deadline for the ack to travel
 FIRST_DELAY = 1.0  # the wait before a retry the server did not time, doubling
 LONGEST_DELAY = 60.0
-
-
-class ContractBroken(Exception):
-    """The model's answers did not meet the state's contract within the corrections allowed."""
 
 
 @dataclass(frozen=True)
@@ -117,18 +114,31 @@ class LlmHandler:
         return model
 
     def __call__(self, task: Task, agent_type: str) -> dict[str, Any]:
+        """The state's output, with the usage of every call; Failed (carrying that usage:
+        it counts against the machine's budget) when the model could not give one."""
+        spent: list[Spent] = [Spent()]
+        try:
+            return self._answer(task, agent_type, spent)
+        except Failed:
+            raise
+        except Exception as exc:
+            usage = {"tokensUsed": spent[0].tokens, "cost": round(spent[0].cost, 6)}
+            raise Failed(f"{type(exc).__name__}: {exc}", usage) from exc
+
+    def _answer(self, task: Task, agent_type: str, spent: list[Spent]) -> dict[str, Any]:
         schema = contract_of(task)
         model = self.model_for(task, agent_type)
         price = self.settings.llm_prices.get(model)
         messages = messages_for(task, schema)
-        spent = Spent()
         problems: list[str] = []
         for turn in range(self.settings.llm_max_corrections + 1):
             task.progress(f"asking {model}" + (f" (correction {turn})" if turn else ""))
             response = self._complete(task, model, messages, schema)
             usage = getattr(response, "usage", None)
             if usage is not None:
-                spent = spent.plus(usage.prompt_tokens or 0, usage.completion_tokens or 0, price)
+                spent[0] = spent[0].plus(
+                    usage.prompt_tokens or 0, usage.completion_tokens or 0, price
+                )
             content = response.choices[0].message.content or ""
             try:
                 output = json.loads(content)
@@ -137,7 +147,7 @@ class LlmHandler:
             else:
                 problems = problems_of(schema, output)
                 if not problems:
-                    return {**output, "tokensUsed": spent.tokens, "cost": round(spent.cost, 6)}
+                    return {**output, **_usage(spent[0])}
             messages += [
                 {"role": "assistant", "content": content[:20_000]},
                 {
@@ -148,9 +158,10 @@ class LlmHandler:
                 },
             ]
         answers = self.settings.llm_max_corrections + 1
-        raise ContractBroken(
+        raise Failed(
             f"{model} broke the contract in {answers} answer{'s' if answers > 1 else ''}; "
-            f"last: {'; '.join(problems)[:500]} (tokensUsed {spent.tokens})"
+            f"last: {'; '.join(problems)[:500]}",
+            _usage(spent[0]),
         )
 
     def _complete(
@@ -190,6 +201,11 @@ class LlmHandler:
                 task.progress(f"{model} answered {status or 'nothing'}; again in {wait:.1f}s")
                 if task.wait_cancelled(wait):
                     raise TimeoutError("the attempt was cancelled") from exc
+
+
+def _usage(spent: Spent) -> dict[str, Any]:
+    """What the ack reports the attempt spent."""
+    return {"tokensUsed": spent.tokens, "cost": round(spent.cost, 6)}
 
 
 def _seconds_left(task: Task) -> float:
