@@ -32,6 +32,15 @@ class TransitionMode(StrEnum):
     INLINE = "inline"  # the ack bridge applies acks and sends the next state_tasks itself
 
 
+class LlmPrice(BaseModel):
+    """What a model's tokens cost, in the currency budgets are kept in, per million tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: float = Field(ge=0, le=1_000_000)
+    output: float = Field(ge=0, le=1_000_000)
+
+
 class Approver(BaseModel):
     """A person who decides at approval gates: their groups, and how they are known."""
 
@@ -220,6 +229,23 @@ class Settings(BaseSettings):
     unset, the webhook answers 503 and starts nothing."""
     github_build_type: str = "cto_build_project"
     """The machine type an issue assigned on GitHub starts."""
+    llm_base_url: str | None = None
+    """The OpenAI-compatible endpoint `fsm-celery agent --llm` asks (https://host/v1)."""
+    llm_api_key: str = ""
+    """The key the LLM agent sends to that endpoint (a local server may take none)."""
+    llm_model: str | None = Field(default=None, max_length=200)
+    """The model the LLM agent asks, unless FSM_LLM_MODELS names one for the state or type."""
+    llm_models: dict[str, str] = Field(default_factory=dict, max_length=1000)
+    """The model per state (`machine_type.STATE`) or per agent type, as JSON {key: model}."""
+    llm_prices: dict[str, LlmPrice] = Field(default_factory=dict, max_length=1000)
+    """Per model, what a million tokens cost, as JSON {model: {"input": x, "output": y}}: the
+    cost the LLM agent reports for each state (against the machine's budget); unpriced, 0."""
+    llm_max_corrections: int = Field(default=2, ge=0, le=10)
+    """How many times the LLM agent sends a model's answer back to be corrected (not JSON, or
+    breaking the state's output contract) before it answers the attempt as failed."""
+    llm_max_retries: int = Field(default=5, ge=0, le=50)
+    """How many times the LLM agent asks again after a 429 or 5xx (after the server's
+    Retry-After, else a growing delay), never past the state's deadline."""
     github_bug_type: str = "cto_fix_bug"
     """The machine type an issue opened with the bug label starts."""
     github_bug_label: str = "bug"

@@ -3,7 +3,10 @@ bridge's own loop reading their acks from memory (the inline mode).
 
 The CTO machines are pinned to one of two agents (`steady`, and `shaky`, which fails on cue);
 the research machines, and the children of fan-outs, go to their states' agent types, each served
-by a mock agent of its own as agents of a type are in production."""
+by a mock agent of its own as agents of a type are in production. A second research pipeline is
+pinned to the LLM agent (fsm_celery.agent.llm), asking the demo's own scripted chat endpoint
+(fsm_celery.agent.scripted_llm), whose first answer to each state breaks its contract and is
+corrected."""
 
 from __future__ import annotations
 
@@ -24,12 +27,16 @@ from rich.table import Table
 from fsm_celery import wiring
 from fsm_celery.acks.bridge import Bridge
 from fsm_celery.acks.memory import MemoryConsumer
+from fsm_celery.agent.llm import LlmHandler
 from fsm_celery.agent.mock import MockScript
+from fsm_celery.agent.scripted_llm import Script, Served
+from fsm_celery.agent.sdk import Failed
+from fsm_celery.agent.task import Task, reply
 from fsm_celery.channel.memory import MemoryBus
 from fsm_celery.client import Client
 from fsm_celery.config import Settings, TransitionMode
 from fsm_celery.core.loader import definition_files, load_all
-from fsm_celery.core.messages import task_channel
+from fsm_celery.core.messages import StateTask, parse_task_message, task_channel
 from fsm_celery.core.parking import Policy
 from fsm_celery.engine import MachineEngine
 from fsm_celery.exceptions import FsmError
@@ -100,10 +107,15 @@ def run_demo(
             ),
             acks,
         )
-        with start_worker(
-            app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"
+        endpoint = Served(Script(bad_first=True))  # the demo's chat model, scripted
+        with (
+            endpoint,
+            start_worker(
+                app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"
+            ),
         ):
-            ids = _start_machines(client, steady, shaky)
+            llm = _llm_agent(bus, settings, acks, endpoint.url)
+            ids = _start_machines(client, steady, shaky, llm)
             scanning = threading.Event()
             scanner = threading.Thread(target=_scan, args=(engine, scanning), daemon=True)
             scanner.start()  # timeouts and retry delays, as beat's scan does in production
@@ -146,8 +158,11 @@ def _approver(client: Client, stop: threading.Event) -> None:
                 log.info("the demo's approver was refused: %s", exc)
 
 
-def _start_machines(client: Client, steady: uuid.UUID, shaky: uuid.UUID) -> list[uuid.UUID]:
-    """A machine of every shipped definition, and a second build that meets a failure."""
+def _start_machines(
+    client: Client, steady: uuid.UUID, shaky: uuid.UUID, llm: uuid.UUID
+) -> list[uuid.UUID]:
+    """A machine of every shipped definition, a second build that meets a failure, and a second
+    research pipeline worked by the LLM agent."""
     return [
         client.start_machine(  # its production deploy waits for a person's approval
             "cto_build_project",
@@ -166,6 +181,9 @@ def _start_machines(client: Client, steady: uuid.UUID, shaky: uuid.UUID) -> list
             "cto_build_parallel", {"projectName": "docs-site", "githubIssue": 744}, steady
         ),
         client.start_machine("research_fanout", {"query": "durable workflows for AI agents"}),
+        client.start_machine(  # every state asked of a chat model (the demo's, scripted)
+            PIPELINE, pipeline_context(TaskState(query="state machines for LLM agents")), llm
+        ),
     ]
 
 
@@ -203,6 +221,32 @@ def _agent(
     bus.subscribe(task_channel(str(agent_id), settings.channel_prefix), handle)
     if agent_type is not None:
         bus.subscribe(task_channel(agent_type, settings.channel_prefix), handle)
+    return agent_id
+
+
+def _llm_agent(bus: MemoryBus, settings: Settings, acks: MemoryConsumer, url: str) -> uuid.UUID:
+    """The LLM agent on its own channel, asking the chat endpoint at `url` (its heartbeats and
+    acks read by the bridge as any agent's)."""
+    agent_id = uuid.uuid4()
+    handler = LlmHandler(settings.model_copy(update={"llm_base_url": url, "llm_model": "scripted"}))
+
+    def send(message: dict[str, Any]) -> None:
+        acks.put(json.dumps(message), agent_id)
+
+    def handle(raw: str) -> None:
+        message = parse_task_message(raw)
+        if not isinstance(message, StateTask):
+            return
+        try:
+            output = handler(Task(message, send), "llm")
+        except Failed as failed:
+            send(
+                reply(message, "state_ack", success=False, output=failed.output, error=str(failed))
+            )
+            return
+        send(reply(message, "state_ack", success=True, output=output))
+
+    bus.subscribe(task_channel(str(agent_id), settings.channel_prefix), handle)
     return agent_id
 
 
@@ -276,9 +320,9 @@ def _table(
     title: str = "Machines",
 ) -> Table:
     table = Table(title=title)
-    for column in ("machine", "state", "status", "transitions", "seconds"):
+    for column in ("machine", "state", "status", "transitions", "tokens", "seconds"):
         table.add_column(
-            column, justify="right" if column in ("transitions", "seconds") else "left"
+            column, justify="right" if column in ("transitions", "tokens", "seconds") else "left"
         )
     for m in machines:
         seconds = ended.get(m.id, time.monotonic() - started)
@@ -287,6 +331,7 @@ def _table(
             m.current_state,
             f"[{STATUS_STYLE.get(m.status, 'white')}]{m.status}[/]",
             str(max(shown[m.id] - 1, 0)),
+            str(m.tokens_used),
             f"{seconds:.2f}",
         )
     return table

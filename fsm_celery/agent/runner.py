@@ -50,6 +50,41 @@ def mock_agents(
     return made
 
 
+def llm_agents(
+    settings: Settings,
+    agent_types: Iterable[str] = (),
+    agent_id: uuid.UUID | None = None,
+    concurrency: int = 4,
+) -> list[Agent]:
+    """One agent per agent type (those asked for, else every type the definitions name) whose
+    every state a chat model answers (fsm_celery.agent.llm)."""
+    from fsm_celery.agent.llm import LlmHandler, serve_llm
+
+    handler = LlmHandler(settings)
+    types = sorted(set(agent_types) or _named_types(settings))
+    if agent_id is not None and len(types) != 1:
+        raise ValueError("--agent-id needs exactly one --agent-type")
+    made = []
+    for agent_type in types:
+        agent = Agent(
+            agent_type,
+            redis_url=settings.redis_url,
+            agent_id=agent_id,  # else the URL's credentials', else a new one
+            concurrency=concurrency,
+            prefix=settings.channel_prefix,
+            replicas=settings.redis_replicas,
+            replica_timeout_ms=settings.redis_replica_timeout_ms,
+        )
+        serve_llm(agent, handler)
+        made.append(agent)
+    return made
+
+
+def _named_types(settings: Settings) -> set[str]:
+    definitions = load_all(definition_files(settings.definitions))
+    return {t for d in definitions for t in d.agent_types_named()}
+
+
 def user_agents(path: str) -> list[Agent]:
     """The Agent, or the list of Agents (one per agent type, say), named by module:attribute."""
     module_name, _, attribute = path.partition(":")

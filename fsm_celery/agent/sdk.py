@@ -61,7 +61,7 @@ from fsm_celery.core.messages import (
     task_stream,
 )
 
-__all__ = ["ANY", "Agent", "Handler", "NoAck", "Task"]
+__all__ = ["ANY", "Agent", "Failed", "Handler", "NoAck", "Task"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,15 @@ SHUTTING_DOWN = "the agent is shutting down"
 
 class NoAck(Exception):
     """Raised by a handler to send no ack at all (the state will time out)."""
+
+
+class Failed(Exception):
+    """Raised by a handler to answer the attempt as failed, with an output all the same (what
+    it spent, `tokensUsed` and `cost`, counts in the machine's usage and budget)."""
+
+    def __init__(self, error: str, output: Mapping[str, Any] | None = None) -> None:
+        super().__init__(error)
+        self.output = dict(output or {})
 
 
 Handler = Callable[[Task], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
@@ -363,6 +372,10 @@ class Agent:
             return reply(message, "state_ack", success=True, output=dict(output))
         except (NoAck, asyncio.CancelledError):
             return None
+        except Failed as exc:
+            if task.cancelled:
+                return None
+            return reply(message, "state_ack", success=False, output=exc.output, error=str(exc))
         except Exception as exc:
             if task.cancelled:
                 return None  # it stopped because it was told to: nobody wants its error

@@ -118,6 +118,11 @@ def _agent_url(redis_url: str, user: str, password: str) -> str:
 @click.command()
 @click.option("--mock", is_flag=True, help="Serve every shipped definition with scripted outputs.")
 @click.option(
+    "--llm",
+    is_flag=True,
+    help="Answer with a chat model (FSM_LLM_BASE_URL, FSM_LLM_MODEL): no code needed.",
+)
+@click.option(
     "--app",
     "app_path",
     default=None,
@@ -149,6 +154,7 @@ def _agent_url(redis_url: str, user: str, password: str) -> str:
 )
 def agent(
     mock: bool,
+    llm: bool,
     app_path: str | None,
     agent_types: tuple[str, ...],
     agent_id: uuid.UUID | None,
@@ -159,7 +165,8 @@ def agent(
     silents: Specs,
     think: float,
 ) -> None:
-    """Run an agent: the mock agents (--mock), or your own (--app module:attribute)."""
+    """Run an agent: the mock agents (--mock), a chat model (--llm), or your own (--app
+    module:attribute)."""
     from fsm_celery.agent.runner import run_agents, user_agents
 
     settings = get_settings()
@@ -170,8 +177,17 @@ def agent(
             found = user_agents(app_path)
         run_agents(found)
         return
+    if mock and llm:
+        raise click.UsageError("pass --mock or --llm, not both")
+    if llm:
+        from fsm_celery.agent.runner import llm_agents
+
+        with refused():
+            found = llm_agents(settings, agent_types, agent_id, concurrency)
+        run_agents(found)
+        return
     if not mock:
-        raise click.UsageError("pass --mock, or --app module:attribute naming your Agent")
+        raise click.UsageError("pass --mock, --llm, or --app module:attribute naming your Agent")
     from fsm_celery.agent.runner import mock_agents
 
     with refused():

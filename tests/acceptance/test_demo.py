@@ -29,9 +29,13 @@ def test_demo_runs_every_machine_to_completion_without_servers() -> None:
     lines = done.stdout.splitlines()
     summary = lines[next(i for i, line in enumerate(lines) if "Summary" in line) :]
     finished = [line for line in summary if "│ completed │" in line]
-    assert len(finished) == 7, done.stdout  # one machine of each shipped definition, and two
+    # one machine of each shipped definition, a second build, and a second research pipeline
+    # worked by the LLM agent against the demo's scripted chat endpoint
+    assert len(finished) == 8, done.stdout
     assert any("research_pipeline#5" in line for line in finished)
     assert any("research_fanout#7" in line for line in finished)
+    [llm] = [line.split("│") for line in finished if "research_pipeline#8" in line]
+    assert int(llm[5]) > 0, llm  # the tokens the model's answers used, recorded on the machine
     # the map researched every sub-question, its join handing one finding each to the analyzer
     joined = f"RESEARCHING -> ANALYZING  (joined: {len(ASPECTS)} findings)"
     assert any(line.endswith(joined) for line in lines), done.stdout

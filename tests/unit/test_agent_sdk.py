@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fsm_celery.agent import Agent, NoAck, Task, run
+from fsm_celery.agent import Agent, Failed, NoAck, Task, run
 from fsm_celery.agent.runner import user_agents
 from tests.support.docs import agent_example, blocks
 
@@ -86,9 +86,19 @@ def test_answer_for_runs_async_handlers_and_reports_no_ack() -> None:
     def silent(task: Task) -> dict[str, Any]:
         raise NoAck
 
+    @agent.handler("m", "SPENT")
+    def spent(task: Task) -> dict[str, Any]:
+        raise Failed("the model gave up", {"tokensUsed": 120, "cost": 0.01})
+
     ack = agent.answer_for("m", "ASYNC")
     assert ack is not None and (ack["success"], ack["output"]) == (True, {"state": "ASYNC"})
     assert agent.answer_for("m", "SILENT") is None
+    failed = agent.answer_for("m", "SPENT")  # failed, with what it spent all the same
+    assert failed is not None and (failed["success"], failed["error"]) == (
+        False,
+        "the model gave up",
+    )
+    assert failed["output"] == {"tokensUsed": 120, "cost": 0.01}
 
 
 def test_the_docs_tests_of_the_example_agent_pass(tmp_path: Path) -> None:
