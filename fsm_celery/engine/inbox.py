@@ -88,8 +88,11 @@ class Inbox:
             else:
                 parsed.append((message, item))
         with self._rt.transaction(writes) as conn:
-            self._record_statuses(conn, statuses.values(), writes)
+            # the machines locked first, the agents' rows after them, as every transaction
+            # does (entering a state marks its agent assigned as it writes): a batch that
+            # recorded statuses first deadlocked with an entry holding one of its machines
             rows = q.lock_machines_txn(conn, [m.machine_id for m, _ in parsed])
+            self._record_statuses(conn, statuses.values(), writes)
             senders = _Senders(conn)
             for message, item in parsed:
                 row = rows.get(message.machine_id)
