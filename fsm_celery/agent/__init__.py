@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fsm_celery.agent.runner import run
-    from fsm_celery.agent.sdk import ANY, Agent, Failed, NoAck, Task
+    from fsm_celery.agent.sdk import ANY, Agent, Failed, HandBack, NoAck, Task
 
-__all__ = ["ANY", "Agent", "Failed", "NoAck", "Task", "run"]
+__all__ = ["ANY", "Agent", "Failed", "HandBack", "NoAck", "Task", "run"]
 
 _WHERE = {
     "ANY": "fsm_celery.agent.sdk",
     "Agent": "fsm_celery.agent.sdk",
     "Failed": "fsm_celery.agent.sdk",
+    "HandBack": "fsm_celery.agent.sdk",
     "NoAck": "fsm_celery.agent.sdk",
     "Task": "fsm_celery.agent.sdk",
     "run": "fsm_celery.agent.runner",

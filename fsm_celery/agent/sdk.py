@@ -49,7 +49,7 @@ import redis
 from pydantic import ValidationError
 
 from fsm_celery.agent import identity
-from fsm_celery.agent.task import Slot, Task, cancellable, reply
+from fsm_celery.agent.task import HandBack, Slot, Task, cancellable, reply
 from fsm_celery.channel.redis import Replication, connect
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import (
@@ -61,7 +61,7 @@ from fsm_celery.core.messages import (
     task_stream,
 )
 
-__all__ = ["ANY", "Agent", "Failed", "Handler", "NoAck", "Task"]
+__all__ = ["ANY", "Agent", "Failed", "HandBack", "Handler", "NoAck", "Task"]
 
 log = logging.getLogger(__name__)
 
@@ -372,6 +372,8 @@ class Agent:
             return reply(message, "state_ack", success=True, output=dict(output))
         except (NoAck, asyncio.CancelledError):
             return None
+        except HandBack as exc:
+            return None if task.cancelled else reply(message, "state_handback", reason=str(exc))
         except Failed as exc:
             if task.cancelled:
                 return None

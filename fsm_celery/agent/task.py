@@ -13,6 +13,12 @@ from typing import Any
 from fsm_celery.core.messages import StateTask
 
 
+class HandBack(Exception):
+    """Raised by a handler to give the attempt back (`state_handback`): sent again at once, to
+    another agent if one is live, without counting a retry (past `max_handbacks` in a row, a
+    failure)."""
+
+
 @dataclass(eq=False)
 class Slot:
     """A task the agent works on: where it was read, and whether its answer still counts."""

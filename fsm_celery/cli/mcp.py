@@ -13,6 +13,7 @@ import click
 from fsm_celery.cli.common import bounded, client
 
 TOKEN_ENV = "FSM_MCP_TOKEN"
+AGENT_PORT = 8766
 
 
 @click.group("mcp")
@@ -56,6 +57,39 @@ def operator(token_file: Path | None, http: bool, host: str, port: int) -> None:
             "the token is none of the settings' (FSM_ADMIN_TOKEN, FSM_VIEWER_TOKEN, FSM_APPROVERS)"
         )
     serve.serve_stdio(fsm, known)
+
+
+@mcp.command("agent")
+@click.option("--agent-type", required=True, help="The agent type it serves (cto, ...).")
+@click.option("--agent-id", default=None, help="Default: the one its credentials were issued to.")
+@click.option("--http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --http.")
+@bounded("--port", 1, 65535, AGENT_PORT, "With --http.")
+def agent(agent_type: str, agent_id: str | None, http: bool, host: str, port: int) -> None:
+    """An MCP server for a coding agent: it is an agent of AGENT_TYPE (concurrency 1), whose
+    tasks the coding agent takes and answers with next_task, heartbeat, submit, fail and
+    hand_back.
+
+    It connects with FSM_REDIS_URL, the agent's own as `fsm-celery agents credentials` prints
+    it. Over HTTP every request carries `Authorization: Bearer <that URL's password>`."""
+    try:
+        from fsm_celery.mcp import agent as door
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the MCP door needs the mcp package ({exc}): pip install 'fsm-celery[mcp]'"
+        ) from exc
+    from fsm_celery.agent.sdk import Agent
+
+    try:
+        served = Agent(agent_type, agent_id=agent_id, concurrency=1, shutdown_grace=0)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if http and not door.password_of(served.redis_url):
+        raise click.UsageError(
+            "over HTTP the door needs the agent's own credentials: FSM_REDIS_URL as "
+            "`fsm-celery agents credentials` prints it (its password is the bearer token)"
+        )
+    door.serve(served, http=(host, port) if http else None)
 
 
 def _token(token_file: Path | None) -> str:

@@ -53,7 +53,7 @@ class BearerDoor:
             return
         known, problem = self._identify(Headers(scope=scope).get("authorization"))
         if known is None:
-            await _unauthorized(send, problem)
+            await unauthorized(send, problem)
             return
         await self.apps[known](scope, receive, send)
 
@@ -82,7 +82,8 @@ class BearerDoor:
             yield
 
 
-async def _unauthorized(send: Send, message: str) -> None:
+async def unauthorized(send: Send, message: str) -> None:
+    """A 401 naming what was wrong, asking for a bearer token."""
     body: Any = json.dumps({"detail": message}).encode()
     await send(
         {

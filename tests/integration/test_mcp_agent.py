@@ -1,0 +1,236 @@
+"""The MCP door for agents, driven by the `mcp` package's own client as a coding agent would,
+against a real `fsm-celery mcp agent` process under the agent's own Redis credentials: over
+stdio a machine worked to COMPLETE (a refused answer corrected), a cancel seen; over
+streamable HTTP the bearer check and one session unable to answer another's task."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp.client import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from fsm_celery.mcp.agent import ANSWERED, CANCELLED, NO_TASK, password_of
+from tests.support import ROOT
+from tests.support.processes import FsmEnv
+
+AGENT_TYPE = "tester"  # test_linear's
+T = TypeVar("T")
+Session = Callable[[ClientSession], Awaitable[T]]
+
+
+@pytest.fixture(scope="module")
+def door(env_factory: Callable[..., FsmEnv]) -> FsmEnv:
+    env = env_factory("mcp_agent", transition_mode="celery")
+    env.start_worker(beat=True)
+    env.start_bridge()
+    return env
+
+
+def credentials(env: FsmEnv) -> tuple[str, str]:
+    """A new agent of the type, its Redis user created: its id and its URL."""
+    agent_id = str(uuid.uuid4())
+    argv = ["agents", "credentials", agent_id, "--type", AGENT_TYPE, "--apply"]
+    done = subprocess.run(
+        [sys.executable, "-m", "fsm_celery", *argv],
+        cwd=ROOT,
+        env=env.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    url = re.search(r"^redis://\S+", done.stdout, re.MULTILINE)
+    assert url is not None, done.stdout
+    return agent_id, url.group(0)
+
+
+def over_stdio(env: FsmEnv, url: str, work: Session[T]) -> T:
+    """`work` done in an MCP session with `fsm-celery mcp agent` over stdio, as the agent."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "fsm_celery", "mcp", "agent", "--agent-type", AGENT_TYPE],
+        env={**env.env, "FSM_REDIS_URL": url},
+        cwd=str(ROOT),
+    )
+
+    async def run() -> T:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            return await work(session)
+
+    return anyio.run(run)
+
+
+async def call(session: ClientSession, tool: str, /, **arguments: Any) -> dict[str, Any]:
+    """A tool's structured answer (fails the test on a tool error)."""
+    result = await session.call_tool(tool, arguments)
+    text = " ".join(getattr(block, "text", "") for block in result.content)
+    assert not result.is_error, text
+    return dict(result.structured_content or json.loads(text))
+
+
+async def next_task(session: ClientSession) -> dict[str, Any]:
+    """The task next_task gives within 30 s (fails the test without one)."""
+    taken = await call(session, "next_task", wait_seconds=30)
+    assert taken["task"] is not None, taken
+    return dict(taken["task"])
+
+
+def test_a_scripted_coding_agent_works_a_machine_to_complete_correcting_a_refused_answer(
+    door: FsmEnv,
+) -> None:
+    agent_id, url = credentials(door)
+    mid = door.client.start_machine("test_linear", {"n": 1}, agent_id=agent_id)
+
+    async def work(session: ClientSession) -> list[Any]:
+        seen: list[Any] = []
+        task = await next_task(session)
+        again = await next_task(session)  # a session holds one task: the same one
+        seen += [task["machine_id"], task["state"], again == task, task["output_contract"]]
+        seen.append(await call(session, "heartbeat", progress="reading the context"))
+        refused = await call(session, "submit", output={"n": task["context"]["n"]})
+        seen.append(refused["problems"])
+        for key in ("one", "two", "three"):
+            accepted = await call(session, "submit", output={key: True})
+            seen.append(accepted["message"])
+            if key != "three":
+                seen.append((await next_task(session))["state"])
+        return seen
+
+    seen = over_stdio(door, url, work)
+    assert seen == [
+        str(mid),
+        "ONE",
+        True,
+        {"type": "object", "required": ["one"]},
+        {"sent": True},
+        ["(the output): 'one' is a required property"],
+        ANSWERED,
+        "TWO",
+        ANSWERED,
+        "THREE",
+        ANSWERED,
+    ]
+    assert door.wait_until_done(mid).status == "completed"
+    assert door.visited(mid)[-4:] == ["ONE", "TWO", "THREE", "DONE"]
+
+
+def test_a_cancelled_attempt_is_reported_on_the_next_call_and_dropped(door: FsmEnv) -> None:
+    agent_id, url = credentials(door)
+    mid = door.client.start_machine("test_linear", {}, agent_id=agent_id)
+
+    async def work(session: ClientSession) -> list[Any]:
+        task = await next_task(session)
+        await anyio.to_thread.run_sync(lambda: door.client.pause(mid, "admin", "test"))
+        deadline = time.monotonic() + 15
+        beat = await call(session, "heartbeat", progress="working")
+        while beat.get("message") != CANCELLED and time.monotonic() < deadline:
+            await anyio.sleep(0.1)
+            beat = await call(session, "heartbeat", progress="working")
+        after = await call(session, "submit", output={"one": 1})
+        none = await call(session, "next_task", wait_seconds=1)
+        return [task["state"], beat, after, none["task"]]
+
+    seen = over_stdio(door, url, work)
+    assert seen == [
+        "ONE",
+        {"sent": False, "message": CANCELLED},
+        {"accepted": False, "message": NO_TASK},
+        None,
+    ]
+    assert door.client.get_machine(mid).status == "paused"
+    door.client.cancel(mid, "admin", "test")
+
+
+def test_fail_and_hand_back_answer_the_held_task(door: FsmEnv) -> None:
+    agent_id, url = credentials(door)
+    mid = door.client.start_machine("test_linear", {}, agent_id=agent_id)
+
+    async def work(session: ClientSession) -> list[Any]:
+        first = await next_task(session)
+        handed = await call(session, "hand_back", reason="not mine to do")
+        again = await next_task(session)  # back at once, to the only live agent: this one
+        failed = await call(session, "fail", error="cannot build")
+        retried = await next_task(session)
+        await call(session, "submit", output={"one": 1})
+        return [first["attempt"], handed["accepted"], again["state"], failed, retried["state"]]
+
+    attempt, handed, again, failed, retried = over_stdio(door, url, work)
+    assert (attempt, handed, again, retried) == (1, True, "ONE", "ONE")
+    assert failed == {"accepted": True, "message": ANSWERED}
+    events = [r.event for r in door.client.history(mid)]
+    assert "handback" in events
+    door.client.cancel(mid, "admin", "test")
+
+
+@pytest.fixture(scope="module")
+def http_door(door: FsmEnv) -> tuple[str, str, str]:
+    """A real `fsm-celery mcp agent --http`: its URL, its agent's id and Redis password."""
+    agent_id, url = credentials(door)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "fsm_celery", "mcp", "agent", "--agent-type", AGENT_TYPE]
+    argv += ["--http", "--port", str(port)]
+    proc = door._spawn("mcp-agent-http", argv, {**door.env, "FSM_REDIS_URL": url})
+    proc.wait_for_log("Application startup complete")
+    password = password_of(url)
+    assert password is not None
+    return f"http://127.0.0.1:{port}/mcp", agent_id, password
+
+
+@pytest.mark.parametrize("header", [None, "Bearer not-the-password", "Basic password"])
+def test_http_without_the_agents_password_as_bearer_is_401(
+    http_door: tuple[str, str, str], header: str | None
+) -> None:
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if header is not None:
+        headers["Authorization"] = header
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    answer = httpx.post(http_door[0], json=body, headers=headers, timeout=10)
+    assert answer.status_code == 401
+    assert answer.headers["www-authenticate"] == "Bearer"
+
+
+def test_http_a_second_session_cannot_answer_the_first_ones_task(
+    door: FsmEnv, http_door: tuple[str, str, str]
+) -> None:
+    url, agent_id, password = http_door
+    mid = door.client.start_machine("test_linear", {}, agent_id=agent_id)
+
+    async def run() -> list[Any]:
+        headers = {"Authorization": f"Bearer {password}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=60) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write) as first,
+            streamable_http_client(url, http_client=http) as (read2, write2),
+            ClientSession(read2, write2) as second,
+        ):
+            await first.initialize()
+            await second.initialize()
+            held = await next_task(first)
+            stolen = await call(second, "submit", output={"one": 1})
+            own = await call(second, "next_task", wait_seconds=1)
+            answered = await call(first, "submit", output={"one": 1})
+            return [held["machine_id"], stolen, own["task"], answered["accepted"]]
+
+    seen = anyio.run(run)
+    assert seen == [str(mid), {"accepted": False, "message": NO_TASK}, None, True]
+    door.wait_for_state(mid, "TWO")
+    door.client.cancel(mid, "admin", "test")
