@@ -49,11 +49,10 @@ import redis
 from pydantic import ValidationError
 
 from fsm_celery.agent import identity
-from fsm_celery.agent.task import HandBack, Slot, Task, cancellable, reply
+from fsm_celery.agent.task import HandBack, Slot, Task, cancellable, reply, where
 from fsm_celery.channel.redis import Replication, connect
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import (
-    TASK_MESSAGE_TYPES,
     StateCancel,
     StateTask,
     agent_ack_stream,
@@ -129,6 +128,7 @@ class Agent:
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], Slot] = {}  # (stream, entry id) -> slot
         self._late: list[Slot] = []  # read after stop(): handed back, never started
+        self._pending = False  # a task read while full, on the own stream: read it again
         self._cancelled: OrderedDict[tuple[str, int], None] = OrderedDict()
         # the answers sent lately: a task read again (its XACK lost in a failover, or sent
         # twice) gets the same answer again, without the handler's work done twice
@@ -231,20 +231,27 @@ class Agent:
         self._take({s: "0" for s in self._streams()})  # what this id read but never answered
         while not self._stop.is_set():
             try:
-                self._take(self._streams())
+                self._take(self._next_streams())
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
                 self._ensure_groups()  # Redis lost its data: start the groups again
 
-    def _take(self, streams: dict[Any, Any]) -> int:
-        """Read what the free slots allow; how many tasks were started."""
+    def _next_streams(self) -> dict[Any, Any]:
+        """Full, the agent's own stream only, where its cancels come (a task read meanwhile
+        stays pending); a slot freed with tasks left pending, those first."""
         with self._lock:
-            free = self.concurrency - len(self._running)
-        if free <= 0:
-            time.sleep(0.05)
-            return 0
-        found: Any = self._redis().xreadgroup(GROUP, self.id, streams, count=free, block=1000)
+            full, pending = len(self._running) >= self.concurrency, self._pending
+            self._pending = pending and full
+        own = task_stream(self.id, self.prefix)
+        return {own: ">"} if full else {own: "0"} if pending else self._streams()
+
+    def _take(self, streams: dict[Any, Any]) -> int:
+        """Read what the free slots allow (a cancel when full); how many tasks were started."""
+        with self._lock:
+            free = max(self.concurrency - len(self._running), 1)
+        count = None if "0" in streams.values() else free  # pending: all, past the running
+        found: Any = self._redis().xreadgroup(GROUP, self.id, streams, count=count, block=1000)
         return sum(
             self._read(stream.decode(), entry_id.decode(), fields)
             for stream, entries in found or []
@@ -294,6 +301,9 @@ class Agent:
         for older in self._slots(lambda s: s.message.machine_id == task.machine_id):
             self._drop(older, f"superseded by attempt {task.attempt}")
         with self._lock:
+            if len(self._running) >= self.concurrency:  # read for a cancel: left pending
+                self._pending = True
+                return False
             self._running[slot.key] = slot
         name = f"agent-{self.id[:8]}-{task.state}"
         threading.Thread(target=self._work, args=(slot,), name=name, daemon=True).start()
@@ -397,7 +407,7 @@ class Agent:
 
     def _refuse(self, raw: bytes, exc: ValidationError) -> None:
         """Answer a state_task that breaks the schema with a failed ack naming the problem."""
-        problem = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
+        problem = "; ".join(f"{where(e['loc'])}: {e['msg']}" for e in exc.errors())
         log.error("refusing an invalid task message: %s", problem)
         try:
             data = json.loads(raw)
@@ -476,21 +486,11 @@ class Agent:
         """Say so, give running handlers the rest of the grace, then hand back what is left."""
         # Stopped first: nothing new is routed here, and a hand-back goes to another live agent.
         self._status("stopped")
+        back = {"reason": SHUTTING_DOWN}
         for slot in self._late:
-            self._done(slot.stream, slot.entry_id, _handback(slot.message))
+            self._done(slot.stream, slot.entry_id, reply(slot.message, "state_handback", **back))
         deadline = (self._stop_asked or time.monotonic()) + self.shutdown_grace
         while self._slots(lambda _: True) and time.monotonic() < deadline:
             time.sleep(0.05)
         for slot in self._slots(lambda _: True):
-            self._drop(slot, SHUTTING_DOWN, _handback(slot.message))
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    """An error's location without the message type the union leads it with."""
-    if loc and loc[0] in TASK_MESSAGE_TYPES:
-        loc = loc[1:]
-    return ".".join(map(str, loc)) or "message"
-
-
-def _handback(task: StateTask) -> dict[str, Any]:
-    return reply(task, "state_handback", reason=SHUTTING_DOWN)
+            self._drop(slot, SHUTTING_DOWN, reply(slot.message, "state_handback", **back))

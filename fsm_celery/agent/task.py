@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm_celery.core.messages import StateTask
+from fsm_celery.core.messages import TASK_MESSAGE_TYPES, StateTask
 
 
 class HandBack(Exception):
@@ -113,3 +113,10 @@ def reply(task: StateTask, kind: str, **fields: Any) -> dict[str, Any]:
         "taskToken": task.task_token,
         **fields,
     }
+
+
+def where(loc: tuple[int | str, ...]) -> str:
+    """A task message's error location without the message type the union leads it with."""
+    if loc and loc[0] in TASK_MESSAGE_TYPES:
+        loc = loc[1:]
+    return ".".join(map(str, loc)) or "message"
