@@ -11,6 +11,7 @@ skip a step."""
 from __future__ import annotations
 
 import hmac
+import json
 import queue
 import threading
 import time
@@ -37,6 +38,7 @@ PROBLEMS_MOST = 20  # problems a refused submit names
 CANCELLED = "the attempt was cancelled (paused, forced or timed out): call next_task"
 NO_TASK = "this session holds no task: call next_task"
 ANSWERED = "answered: call next_task for the next one"
+TASK_URI = "fsm-celery://task/{part}"  # the held task's context, or its contract
 
 WaitSeconds = Annotated[float, Field(ge=0, le=WAIT_MOST, description="seconds to wait for a task")]
 Text = Annotated[str, Field(max_length=2000)]
@@ -220,6 +222,16 @@ class _Tools:
             return {"accepted": False, "message": why}
         return self._answer(ctx, held, "hand_back", reason)
 
+    def held_task(self, ctx: Context, part: str) -> str:
+        """The held task's `context` or output `contract`, as JSON."""
+        if part not in ("context", "contract"):
+            raise ValueError(f"part: expected context or contract, got {part!r}")
+        held, why = self.sessions.current(_session(ctx))
+        if held is None:
+            return json.dumps({"message": why})
+        message = held.task.message
+        return json.dumps(message.context if part == "context" else contract(message))
+
     def _answer(self, ctx: Context, held: Held, kind: str, value: Any) -> dict[str, Any]:
         if not self.sessions.release(_session(ctx), held):
             return {"accepted": False, "message": NO_TASK}
@@ -237,8 +249,10 @@ def agent_server(handoff: HandOff, agent_type: str) -> MCPServer:
         "hand_back. Then call next_task again.",
         log_level="WARNING",
     )
-    for fn, hints in _Tools(Sessions(handoff)).all():
+    tools = _Tools(Sessions(handoff))
+    for fn, hints in tools.all():
         server.add_tool(fn, name=fn.__name__, annotations=hints, structured_output=True)
+    server.resource(TASK_URI, name="held_task", mime_type="application/json")(tools.held_task)
     return server
 
 

@@ -102,6 +102,12 @@ def test_a_scripted_coding_agent_works_a_machine_to_complete_correcting_a_refuse
         task = await next_task(session)
         again = await next_task(session)  # a session holds one task: the same one
         seen += [task["machine_id"], task["state"], again == task, task["output_contract"]]
+        for part in ("context", "contract"):
+            read = await session.read_resource(f"fsm-celery://task/{part}")
+            shown = json.loads(getattr(read.contents[0], "text", ""))
+            seen.append(
+                shown == (task["context"] if part == "context" else task["output_contract"])
+            )
         seen.append(await call(session, "heartbeat", progress="reading the context"))
         refused = await call(session, "submit", output={"n": task["context"]["n"]})
         seen.append(refused["problems"])
@@ -118,6 +124,8 @@ def test_a_scripted_coding_agent_works_a_machine_to_complete_correcting_a_refuse
         "ONE",
         True,
         {"type": "object", "required": ["one"]},
+        True,
+        True,
         {"sent": True},
         ["(the output): 'one' is a required property"],
         ANSWERED,
@@ -176,6 +184,32 @@ def test_fail_and_hand_back_answer_the_held_task(door: FsmEnv) -> None:
     events = [r.event for r in door.client.history(mid)]
     assert "handback" in events
     door.client.cancel(mid, "admin", "test")
+
+
+def test_a_task_sent_while_one_is_held_waits_and_comes_after_it(door: FsmEnv) -> None:
+    agent_id, url = credentials(door)
+    first = door.client.start_machine("test_linear", {}, agent_id=agent_id)
+
+    async def work(session: ClientSession) -> list[tuple[str, str]]:
+        worked = [((await next_task(session))["machine_id"], "ONE")]
+        await anyio.to_thread.run_sync(
+            lambda: door.client.start_machine("test_linear", {}, agent_id=agent_id)
+        )
+        await anyio.sleep(1)  # sent while the first one is held
+        await call(session, "submit", output={"one": 1})
+        while len(worked) < 4:  # the first's TWO and THREE, the second's ONE
+            task = await next_task(session)
+            worked.append((task["machine_id"], task["state"]))
+            await call(session, "submit", output={task["state"].lower(): 1})
+        return worked
+
+    worked = over_stdio(door, url, work)
+    second = next(mid for mid, _ in worked if mid != str(first))
+    assert sorted(worked) == sorted(
+        [(str(first), "ONE"), (str(first), "TWO"), (str(first), "THREE"), (second, "ONE")]
+    )
+    assert door.wait_until_done(first).status == "completed"
+    door.client.cancel(second, "admin", "test")
 
 
 @pytest.fixture(scope="module")
