@@ -85,6 +85,7 @@ machines = Table(
     Column("budget_tokens", BigInteger),
     Column("budget_cost", Float),
     zero("handbacks"),
+    zero("corrections"),  # answers of the current attempt refused (fsm_celery.core.correction)
     # a child of a fan-out: its parent, the parent's attempt that started it, its slot there
     # (a branch's position, a map item's index) and the branch's name; never changed once
     # written, so read without a lock (store.postgres locks a machine's ancestors first)
