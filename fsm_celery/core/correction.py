@@ -23,6 +23,7 @@ class Refusal:
     attempt: int
     flaws: tuple[Flaw, ...]
     corrections_left: int  # corrected answers still allowed after this one
+    correction: int  # its number within the attempt (1: the first)
 
 
 def allowed(state: StateDefinition, limits: Limits) -> int:
@@ -46,4 +47,5 @@ def refusal(
     found = state_flaws(state, ack.output)
     if not found:
         return None
-    return Refusal(state.name, machine.attempt, found, most - machine.corrections - 1)
+    used = machine.corrections + 1
+    return Refusal(state.name, machine.attempt, found, most - used, used)

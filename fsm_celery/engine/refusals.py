@@ -68,4 +68,5 @@ def _record(writes: Writes, row: q.AnyRow, refusal: Refusal, output: Mapping[str
         created_at=writes.now,
         machine_created_at=row.created_at,
         context_delta={},
+        correction=refusal.correction,
     )

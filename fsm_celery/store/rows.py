@@ -139,6 +139,7 @@ class History:
     machine_created_at: datetime  # its machine's created_at: the partition key (store.tables)
     context_delta: dict[str, Any] | None = None  # what the transition changed in the context
     failure: str | None = None  # the kind of a failed transition (FailureKind)
+    correction: int = 0  # an answer refused within the attempt: its nth (0: the attempt's row)
 
 
 @dataclass(slots=True)

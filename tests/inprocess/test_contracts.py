@@ -16,6 +16,7 @@ import pytest
 from fsm_celery.core.contract import MAX_PROBLEMS, MESSAGE_CHARS
 from fsm_celery.engine import Inbound, Next
 from fsm_celery.store import agents as agent_store
+from fsm_celery.store import queries as q
 from fsm_celery.store.rows import AgentReport
 from tests.inprocess.conftest import Agent, Fsm, ack
 
@@ -91,6 +92,7 @@ def test_past_max_corrections_a_wrong_answer_is_the_attempts_failure(
     mid, agent, task = _started(fsm)
     for _ in range(2):  # the state's max_corrections
         receive(fsm, ack(task, output=BAD))
+    assert agent.tasks() == []
     assert [m["correctionsLeft"] for m in agent.refusals] == [1, 0]
     receive(fsm, ack(task, output=BAD))
     failed = fsm.history(mid)[-1]
@@ -100,15 +102,13 @@ def test_past_max_corrections_a_wrong_answer_is_the_attempts_failure(
     assert (retry.current_state, retry.attempt, retry.status) == ("CHECK", 2, "running")
     assert fsm.rejections(mid) == ["invalid_output"]
     # the retry's attempt starts with its corrections again
-    [second] = agent.tasks() if receive is _inline else _entered(fsm, agent)
+    [second] = agent.tasks()
     receive(fsm, ack(second, output=BAD))
-    assert agent.refusals[-1]["attempt"] == 2
-    assert agent.refusals[-1]["correctionsLeft"] == 1
-
-
-def _entered(fsm: Fsm, agent: Agent) -> list[dict[str, Any]]:
-    fsm.enter_all(fsm.scan())
-    return agent.tasks()
+    assert agent.tasks() == []
+    assert (agent.refusals[-1]["attempt"], agent.refusals[-1]["correctionsLeft"]) == (2, 1)
+    with fsm.engine.db.connect() as conn:
+        row = q.get_machine_txn(conn, mid)
+    assert row is not None and row.corrections == 1  # counted on the machine, not read back
 
 
 def test_a_refusal_of_a_stale_attempt_is_a_rejection_not_a_refusal(fsm: Fsm) -> None:
@@ -123,6 +123,7 @@ def test_a_refusal_with_huge_problems_stays_bounded(fsm: Fsm) -> None:
     mid, agent, task = _started(fsm)
     huge = {"passed": True, "notes": [n * 1000 for n in range(500)]}  # 500 wrong items
     fsm.receive(ack(task, output=huge))
+    assert agent.tasks() == []
     [message] = agent.refusals
     assert len(message["problems"]) == MAX_PROBLEMS
     assert all(len(p["message"]) <= MESSAGE_CHARS for p in message["problems"])
@@ -145,6 +146,7 @@ def test_a_state_without_a_schema_sends_none_and_missing_keys_are_refused(fsm: F
     task = agent.task()
     assert "outputSchema" not in task
     fsm.receive(ack(task, output={"other": 1}))
+    assert agent.tasks() == []
     [message] = agent.refusals
     assert message["problems"] == [{"pointer": "", "message": "'one' is a required property"}]
     fsm.receive(ack(task))
