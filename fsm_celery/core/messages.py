@@ -180,7 +180,8 @@ class StateEvent(_Message):
     )
     event: str = Field(
         description="what moved it: start, ack, timeout, handback, dispatch_error, or an "
-        "operator's pause, resume, cancel, retry, force"
+        "operator's pause, resume, cancel, retry, force; or refused: an answer sent back to "
+        "its agent to correct, the machine where it was"
     )
     from_state: str | None = None
     to_state: str
