@@ -68,7 +68,11 @@ def flaws(schema: Mapping[str, Any], output: Mapping[str, Any]) -> tuple[Flaw, .
 
 
 def state_flaws(state: StateDefinition, output: Mapping[str, Any]) -> tuple[Flaw, ...]:
-    """The output's problems against the state's contract."""
+    """The output's problems against the state's contract (the short form alone, on every
+    ack of most states, checked without a validator)."""
+    if state.output_schema is None:
+        missing = [key for key in state.required_output if key not in output]
+        return tuple(Flaw("", f"{key!r} is a required property") for key in missing[:MAX_PROBLEMS])
     return flaws(schema_of(state.output_schema, state.required_output), output)
 
 
