@@ -17,6 +17,10 @@ agent may write: that is how the engine knows who sent them. A task whose entry 
 never answered (the agent died) is read again when an agent with the same id starts, unless its
 deadline has passed.
 
+An answer is checked against the task's contract (its outputSchema) before it is sent: a broken
+one runs the handler again with `task.problems` (up to `local_corrections` times), and a
+`state_ack_refused` from the engine does the same within the attempt, its answer sent again.
+
 An attempt the engine superseded is dropped: on its `state_cancel` (an operator paused,
 cancelled, retried or forced the machine, or the attempt timed out), or when a newer attempt of
 the same machine arrives.
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import inspect
 import json
 import logging
 import signal
@@ -41,7 +44,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,11 +52,22 @@ import redis
 from pydantic import ValidationError
 
 from fsm_celery.agent import identity
-from fsm_celery.agent.task import Slot, Task, cancellable, reply
+from fsm_celery.agent.task import (
+    SHUTTING_DOWN,
+    Failed,
+    Handler,
+    NoAck,
+    Slot,
+    Task,
+    handback,
+    invalid_task_ack,
+    reply,
+    run_handler,
+)
 from fsm_celery.channel.redis import Replication, connect
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import (
-    TASK_MESSAGE_TYPES,
+    StateAckRefused,
     StateCancel,
     StateTask,
     agent_ack_stream,
@@ -68,26 +82,11 @@ log = logging.getLogger(__name__)
 GROUP = "agents"
 ANY = "*"
 ACK_MAXLEN = 10_000  # entries kept on the agent's ack stream while no bridge reads it
+LOCAL_CORRECTIONS = 2  # handler runs again on an answer that breaks its contract, before sending
+TASKS_KEPT = 256  # answered tasks remembered, so that a refusal of their answer runs them again
 CANCELLED_KEPT = 1_000  # cancelled attempts remembered, so a task read after its cancel is skipped
 ANSWERED_KEPT = 1_000  # answers remembered, sent again for a task read again
 REPLY_TRIES = 8  # sends of an answer (about 10 s in all) before it waits for the reconnect
-SHUTTING_DOWN = "the agent is shutting down"
-
-
-class NoAck(Exception):
-    """Raised by a handler to send no ack at all (the state will time out)."""
-
-
-class Failed(Exception):
-    """Raised by a handler to answer the attempt as failed, with an output all the same (what
-    it spent, `tokensUsed` and `cost`, counts in the machine's usage and budget)."""
-
-    def __init__(self, error: str, output: Mapping[str, Any] | None = None) -> None:
-        super().__init__(error)
-        self.output = dict(output or {})
-
-
-Handler = Callable[[Task], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
 
 
 class Agent:
@@ -106,6 +105,7 @@ class Agent:
         replicas: int | None = None,
         replica_timeout_ms: int | None = None,
         settings: Settings | None = None,
+        local_corrections: int = LOCAL_CORRECTIONS,
     ) -> None:
         """What is not given is the deployment's, read from the environment as every process
         reads it (FSM_REDIS_URL, FSM_CHANNEL_PREFIX, FSM_REDIS_REPLICAS,
@@ -120,6 +120,7 @@ class Agent:
         self.prefix = settings.channel_prefix if prefix is None else prefix
         self.status_interval = status_interval
         self.shutdown_grace = shutdown_grace
+        self.local_corrections = local_corrections
         # an answer counts as sent once this many replicas hold it
         self.replicas = settings.redis_replicas if replicas is None else replicas
         self.replica_timeout_ms = replica_timeout_ms or settings.redis_replica_timeout_ms
@@ -133,6 +134,7 @@ class Agent:
         # the answers sent lately: a task read again (its XACK lost in a failover, or sent
         # twice) gets the same answer again, without the handler's work done twice
         self._answered: OrderedDict[tuple[str, int], dict[str, Any] | None] = OrderedDict()
+        self._tasks: OrderedDict[tuple[str, int], StateTask] = OrderedDict()  # answered
         self._client: redis.Redis | None = None
         self._replicated: Replication | None = None
 
@@ -270,7 +272,28 @@ class Agent:
             self._cancel(message)
             self._done(stream, entry_id)
             return False
+        if isinstance(message, StateAckRefused):
+            return self._correct(stream, entry_id, message)
         return self._accept(Slot(stream, entry_id, message))
+
+    def _correct(self, stream: str, entry_id: str, refused: StateAckRefused) -> bool:
+        """Run the handler again on the task whose answer the engine refused, with its
+        problems, and send the corrected answer (for the same attempt, the refusal's entry
+        acknowledged with it); whether it started."""
+        key = (str(refused.machine_id), refused.attempt)
+        with self._lock:
+            task = self._tasks.get(key)
+        if task is None or not hmac.compare_digest(task.task_token, refused.task_token):
+            log.warning("ignoring a state_ack_refused for %s attempt %d: not ours", *key)
+            self._done(stream, entry_id)
+            return False
+        problems = [p.model_dump() for p in refused.problems]
+        log.info("%s attempt %d refused, correcting: %s", *key, problems)
+        slot = Slot(stream, entry_id, task, problems=problems)
+        if self._stop.is_set() or self._stale(task) is not None:
+            self._done(stream, entry_id, handback(task) if self._stop.is_set() else None)
+            return False
+        return self._start(slot)
 
     def _accept(self, slot: Slot) -> bool:
         task = slot.message
@@ -293,6 +316,10 @@ class Agent:
             return False
         for older in self._slots(lambda s: s.message.machine_id == task.machine_id):
             self._drop(older, f"superseded by attempt {task.attempt}")
+        return self._start(slot)
+
+    def _start(self, slot: Slot) -> bool:
+        task = slot.message
         with self._lock:
             self._running[slot.key] = slot
         name = f"agent-{self.id[:8]}-{task.state}"
@@ -353,9 +380,13 @@ class Agent:
             mine = self._running.pop(slot.key, None) is not None
             slot.ended.set()
             if mine:
-                self._answered[(str(slot.message.machine_id), slot.message.attempt)] = reply
+                key = (str(slot.message.machine_id), slot.message.attempt)
+                self._answered[key] = reply
+                self._tasks[key] = slot.message
                 while len(self._answered) > ANSWERED_KEPT:
                     self._answered.popitem(last=False)
+                while len(self._tasks) > TASKS_KEPT:
+                    self._tasks.popitem(last=False)
         if mine:  # not dropped meanwhile: the answer counts
             self._done(slot.stream, slot.entry_id, reply)
 
@@ -366,19 +397,20 @@ class Agent:
             handler = self.handler_for(message.machine_type, message.state)
             if handler is None:
                 raise LookupError(f"no handler for {message.machine_type} / {message.state}")
-            output = handler(task)
-            if inspect.isawaitable(output):
-                output = asyncio.run(cancellable(output, task._slot))
+            output = run_handler(handler, task)
+            for _ in range(self.local_corrections):  # the contract checked before sending
+                task.problems = task.flaws(output)
+                if not task.problems or task.cancelled:
+                    break
+                output = run_handler(handler, task)
             return reply(message, "state_ack", success=True, output=dict(output))
         except (NoAck, asyncio.CancelledError):
             return None
-        except Failed as exc:
-            if task.cancelled:
-                return None
-            return reply(message, "state_ack", success=False, output=exc.output, error=str(exc))
         except Exception as exc:
             if task.cancelled:
                 return None  # it stopped because it was told to: nobody wants its error
+            if isinstance(exc, Failed):  # failed as it says, with what it spent
+                return reply(message, "state_ack", success=False, output=exc.output, error=str(exc))
             log.exception("handler for %s / %s failed", message.machine_type, message.state)
             error = f"{type(exc).__name__}: {exc}"
             return reply(message, "state_ack", success=False, output={}, error=error)
@@ -395,24 +427,9 @@ class Agent:
 
     def _refuse(self, raw: bytes, exc: ValidationError) -> None:
         """Answer a state_task that breaks the schema with a failed ack naming the problem."""
-        problem = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
-        log.error("refusing an invalid task message: %s", problem)
-        try:
-            data = json.loads(raw)
-            ack = {key: data[key] for key in ("machineId", "state", "attempt", "taskToken")}
-        except (ValueError, TypeError, KeyError):
-            return  # nothing to answer to: the engine will time the attempt out
-        if data.get("type", "state_task") != "state_task":
-            return  # a cancel (or a newer message) is no attempt to fail
-        self._send(
-            {
-                "type": "state_ack",
-                **ack,
-                "success": False,
-                "output": {},
-                "error": f"invalid state_task: {problem}",
-            }
-        )
+        ack = invalid_task_ack(raw, exc)
+        if ack is not None:
+            self._send(ack)
 
     def _send(self, message: dict[str, Any]) -> None:
         self._xadd(self._redis(), message)
@@ -475,20 +492,9 @@ class Agent:
         # Stopped first: nothing new is routed here, and a hand-back goes to another live agent.
         self._status("stopped")
         for slot in self._late:
-            self._done(slot.stream, slot.entry_id, _handback(slot.message))
+            self._done(slot.stream, slot.entry_id, handback(slot.message))
         deadline = (self._stop_asked or time.monotonic()) + self.shutdown_grace
         while self._slots(lambda _: True) and time.monotonic() < deadline:
             time.sleep(0.05)
         for slot in self._slots(lambda _: True):
-            self._drop(slot, SHUTTING_DOWN, _handback(slot.message))
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    """An error's location without the message type the union leads it with."""
-    if loc and loc[0] in TASK_MESSAGE_TYPES:
-        loc = loc[1:]
-    return ".".join(map(str, loc)) or "message"
-
-
-def _handback(task: StateTask) -> dict[str, Any]:
-    return reply(task, "state_handback", reason=SHUTTING_DOWN)
+            self._drop(slot, SHUTTING_DOWN, handback(slot.message))
