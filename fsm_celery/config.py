@@ -160,6 +160,9 @@ class Settings(BaseSettings):
     """How deep children may nest under a machine (checked on load and on start)."""
     max_handbacks: int = Field(default=3, ge=0)
     """Hand-backs in a row re-dispatched free; the next counts as a failure."""
+    max_corrections: int = Field(default=2, ge=0, le=100)
+    """Answers breaking their state's contract an attempt may correct (a state's
+    `max_corrections` overrides it); the next is the attempt's failure (invalid_output)."""
     dead_letter_after: int = Field(default=3, ge=1)
     """Tries before a message that can be neither applied nor recorded is parked in the dead-letter
     stream (counted by its transport: a stream entry's deliveries, an fsm.apply_acks task's

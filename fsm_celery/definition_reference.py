@@ -95,6 +95,17 @@ MEANINGS: dict[str, tuple[str, str]] = {
         "Keys a successful answer must hold; they merge into the context.",
         "required_output: [branch]",
     ),
+    "StateDefinition.output_schema": (
+        "A JSON Schema (2020-12) a successful answer must match (`required_output` merged "
+        "in); a broken answer goes back to the agent to correct; guards are checked "
+        "against it.",
+        "output_schema: {type: object, properties: {passed: {type: boolean}}}",
+    ),
+    "StateDefinition.max_corrections": (
+        "How many refused answers an attempt may correct before the next is its failure "
+        "(`invalid_output`; default: FSM_MAX_CORRECTIONS).",
+        "max_corrections: 1",
+    ),
     "StateDefinition.on_success": (
         "Where a success goes: edges tried in order, the last without a guard.",
         "on_success: REVIEW",
@@ -269,12 +280,15 @@ seconds (`300`), units `s`, `m`, `h`, `d`, alone or combined largest first (`30s
 ## Retries, and what a child's failure costs a fan-out
 
 An attempt fails when the agent answers `success: false` (`failure`), no answer comes before
-its deadline (`timeout`), or a success lacks a `required_output` key (`invalid_output`). A
-failure whose kind is in the state's `retry_on` (all three by default) is tried again, after
-its `backoff`, until `max_retries` retries are spent (0 by default: no retry); then the
-machine follows `on_failure`. Inside a fan-out the same holds for each child's states: a
-child's `success: false` is retried as its state says, and only a child that ends `failed`
-counts against its map's or parallel state's `tolerated_failures`.
+its deadline (`timeout`), or a success breaks its contract (`invalid_output`: a
+`required_output` key missing, or its `output_schema` unmet, once the agent has used its
+`max_corrections`: until then each such answer goes back to the agent, as a `state_ack_refused`
+naming each problem, and the attempt runs on). A failure whose kind is in the state's
+`retry_on` (all three by default) is tried again, after its `backoff`, until `max_retries`
+retries are spent (0 by default: no retry); then the machine follows `on_failure`. Inside a
+fan-out the same holds for each child's states: a child's `success: false` is retried as its
+state says, and only a child that ends `failed` counts against its map's or parallel state's
+`tolerated_failures`.
 
 ```yaml
 type: example_retries

@@ -106,7 +106,7 @@ def history(records: Iterable[TransitionRecord]) -> list[str]:
         (
             [
                 r.attempt,
-                "ok" if r.success else "FAIL",
+                _result(r),
                 r.event,
                 f"{r.from_state or '(start)'} -> {r.to_state}",
                 duration(r.duration_ms) or None,
@@ -117,6 +117,13 @@ def history(records: Iterable[TransitionRecord]) -> list[str]:
             for r in records
         ),
     )
+
+
+def _result(record: TransitionRecord) -> str:
+    """ok, FAIL, or refused: an answer sent back to its agent, the attempt running on."""
+    if record.success:
+        return "ok"
+    return "refused" if record.event == "refused" else "FAIL"
 
 
 def changes(records: Iterable[TransitionRecord]) -> list[str]:

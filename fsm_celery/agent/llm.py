@@ -2,15 +2,16 @@
 state it is handed (`fsm-celery agent --llm --agent-type T`).
 
 For each state_task: the state's rendered prompt and the machine's context go to the model as
-messages; the state's output contract (its `required_output` keys, as a JSON Schema) is the
+messages; the state's output contract (its output_schema, or its `required_output` keys) is the
 structured-output schema asked for; an answer that is not JSON or breaks the contract is sent
 back to the model as a correction turn, at most FSM_LLM_MAX_CORRECTIONS times, before the
 attempt is answered as failed (the engine's retry policy takes it from there), with what it
-spent. A rate limit
-(429) or a server error (5xx) is tried again after the server's Retry-After (or a growing
-delay), never past the state's deadline; each call and each wait is a heartbeat with progress
-text. The tokens each call used, and their cost by the price table (FSM_LLM_PRICES), are
-reported in the ack (`tokensUsed`, `cost`): they count against the machine's budget.
+spent; an answer the engine refuses all the same (state_ack_refused) is asked again with the
+engine's problems. A rate limit (429) or a server error (5xx) is tried again after the server's
+Retry-After (or a growing delay), never past the state's deadline; each call and each wait is a
+heartbeat with progress text. The tokens each call used, and their cost by the price table
+(FSM_LLM_PRICES), are reported in the ack (`tokensUsed`, `cost`): they count against the
+machine's budget.
 
 The model is FSM_LLM_MODEL, or FSM_LLM_MODELS's for the state (`machine_type.STATE`) or the
 agent type.
@@ -26,15 +27,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from fsm_celery.agent.sdk import ANY, Agent, Failed
 from fsm_celery.agent.task import Task
 from fsm_celery.config import LlmPrice, Settings
+from fsm_celery.core.contract import flaws, schema_of
 
 log = logging.getLogger(__name__)
 
-MAX_PROBLEMS = 20  # contract problems told to the model in one correction turn
 MARGIN_SECONDS = 1.0  # kept before the deadline for the ack to travel
 FIRST_DELAY = 1.0  # the wait before a retry the server did not time, doubling
 LONGEST_DELAY = 60.0
@@ -55,24 +54,16 @@ class Spent:
 
 
 def contract_of(task: Task) -> dict[str, Any]:
-    """The JSON Schema an answer must meet: an object with the state's required keys."""
-    required = list(task.message.required_output)
-    return {
-        "type": "object",
-        "properties": {key: {} for key in required},
-        "required": required,
-    }
+    """The JSON Schema an answer must meet: the task's output contract (its output_schema with
+    its required keys), an object at the least."""
+    return schema_of(task.output_schema, task.message.required_output) or {"type": "object"}
 
 
 def problems_of(schema: Mapping[str, Any], output: Any) -> list[str]:
-    """What is wrong with the answer, each as `pointer: message` (at most MAX_PROBLEMS)."""
-    found = []
-    for error in Draft202012Validator(schema).iter_errors(output):
-        pointer = "/" + "/".join(str(p) for p in error.absolute_path)
-        found.append(f"{pointer}: {error.message[:300]}")
-        if len(found) == MAX_PROBLEMS:
-            break
-    return found
+    """What is wrong with the answer, each as `pointer: message` (bounded as the engine's)."""
+    if not isinstance(output, dict):
+        return [f"/: the answer is a JSON {type(output).__name__}, not an object"]
+    return [f"{f.pointer or '/'}: {f.message}" for f in flaws(schema, output)]
 
 
 def messages_for(task: Task, schema: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -83,6 +74,9 @@ def messages_for(task: Task, schema: Mapping[str, Any]) -> list[dict[str, str]]:
         f"this JSON Schema: {json.dumps(schema, sort_keys=True)}"
     )
     user = f"{task.prompt}\n\nContext (JSON):\n{json.dumps(task.context, sort_keys=True)}"
+    if task.problems:  # the engine refused the last answer of this attempt: say why
+        refused = "\n- ".join(f"{p['pointer'] or '/'}: {p['message']}" for p in task.problems)
+        user += f"\n\nYour last answer was refused:\n- {refused}"
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 

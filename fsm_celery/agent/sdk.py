@@ -17,6 +17,10 @@ agent may write: that is how the engine knows who sent them. A task whose entry 
 never answered (the agent died) is read again when an agent with the same id starts, unless its
 deadline has passed.
 
+An answer is checked against the task's contract (its outputSchema) before it is sent: a broken
+one runs the handler again with `task.problems` (up to `local_corrections` times), and a
+`state_ack_refused` from the engine does the same within the attempt, its answer sent again.
+
 An attempt the engine superseded is dropped: on its `state_cancel` (an operator paused,
 cancelled, retried or forced the machine, or the attempt timed out), or when a newer attempt of
 the same machine arrives.
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import inspect
 import json
 import logging
 import signal
@@ -41,18 +44,32 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from pydantic import ValidationError
 
 from fsm_celery.agent import identity
-from fsm_celery.agent.task import HandBack, Slot, Task, cancellable, reply, where
+from fsm_celery.agent.task import (
+    SHUTTING_DOWN,
+    Failed,
+    HandBack,
+    Handler,
+    NoAck,
+    Slot,
+    Task,
+    handback,
+    invalid_task_ack,
+    reply,
+    run_handler,
+    sample_task,
+)
 from fsm_celery.channel.redis import Replication, connect
 from fsm_celery.config import Settings
 from fsm_celery.core.messages import (
+    StateAckRefused,
     StateCancel,
     StateTask,
     agent_ack_stream,
@@ -67,26 +84,11 @@ log = logging.getLogger(__name__)
 GROUP = "agents"
 ANY = "*"
 ACK_MAXLEN = 10_000  # entries kept on the agent's ack stream while no bridge reads it
+LOCAL_CORRECTIONS = 2  # handler runs again on an answer that breaks its contract, before sending
+TASKS_KEPT = 256  # answered tasks remembered, so that a refusal of their answer runs them again
 CANCELLED_KEPT = 1_000  # cancelled attempts remembered, so a task read after its cancel is skipped
 ANSWERED_KEPT = 1_000  # answers remembered, sent again for a task read again
 REPLY_TRIES = 8  # sends of an answer (about 10 s in all) before it waits for the reconnect
-SHUTTING_DOWN = "the agent is shutting down"
-
-
-class NoAck(Exception):
-    """Raised by a handler to send no ack at all (the state will time out)."""
-
-
-class Failed(Exception):
-    """Raised by a handler to answer the attempt as failed, with an output all the same (what
-    it spent, `tokensUsed` and `cost`, counts in the machine's usage and budget)."""
-
-    def __init__(self, error: str, output: Mapping[str, Any] | None = None) -> None:
-        super().__init__(error)
-        self.output = dict(output or {})
-
-
-Handler = Callable[[Task], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
 
 
 class Agent:
@@ -105,6 +107,7 @@ class Agent:
         replicas: int | None = None,
         replica_timeout_ms: int | None = None,
         settings: Settings | None = None,
+        local_corrections: int = LOCAL_CORRECTIONS,
     ) -> None:
         """What is not given is the deployment's, read from the environment as every process
         reads it (FSM_REDIS_URL, FSM_CHANNEL_PREFIX, FSM_REDIS_REPLICAS,
@@ -119,6 +122,7 @@ class Agent:
         self.prefix = settings.channel_prefix if prefix is None else prefix
         self.status_interval = status_interval
         self.shutdown_grace = shutdown_grace
+        self.local_corrections = local_corrections
         # an answer counts as sent once this many replicas hold it
         self.replicas = settings.redis_replicas if replicas is None else replicas
         self.replica_timeout_ms = replica_timeout_ms or settings.redis_replica_timeout_ms
@@ -133,6 +137,7 @@ class Agent:
         # the answers sent lately: a task read again (its XACK lost in a failover, or sent
         # twice) gets the same answer again, without the handler's work done twice
         self._answered: OrderedDict[tuple[str, int], dict[str, Any] | None] = OrderedDict()
+        self._tasks: OrderedDict[tuple[str, int], StateTask] = OrderedDict()  # answered
         self._client: redis.Redis | None = None
         self._replicated: Replication | None = None
 
@@ -159,19 +164,7 @@ class Agent:
     ) -> dict[str, Any] | None:
         """The ack the handlers send for a task of that machine type and state, without Redis
         or an engine (a test's; None for no ack): a handler's error is a failed ack."""
-        message = StateTask(
-            machine_id=uuid.uuid4(),
-            machine_type=machine_type,
-            state=state,
-            attempt=1,
-            context=dict(context or {}),
-            prompt="",
-            required_output=[],
-            timeout=60_000,
-            deadline=datetime.now(UTC) + timedelta(minutes=1),
-            task_token="not-signed",
-        )
-        return self._answer(Task(message, lambda _: None))
+        return self._answer(Task(sample_task(machine_type, state, context), lambda _: None))
 
     # running ----------------------------------------------------------------------------
 
@@ -270,14 +263,34 @@ class Agent:
         try:
             message = parse_task_message(raw)
         except ValidationError as exc:
-            self._refuse(raw, exc)
-            self._done(stream, entry_id)
+            self._done(stream, entry_id, invalid_task_ack(raw, exc))  # a failed ack, if any
             return False
         if isinstance(message, StateCancel):
             self._cancel(message)
             self._done(stream, entry_id)
             return False
+        if isinstance(message, StateAckRefused):
+            return self._correct(stream, entry_id, message)
         return self._accept(Slot(stream, entry_id, message))
+
+    def _correct(self, stream: str, entry_id: str, refused: StateAckRefused) -> bool:
+        """Run the handler again on the task whose answer the engine refused, with its
+        problems, and send the corrected answer (for the same attempt, the refusal's entry
+        acknowledged with it); whether it started."""
+        key = (str(refused.machine_id), refused.attempt)
+        with self._lock:
+            task = self._tasks.get(key)
+        if task is None or not hmac.compare_digest(task.task_token, refused.task_token):
+            log.warning("ignoring a state_ack_refused for %s attempt %d: not ours", *key)
+            self._done(stream, entry_id)
+            return False
+        problems = [p.model_dump() for p in refused.problems]
+        log.info("%s attempt %d refused, correcting: %s", *key, problems)
+        slot = Slot(stream, entry_id, task, problems=problems)
+        if self._stop.is_set() or self._stale(task) is not None:
+            self._done(stream, entry_id, handback(task) if self._stop.is_set() else None)
+            return False
+        return self._start(slot)
 
     def _accept(self, slot: Slot) -> bool:
         task = slot.message
@@ -300,6 +313,10 @@ class Agent:
             return False
         for older in self._slots(lambda s: s.message.machine_id == task.machine_id):
             self._drop(older, f"superseded by attempt {task.attempt}")
+        return self._start(slot)
+
+    def _start(self, slot: Slot) -> bool:
+        task = slot.message
         with self._lock:
             if len(self._running) >= self.concurrency:  # read for a cancel: left pending
                 self._pending = True
@@ -363,9 +380,13 @@ class Agent:
             mine = self._running.pop(slot.key, None) is not None
             slot.ended.set()
             if mine:
-                self._answered[(str(slot.message.machine_id), slot.message.attempt)] = reply
+                key = (str(slot.message.machine_id), slot.message.attempt)
+                self._answered[key] = reply
+                self._tasks[key] = slot.message
                 while len(self._answered) > ANSWERED_KEPT:
                     self._answered.popitem(last=False)
+                while len(self._tasks) > TASKS_KEPT:
+                    self._tasks.popitem(last=False)
         if mine:  # not dropped meanwhile: the answer counts
             self._done(slot.stream, slot.entry_id, reply)
 
@@ -376,21 +397,22 @@ class Agent:
             handler = self.handler_for(message.machine_type, message.state)
             if handler is None:
                 raise LookupError(f"no handler for {message.machine_type} / {message.state}")
-            output = handler(task)
-            if inspect.isawaitable(output):
-                output = asyncio.run(cancellable(output, task._slot))
+            output = run_handler(handler, task)
+            for _ in range(self.local_corrections):  # the contract checked before sending
+                task.problems = task.flaws(output)
+                if not task.problems or task.cancelled:
+                    break
+                output = run_handler(handler, task)
             return reply(message, "state_ack", success=True, output=dict(output))
         except (NoAck, asyncio.CancelledError):
             return None
-        except HandBack as exc:
-            return None if task.cancelled else reply(message, "state_handback", reason=str(exc))
-        except Failed as exc:
-            if task.cancelled:
-                return None
-            return reply(message, "state_ack", success=False, output=exc.output, error=str(exc))
         except Exception as exc:
             if task.cancelled:
                 return None  # it stopped because it was told to: nobody wants its error
+            if isinstance(exc, HandBack):  # given back by the handler: sent again at once
+                return reply(message, "state_handback", reason=str(exc))
+            if isinstance(exc, Failed):  # failed as it says, with what it spent
+                return reply(message, "state_ack", success=False, output=exc.output, error=str(exc))
             log.exception("handler for %s / %s failed", message.machine_type, message.state)
             error = f"{type(exc).__name__}: {exc}"
             return reply(message, "state_ack", success=False, output={}, error=error)
@@ -404,27 +426,6 @@ class Agent:
                 self._send(reply(message, "state_heartbeat"))
             except redis.RedisError as exc:
                 log.warning("heartbeat for %s failed: %s", message.machine_id, exc)
-
-    def _refuse(self, raw: bytes, exc: ValidationError) -> None:
-        """Answer a state_task that breaks the schema with a failed ack naming the problem."""
-        problem = "; ".join(f"{where(e['loc'])}: {e['msg']}" for e in exc.errors())
-        log.error("refusing an invalid task message: %s", problem)
-        try:
-            data = json.loads(raw)
-            ack = {key: data[key] for key in ("machineId", "state", "attempt", "taskToken")}
-        except (ValueError, TypeError, KeyError):
-            return  # nothing to answer to: the engine will time the attempt out
-        if data.get("type", "state_task") != "state_task":
-            return  # a cancel (or a newer message) is no attempt to fail
-        self._send(
-            {
-                "type": "state_ack",
-                **ack,
-                "success": False,
-                "output": {},
-                "error": f"invalid state_task: {problem}",
-            }
-        )
 
     def _send(self, message: dict[str, Any]) -> None:
         self._xadd(self._redis(), message)
@@ -486,11 +487,10 @@ class Agent:
         """Say so, give running handlers the rest of the grace, then hand back what is left."""
         # Stopped first: nothing new is routed here, and a hand-back goes to another live agent.
         self._status("stopped")
-        back = {"reason": SHUTTING_DOWN}
         for slot in self._late:
-            self._done(slot.stream, slot.entry_id, reply(slot.message, "state_handback", **back))
+            self._done(slot.stream, slot.entry_id, handback(slot.message))
         deadline = (self._stop_asked or time.monotonic()) + self.shutdown_grace
         while self._slots(lambda _: True) and time.monotonic() < deadline:
             time.sleep(0.05)
         for slot in self._slots(lambda _: True):
-            self._drop(slot, SHUTTING_DOWN, reply(slot.message, "state_handback", **back))
+            self._drop(slot, SHUTTING_DOWN, handback(slot.message))

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import json
+import logging
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
+
+from fsm_celery.core.contract import flaws
 from fsm_celery.core.messages import TASK_MESSAGE_TYPES, StateTask
 
+log = logging.getLogger("fsm_celery.agent.sdk")
 
-class HandBack(Exception):
-    """Raised by a handler to give the attempt back (`state_handback`): sent again at once, to
-    another agent if one is live, without counting a retry (past `max_handbacks` in a row, a
-    failure)."""
+Problems = list[dict[str, str]]  # [{"pointer": ..., "message": ...}]
 
 
 @dataclass(eq=False)
@@ -29,6 +35,7 @@ class Slot:
     cancelled: threading.Event = field(default_factory=threading.Event)  # its answer is dropped
     ended: threading.Event = field(default_factory=threading.Event)  # no more heartbeats
     cancel_async: Callable[[], None] | None = None  # cancels an async handler's asyncio task
+    problems: Problems = field(default_factory=list)  # the engine refused its answer for these
 
     @property
     def key(self) -> tuple[str, str]:
@@ -42,6 +49,13 @@ class Task:
     message: StateTask
     _send: Callable[[dict[str, Any]], None] = field(repr=False)
     _slot: Slot | None = field(default=None, repr=False)
+    # why its last answer was refused (by the engine, or by the contract checked here before
+    # sending): [{"pointer", "message"}]; empty on the first run
+    problems: Problems = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self._slot is not None and not self.problems:
+            self.problems = list(self._slot.problems)
 
     @property
     def machine_id(self) -> str:
@@ -66,6 +80,16 @@ class Task:
     @property
     def prompt(self) -> str:
         return self.message.prompt
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema the answer must match (None: the engine sent none)."""
+        return self.message.output_schema
+
+    def flaws(self, output: Mapping[str, Any]) -> Problems:
+        """How the output breaks the task's contract, as the engine would name it."""
+        schema = self.message.output_schema
+        return [f.to_json() for f in flaws(schema, output)] if schema else []
 
     @property
     def cancelled(self) -> bool:
@@ -115,8 +139,78 @@ def reply(task: StateTask, kind: str, **fields: Any) -> dict[str, Any]:
     }
 
 
-def where(loc: tuple[int | str, ...]) -> str:
-    """A task message's error location without the message type the union leads it with."""
+Handler = Callable[["Task"], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
+
+
+class NoAck(Exception):
+    """Raised by a handler to send no ack at all (the state will time out)."""
+
+
+class HandBack(Exception):
+    """Raised by a handler to give the attempt back (`state_handback`): sent again at once, to
+    another agent if one is live, without counting a retry (past `max_handbacks` in a row, a
+    failure)."""
+
+
+class Failed(Exception):
+    """Raised by a handler to answer the attempt as failed, with an output all the same (what
+    it spent, `tokensUsed` and `cost`, counts in the machine's usage and budget)."""
+
+    def __init__(self, error: str, output: Mapping[str, Any] | None = None) -> None:
+        super().__init__(error)
+        self.output = dict(output or {})
+
+
+SHUTTING_DOWN = "the agent is shutting down"
+
+
+def run_handler(handler: Handler, task: Task) -> Mapping[str, Any]:
+    """The handler's output for the task (an async handler run to its end, cancellably)."""
+    output = handler(task)
+    if inspect.isawaitable(output):
+        output = asyncio.run(cancellable(output, task._slot))
+    return output
+
+
+def handback(task: StateTask) -> dict[str, Any]:
+    """The hand-back of a task the agent leaves undone as it stops."""
+    return reply(task, "state_handback", reason=SHUTTING_DOWN)
+
+
+def invalid_task_ack(raw: bytes, exc: ValidationError) -> dict[str, Any] | None:
+    """The failed ack naming what is wrong with a state_task that breaks the schema (None when
+    there is no attempt to answer: the engine will time it out)."""
+    problem = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
+    log.error("refusing an invalid task message: %s", problem)
+    try:
+        data = json.loads(raw)
+        ack = {key: data[key] for key in ("machineId", "state", "attempt", "taskToken")}
+    except (ValueError, TypeError, KeyError):
+        return None
+    if data.get("type", "state_task") != "state_task":
+        return None  # a cancel (or a newer message) is no attempt to fail
+    error = f"invalid state_task: {problem}"
+    return {"type": "state_ack", **ack, "success": False, "output": {}, "error": error}
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """An error's location without the message type the union leads it with."""
     if loc and loc[0] in TASK_MESSAGE_TYPES:
         loc = loc[1:]
     return ".".join(map(str, loc)) or "message"
+
+
+def sample_task(machine_type: str, state: str, context: Mapping[str, Any] | None) -> StateTask:
+    """A state_task as the engine would send it, unsigned, for a test without an engine."""
+    return StateTask(
+        machine_id=uuid.uuid4(),
+        machine_type=machine_type,
+        state=state,
+        attempt=1,
+        context=dict(context or {}),
+        prompt="",
+        required_output=[],
+        timeout=60_000,
+        deadline=datetime.now(UTC) + timedelta(minutes=1),
+        task_token="not-signed",
+    )

@@ -155,7 +155,9 @@ class StateDefinition(BaseModel):
     name: str = Field(max_length=50, pattern=NAME_PATTERN)
     description: str = ""
     prompt: str = ""
-    required_output: tuple[str, ...] = ()
+    required_output: tuple[str, ...] = ()  # the contract's short form (fsm_celery.core.contract)
+    output_schema: dict[str, Any] | None = None  # a JSON Schema 2020-12 the output must match
+    max_corrections: int | None = Field(default=None, ge=0, le=100)  # None: FSM_MAX_CORRECTIONS
     on_success: tuple[Edge, ...] = ()
     on_failure: Edge | None = None
     timeout: Duration = timedelta(minutes=5)

@@ -60,6 +60,11 @@ class StateTask(_Message):
     heartbeat_timeout: int | None = Field(
         default=None, description="milliseconds of silence allowed between heartbeats"
     )
+    output_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="the JSON Schema 2020-12 the output must match (requiredOutput merged in); "
+        "absent when the state declares none",
+    )
 
 
 class StateCancel(_Message):
@@ -78,6 +83,34 @@ class StateCancel(_Message):
     attempt: int
     task_token: str = Field(description="the taskToken of the state_task it cancels")
     reason: str = Field(description="who superseded the attempt, how and why")
+
+
+class ContractProblem(_Message):
+    """One way an answer breaks its state's contract."""
+
+    pointer: str = Field(description="a JSON pointer into the output ('': the output itself)")
+    message: str
+
+
+class StateAckRefused(_Message):
+    """Engine → agent: the answer sent for this attempt breaks its state's contract, and nothing
+    moved; send a corrected state_ack for the same attempt (its deadline runs on) while
+    correctionsLeft allows, after which a wrong answer is the attempt's failure.
+
+    Sent on the agent's task stream, as a state_cancel, once the refusal committed. It echoes
+    the attempt's taskToken, so an agent corrects only the task it holds.
+    """
+
+    type: Literal["state_ack_refused"] = "state_ack_refused"
+    machine_id: UUID
+    machine_type: str
+    state: str
+    attempt: int
+    task_token: str = Field(description="the taskToken of the state_task whose answer it refuses")
+    problems: list[ContractProblem] = Field(max_length=20)
+    corrections_left: int = Field(
+        ge=0, description="corrected answers still allowed after this refusal's one"
+    )
 
 
 class StateAck(_Message):
@@ -147,7 +180,8 @@ class StateEvent(_Message):
     )
     event: str = Field(
         description="what moved it: start, ack, timeout, handback, dispatch_error, or an "
-        "operator's pause, resume, cancel, retry, force"
+        "operator's pause, resume, cancel, retry, force; or refused: an answer sent back to "
+        "its agent to correct, the machine where it was"
     )
     from_state: str | None = None
     to_state: str
@@ -180,18 +214,21 @@ def _task_kind(value: Any) -> str:
     return "state_task" if kind is None else str(kind)  # seed-style tasks may omit it
 
 
-AnyTaskMessage = StateTask | StateCancel
+AnyTaskMessage = StateTask | StateCancel | StateAckRefused
 TASK_MESSAGE: TypeAdapter[AnyTaskMessage] = TypeAdapter(
     Annotated[
-        Annotated[StateTask, Tag("state_task")] | Annotated[StateCancel, Tag("state_cancel")],
+        Annotated[StateTask, Tag("state_task")]
+        | Annotated[StateCancel, Tag("state_cancel")]
+        | Annotated[StateAckRefused, Tag("state_ack_refused")],
         Discriminator(_task_kind),
     ]
 )
-TASK_MESSAGE_TYPES = ("state_task", "state_cancel")
+TASK_MESSAGE_TYPES = ("state_task", "state_cancel", "state_ack_refused")
 
 
 def parse_task_message(raw: str | bytes) -> AnyTaskMessage:
-    """Parse what an agent reads from its task stream: a state_task or a state_cancel
+    """Parse what an agent reads from its task stream: a state_task, a state_cancel or a
+    state_ack_refused
     (ValidationError says what is wrong, each error's location led by the message type)."""
     return TASK_MESSAGE.validate_json(raw)
 
@@ -302,6 +339,7 @@ def message_schemas() -> dict[str, dict[str, Any]]:
     return {
         "state_task": StateTask.model_json_schema(by_alias=True),
         "state_cancel": StateCancel.model_json_schema(by_alias=True),
+        "state_ack_refused": StateAckRefused.model_json_schema(by_alias=True),
         "state_ack": StateAck.model_json_schema(by_alias=True),
         "state_heartbeat": StateHeartbeat.model_json_schema(by_alias=True),
         "state_handback": StateHandBack.model_json_schema(by_alias=True),

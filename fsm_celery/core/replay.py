@@ -30,6 +30,7 @@ from uuid import UUID
 from fsm_celery.core import attempt_events as events
 from fsm_celery.core import timeline
 from fsm_celery.core.admin import Action, Command, decide_command, decide_rewind
+from fsm_celery.core.correction import REFUSED
 from fsm_celery.core.definition import Edge, FailureKind, MachineDefinition, StateDefinition
 from fsm_celery.core.guard import GuardFailed, chosen_edge, guard_holds
 from fsm_celery.core.transition import (
@@ -126,7 +127,9 @@ def replay(
     machine_id: UUID = NO_ID,
 ) -> Replay:
     """Replay the history (rows in attempt order) against the definition; `status` is the
-    machine's now, compared with the one the replay ends in."""
+    machine's now, compared with the one the replay ends in. An answer refused is no step: the
+    attempt's own row follows it."""
+    rows = [row for row in rows if row.event != REFUSED]
     if not rows:
         return Replay(Outcome.UNREPLAYABLE, (), "no history is recorded", None)
     first = rows[0]

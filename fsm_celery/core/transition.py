@@ -21,6 +21,7 @@ from fsm_celery.core.attempt_events import (
     Joined,
     Timeout,
 )
+from fsm_celery.core.contract import contract_error
 from fsm_celery.core.definition import (
     Edge,
     FailureKind,
@@ -78,6 +79,7 @@ class Machine:
     usage: Usage = NOTHING
     budget: Budget = NO_BUDGET
     handbacks: int = 0  # attempts of this state visit handed back in a row
+    corrections: int = 0  # answers of the current attempt refused (fsm_celery.core.correction)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class Limits:
 
     max_context_bytes: int | None = None  # the context as JSON, after an ack's output merged
     max_handbacks: int = 3  # hand-backs in a row re-dispatched free; the next counts as failure
+    max_corrections: int = 2  # refused answers an attempt may correct, unless its state says
 
 
 NO_LIMITS = Limits()
@@ -230,9 +233,10 @@ def _decide_ack(
         error = event.error or "the agent reported failure"
         return _fail(definition, machine, state, FailureKind.FAILURE, error, output)
     missing = [key for key in state.required_output if key not in output]
-    if missing:
-        error = "missing required output: " + ", ".join(missing)
-        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, error, output)
+    broken = f"missing required output: {', '.join(missing)}" if missing else None
+    broken = broken or contract_error(state, output)
+    if broken is not None:
+        return _fail(definition, machine, state, FailureKind.INVALID_OUTPUT, broken, output)
     # an output that would overgrow the context or break a guard is the state's failure
     chosen = _edge_for(machine, state.on_success, output, limits, "the output")
     if isinstance(chosen, Rejected):

@@ -11,6 +11,7 @@ import jinja2
 
 from fsm_celery.core import gate
 from fsm_celery.core.context import context_problem, schema_problem
+from fsm_celery.core.contract_validator import contract_problems
 from fsm_celery.core.definition import (
     Edge,
     MachineDefinition,
@@ -156,6 +157,7 @@ def _state_problems(state: StateDefinition, names: set[str], source: str) -> Ite
         TEMPLATES.parse(state.prompt)
     except jinja2.TemplateSyntaxError as exc:
         yield Problem(f"prompt template does not compile: {exc}", source, name, "prompt")
+    yield from contract_problems(state, source)
 
 
 # What an approval state has none of: people decide it, from its form, at once or by its deadline.
@@ -163,6 +165,8 @@ NOT_AT_A_GATE = (
     "terminal",
     "prompt",
     "required_output",
+    "output_schema",
+    "max_corrections",
     "on_success",
     "on_failure",
     "max_retries",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 from fsm_celery.core import intake
 from fsm_celery.core.attempt_events import Ack, HandBack
 from fsm_celery.core.clock import aware
+from fsm_celery.core.correction import Refusal, refusal
 from fsm_celery.core.definition import FailureKind, MachineDefinition
 from fsm_celery.core.intake import Refused
 from fsm_celery.core.messages import (
@@ -30,6 +31,7 @@ from fsm_celery.core.steps import Next
 from fsm_celery.core.transition import Machine, Rejected, RejectReason, check_event, decide
 from fsm_celery.engine.entry import Entry
 from fsm_celery.engine.ports import Handoff, Inbound
+from fsm_celery.engine.refusals import refuse
 from fsm_celery.engine.runtime import Runtime
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import agents as agent_store
@@ -103,7 +105,7 @@ class Inbox:
                 elif (wrong := senders.wrong_agent(row, item.agent)) is not None:
                     writes.reject(RejectReason.WRONG_AGENT, wrong, item.raw, **where)
                 else:
-                    self._apply(conn, row, message, item.raw, writes)
+                    self._apply(conn, row, message, item, writes)
             self._entry.finish_txn(conn, rows, writes)
         return writes.next()
 
@@ -149,8 +151,14 @@ class Inbox:
         agent_store.upsert_agents_txn(conn, accepted)
 
     def _apply(
-        self, conn: Connection, row: q.AnyRow, message: MachineMessage, raw: str, writes: Writes
+        self,
+        conn: Connection,
+        row: q.AnyRow,
+        message: MachineMessage,
+        item: Inbound,
+        writes: Writes,
     ) -> None:
+        raw = item.raw
         machine = writes.machine(row)
         attempt = intake.attempt_of(message, machine.attempt)  # its token was checked unlocked
         where = {**intake.where(message), "attempt": attempt}
@@ -166,6 +174,10 @@ class Inbox:
             event = "handback"
         else:
             ack = Ack(message.state, attempt, message.success, message.output, message.error)
+            refused = refusal(definition, machine, ack, limits)
+            if refused is not None:
+                self._refuse(writes, row, refused, ack, item, where)
+                return
             decision = decide(definition, machine, ack, limits)
             event = "ack"
         if isinstance(decision, Rejected):
@@ -178,6 +190,23 @@ class Inbox:
             return
         if decision.failure is FailureKind.INVALID_OUTPUT:
             writes.reject(RejectReason.INVALID_OUTPUT, decision.error or "", raw, **where)
+
+    def _refuse(
+        self,
+        writes: Writes,
+        row: q.AnyRow,
+        refused: Refusal,
+        ack: Ack,
+        item: Inbound,
+        where: dict[str, Any],
+    ) -> None:
+        """Send the answer back to be corrected; a refusal that cannot be stored is the
+        message's rejection, alone, before the batch sends anything."""
+        secret = self._rt.settings.token_secrets[0]
+        try:
+            refuse(writes, row, refused, ack.output, item.agent, secret)
+        except Unstorable as exc:
+            writes.reject(RejectReason.INVALID_VALUE, exc.detail, item.raw, **where)
 
     def _heartbeat(
         self,

@@ -58,8 +58,9 @@ class Dispatcher(Protocol):
         ...
 
     def cancel_many(self, messages: list[tuple[str, str]]) -> None:
-        """Send each (agent, state_cancel) where the agent reads it (its task stream); never
-        raises: the command committed, and an agent that misses it learns from its next task."""
+        """Send each (agent, state_cancel or state_ack_refused) where the agent reads it (its
+        task stream); never raises: the transaction committed, and an agent that misses it
+        learns from its next task (a refusal missed: the attempt times out and is retried)."""
         ...
 
     def announce(self, events: Sequence[StateEvent]) -> None:

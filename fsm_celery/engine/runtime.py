@@ -117,19 +117,25 @@ class Runtime:
     def __post_init__(self) -> None:
         self.transient = (*DATABASE_AWAY, *self.away)
         self.catalog = Catalog(self.db, self.clock, self.settings.max_child_depth)
-        self.limits = Limits(self.settings.max_context_bytes, self.settings.max_handbacks)
+        self.limits = Limits(
+            self.settings.max_context_bytes,
+            self.settings.max_handbacks,
+            self.settings.max_corrections,
+        )
 
     @contextmanager
     def transaction(self, writes: Sends) -> Iterator[Connection]:
-        """A transaction of a use case; once it commits, the transitions it wrote are announced
-        and the attempts it superseded cancelled (never before: a listener must not see a move
-        that was rolled back, nor an agent drop work that still counts)."""
+        """A transaction of a use case; once it commits, the transitions it wrote are announced,
+        the attempts it superseded cancelled and the answers it refused sent back (never
+        before: a listener must not see a move that was rolled back, nor an agent drop work
+        that still counts)."""
         with self.db.begin() as conn:
             yield conn
         out = writes.out
         if out.sent is not None:
             out.sent.forget(out.sending)  # recorded as sent: nothing decides them again
-        if out.cancels:  # the transport is asked only when there is something to send
-            self.dispatcher.cancel_many(out.cancels)
+        to_agents = out.cancels + out.refusals  # both go where the agent reads its tasks
+        if to_agents:  # the transport is asked only when there is something to send
+            self.dispatcher.cancel_many(to_agents)
         if out.events:
             self.dispatcher.announce(out.events)

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
 
-from jsonschema import Draft202012Validator
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp_types import ToolAnnotations
@@ -29,12 +28,12 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fsm_celery.agent.sdk import Agent, Failed, HandBack, NoAck, Task
+from fsm_celery.core.contract import flaws, schema_of
 from fsm_celery.core.messages import StateTask
 from fsm_celery.mcp.arguments import JsonObject
 from fsm_celery.mcp.serve import PATH, unauthorized
 
 WAIT_MOST = 60  # seconds next_task waits at the most: under the clients' request timeouts
-PROBLEMS_MOST = 20  # problems a refused submit names
 CANCELLED = "the attempt was cancelled (paused, forced or timed out): call next_task"
 NO_TASK = "this session holds no task: call next_task"
 ANSWERED = "answered: call next_task for the next one"
@@ -92,22 +91,15 @@ class HandOff:
 
 
 def contract(task: StateTask) -> dict[str, Any]:
-    """The output contract of the task's state, as a JSON Schema."""
-    return {"type": "object", "required": list(task.required_output)}
+    """The output contract of the task's state, as a JSON Schema (the engine's: its
+    output_schema with its required_output merged in; any object when it declares neither)."""
+    return schema_of(task.output_schema, task.required_output) or {"type": "object"}
 
 
-def problems(schema: Mapping[str, Any], output: Any) -> list[str]:
-    """What is wrong with `output` against the schema, "pointer: message", at most 20."""
-    errors = sorted(
-        Draft202012Validator(schema).iter_errors(output), key=lambda e: list(map(str, e.path))
-    )
-    return [f"{_pointer(e.absolute_path) or '(the output)'}: {e.message}" for e in errors][
-        :PROBLEMS_MOST
-    ]
-
-
-def _pointer(path: Any) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+def problems(schema: Mapping[str, Any], output: Mapping[str, Any]) -> list[str]:
+    """What is wrong with `output` against the schema as the engine finds it, each as
+    "pointer: message" (the output itself is "/"), at most MAX_PROBLEMS."""
+    return [f"{f.pointer or '/'}: {f.message}" for f in flaws(schema, output)]
 
 
 def task_view(task: StateTask) -> dict[str, Any]:
@@ -122,6 +114,12 @@ def task_view(task: StateTask) -> dict[str, Any]:
         "output_contract": contract(task),
         "deadline": task.deadline.isoformat(),
     }
+
+
+def held_view(held: Held) -> dict[str, Any]:
+    """What next_task shows of a held task: with, when the engine refused its last answer
+    (a contract of its own), the problems it named."""
+    return {**task_view(held.task.message), "problems": list(held.task.problems)}
 
 
 class Sessions:
@@ -187,7 +185,7 @@ class _Tools:
             if held is None:
                 return {"task": None, "message": f"no task within {wait_seconds:g} s: call again"}
             self.sessions.hold(_session(ctx), held)
-        return {"task": task_view(held.task.message)}
+        return {"task": held_view(held)}
 
     def heartbeat(self, ctx: Context, progress: Text = "") -> dict[str, Any]:
         """Say the held task is being worked on, with progress text shown on the machine."""

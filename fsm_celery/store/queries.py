@@ -26,11 +26,13 @@ from sqlalchemy import (
     update,
 )
 
+from fsm_celery.core.correction import REFUSED
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.loader import parse_definition
 from fsm_celery.store import dialects, partitions
 from fsm_celery.store.rows import (
     Beat,
+    Correction,
     Dispatch,
     History,
     Move,
@@ -153,6 +155,11 @@ def update_heartbeats_txn(conn: Connection, beats: Sequence[Beat]) -> None:
     dialects.of(conn).update(conn, machines, beats)
 
 
+def count_corrections_txn(conn: Connection, corrections: Sequence[Correction]) -> None:
+    """Write how many answers each machine's attempt has had refused."""
+    dialects.of(conn).update(conn, machines, corrections)
+
+
 def mark_dispatched_txn(conn: Connection, dispatches: Sequence[Dispatch]) -> None:
     """Record each dispatch: when its state was entered and its deadline."""
     dialects.of(conn).update(conn, machines, dispatches)
@@ -178,7 +185,7 @@ def last_transition_txn(conn: Connection, machine_id: UUID) -> AnyRow | None:
     return conn.execute(
         select(transitions)
         .where(_history_of(conn, machine_id))
-        .order_by(transitions.c.attempt.desc())
+        .order_by(transitions.c.attempt.desc(), transitions.c.id.desc())
         .limit(1)
     ).first()
 
@@ -225,7 +232,11 @@ def histories_txn(conn: Connection, created: dict[UUID, datetime]) -> dict[UUID,
     found: dict[UUID, list[AnyRow]] = {mid: [] for mid in ids}
     t = transitions.c
     for chunk in (ids[i : i + 1000] for i in range(0, len(ids), 1000)):
-        query = select(transitions).where(t.machine_id.in_(chunk)).order_by(t.machine_id, t.attempt)
+        query = (
+            select(transitions)
+            .where(t.machine_id.in_(chunk))
+            .order_by(t.machine_id, t.attempt, t.id)
+        )
         if conn.dialect.name == "postgresql":
             query = query.where(t.machine_created_at.in_({created[mid] for mid in chunk}))
         for row in conn.execute(query):
@@ -239,7 +250,7 @@ def context_deltas_txn(conn: Connection, machine_id: UUID, upto: int) -> Sequenc
     t = transitions.c
     return conn.execute(
         select(t.attempt, t.event, t.from_state, t.to_state, t.context_delta)
-        .where(_history_of(conn, machine_id), t.attempt <= upto)
+        .where(_history_of(conn, machine_id), t.attempt <= upto, t.event != REFUSED)
         .order_by(t.attempt)
     ).all()
 
@@ -272,7 +283,9 @@ def insert_rejections_txn(conn: Connection, rejections: Sequence[Rejection]) -> 
 
 def history_txn(conn: Connection, machine_id: UUID) -> Sequence[AnyRow]:
     return conn.execute(
-        select(transitions).where(_history_of(conn, machine_id)).order_by(transitions.c.attempt)
+        select(transitions)
+        .where(_history_of(conn, machine_id))
+        .order_by(transitions.c.attempt, transitions.c.id)
     ).all()
 
 

@@ -79,6 +79,17 @@ class Move:
     agent_type: str  # who works the state it moved to
     agent_id: UUID | None  # its agent, kept while the agent type stays (or it is pinned)
     queued_at: datetime | None = None  # waiting for a slot of its agent type (engine.slots)
+    corrections: int = 0  # a new attempt has had no answer refused
+
+
+@dataclass(slots=True)
+class Correction:
+    """An answer of the machine's attempt refused: how many the attempt has had (an UPDATE by
+    id; the Move to its next attempt sets it back to 0)."""
+
+    id: UUID
+    corrections: int
+    updated_at: datetime
 
 
 @dataclass(slots=True)
@@ -128,6 +139,7 @@ class History:
     machine_created_at: datetime  # its machine's created_at: the partition key (store.tables)
     context_delta: dict[str, Any] | None = None  # what the transition changed in the context
     failure: str | None = None  # the kind of a failed transition (FailureKind)
+    correction: int = 0  # an answer refused within the attempt: its nth (0: the attempt's row)
 
 
 @dataclass(slots=True)
@@ -157,8 +169,8 @@ class AgentReport:
     last_seen_at: datetime
 
 
-Row = NewMachine | Move | Dispatch | Beat | History | Rejection | AgentReport
-ById = Move | Dispatch | Beat  # written by an UPDATE ... WHERE id = the row's id
+Row = NewMachine | Move | Dispatch | Beat | Correction | History | Rejection | AgentReport
+ById = Move | Dispatch | Beat | Correction  # written by an UPDATE ... WHERE id = the row's id
 
 
 def columns(kind: type[Row]) -> tuple[str, ...]:
@@ -184,6 +196,7 @@ TABLES: dict[type[Row], Table] = {
     Move: machines,
     Dispatch: machines,
     Beat: machines,
+    Correction: machines,
     History: transitions,
     Rejection: rejected_messages,
     AgentReport: agents,

@@ -85,6 +85,7 @@ machines = Table(
     Column("budget_tokens", BigInteger),
     Column("budget_cost", Float),
     zero("handbacks"),
+    zero("corrections"),  # answers of the current attempt refused (fsm_celery.core.correction)
     # a child of a fan-out: its parent, the parent's attempt that started it, its slot there
     # (a branch's position, a map item's index) and the branch's name; never changed once
     # written, so read without a lock (store.postgres locks a machine's ancestors first)
@@ -142,6 +143,7 @@ machine_timers = Table(
 # key to state_machines: attaching and detaching a partition would lock state_machines against
 # every transition while it waits (SHARE ROW EXCLUSIVE); rows are written only beside their
 # machine's, in its transaction, and machines are never deleted.
+HISTORY_KEY = ("machine_id", "attempt", "correction", "machine_created_at")
 transitions = Table(
     "state_transitions",
     metadata,
@@ -170,10 +172,10 @@ transitions = Table(
     Column("failure", String(20)),
     # 0018: the partition key (see above)
     at("machine_created_at", nullable=False),
+    # 0022: an answer refused in the attempt (its nth; 0: the attempt's row, one, as the key says)
+    zero("correction", SmallInteger),
     Index("idx_transitions_agent", "agent_id"),
-    UniqueConstraint(
-        "machine_id", "attempt", "machine_created_at", name="uq_transitions_machine_attempt"
-    ),
+    UniqueConstraint(*HISTORY_KEY, name="uq_transitions_machine_attempt"),
     postgresql_partition_by="RANGE (machine_created_at)",
 )
 

@@ -26,7 +26,16 @@ from fsm_celery.core.transition import Machine, MachineStatus, RejectReason, Tra
 from fsm_celery.core.usage import Budget, Usage
 from fsm_celery.exceptions import Unstorable
 from fsm_celery.store import queries as q
-from fsm_celery.store.rows import Beat, Dispatch, History, Move, NewMachine, Rejection, unfit
+from fsm_celery.store.rows import (
+    Beat,
+    Correction,
+    Dispatch,
+    History,
+    Move,
+    NewMachine,
+    Rejection,
+    unfit,
+)
 from fsm_celery.store.sent import Sending, Sent
 
 KEEPS_ERROR = (MachineStatus.FAILED, MachineStatus.PAUSED)  # why it failed, or why it paused
@@ -55,6 +64,7 @@ def snapshot(row: q.AnyRow) -> Machine:
         usage=Usage(row.tokens_used, row.cost),
         budget=Budget(tokens=row.budget_tokens, cost=row.budget_cost),
         handbacks=row.handbacks,
+        corrections=row.corrections,
     )
 
 
@@ -70,6 +80,7 @@ class Outgoing:
         self.sending: dict[Sending, str] = {}  # dispatched here: where to
         self.events: list[StateEvent] = []  # announced once committed
         self.cancels: list[tuple[str, str]] = []  # (agent, state_cancel), too
+        self.refusals: list[tuple[str, str]] = []  # (agent, state_ack_refused), too
 
 
 @dataclass
@@ -87,6 +98,7 @@ class Writes:
     moves: dict[UUID, Move] = field(default_factory=dict)
     dispatches: dict[UUID, Dispatch] = field(default_factory=dict)  # of machines not moved
     beats: dict[UUID, Beat] = field(default_factory=dict)
+    corrections: dict[UUID, Correction] = field(default_factory=dict)  # answers refused
     history: list[History] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     machines: dict[UUID, Machine] = field(default_factory=dict)  # as moved in this transaction
@@ -153,6 +165,23 @@ class Writes:
         self.history.append(history)
         self.announce(history, row, t.status.value, t.state_retries)
         self.log.append((row, t, event))
+
+    def refuse(self, row: q.AnyRow, history: History, agent: str, message: str) -> None:
+        """Record an answer refused (its history row; the machine stays, one more correction
+        used) and queue the state_ack_refused to its agent, sent once the transaction commits.
+
+        Raises Unstorable, having recorded nothing, when the row would not fit its columns.
+        """
+        problem = unfit(history)
+        if problem is not None:
+            raise Unstorable(str(row.id), problem)
+        machine = self.machine(row)
+        used = machine.corrections + 1
+        self.machines[row.id] = replace(machine, corrections=used)
+        self.corrections[row.id] = Correction(row.id, used, self.now)
+        self.history.append(history)
+        self.announce(history, row, machine.status.value, machine.state_retries)
+        self.out.refusals.append((agent, message))
 
     def _move(self, row: q.AnyRow, t: Transition, spent: Usage) -> Move:
         running = t.status is MachineStatus.RUNNING
@@ -374,6 +403,9 @@ class Writes:
         """Write everything decided, and the parts' own rows (what it sends is sent by the
         caller, before commit)."""
         q.update_heartbeats_txn(conn, list(self.beats.values()))
+        # before the moves: a machine refused, then moved on, in one transaction starts its
+        # next attempt with none
+        q.count_corrections_txn(conn, list(self.corrections.values()))
         q.move_machines_txn(conn, list(self.moves.values()), self.history)
         for part in self.parts.values():
             part.write(conn, self)

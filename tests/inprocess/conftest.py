@@ -74,9 +74,11 @@ class Agent:
     last: bytes = b"-"
     seen: list[dict[str, Any]] = field(default_factory=list)
     cancels: list[dict[str, Any]] = field(default_factory=list)  # the state_cancels, in order
+    refusals: list[dict[str, Any]] = field(default_factory=list)  # the state_ack_refused, too
 
     def tasks(self) -> list[dict[str, Any]]:
-        """The state_tasks sent since the last call (state_cancels go to `cancels`)."""
+        """The state_tasks sent since the last call (state_cancels go to `cancels`, refusals
+        to `refusals`)."""
         start = self.last if self.last == b"-" else b"(" + self.last
         entries = self.redis.xrange(self.stream, min=start)
         if entries:
@@ -84,7 +86,8 @@ class Agent:
         found = []
         for _, fields in entries:
             message = json.loads(fields[b"message"])
-            (self.cancels if message["type"] == "state_cancel" else found).append(message)
+            kept = {"state_cancel": self.cancels, "state_ack_refused": self.refusals}
+            kept.get(message["type"], found).append(message)
         self.seen.extend(found)
         return found
 

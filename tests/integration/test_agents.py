@@ -4,6 +4,7 @@ the research pipeline in-process and durable, and budgets."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import threading
 import time
@@ -117,13 +118,16 @@ def test_an_agent_killed_mid_task_is_retried_and_a_restarted_agent_completes(
 class _ThreadAgent:
     """An SDK agent run on a thread of the test process (real Redis, real engine)."""
 
-    def __init__(self, env: FsmEnv, agent_type: str, setup: Callable[[Agent], object]) -> None:
+    def __init__(
+        self, env: FsmEnv, agent_type: str, setup: Callable[[Agent], object], **options: Any
+    ) -> None:
         self.agent = Agent(
             agent_type,
             redis_url=env.settings.redis_url,
             prefix=env.settings.channel_prefix,
             status_interval=1.0,
             shutdown_grace=2.0,
+            **options,
         )
         setup(self.agent)
         self.thread = threading.Thread(target=self.agent.run, kwargs={"install_signals": False})
@@ -172,6 +176,66 @@ def test_a_state_task_that_breaks_the_schema_is_answered_with_a_clear_error(
     assert (refused.from_state, refused.to_state, refused.success) == ("FIRST", "FIRST", False)
     assert "invalid state_task" in (refused.error_message or "")
     assert "timeout: Input should be a valid integer" in (refused.error_message or "")
+
+
+def _contract_agent(problems_seen: list[list[dict[str, str]]]) -> Callable[[Agent], None]:
+    """An agent whose CHECK answers `passed: "yes"` (a string where the contract says a
+    boolean) until it is told what is wrong, then corrects it."""
+
+    def setup(agent: Agent) -> None:
+        @agent.handler("test_contract", "CHECK")
+        def check(task: Task) -> dict[str, Any]:
+            problems_seen.append(list(task.problems))
+            return {"passed": True} if task.problems else {"passed": "yes"}
+
+    return setup
+
+
+def test_an_sdk_agent_corrects_an_answer_the_engine_refused(agents_env: FsmEnv) -> None:
+    seen: list[list[dict[str, str]]] = []
+    setup = _contract_agent(seen)
+    with _ThreadAgent(agents_env, "tester", setup, local_corrections=0) as agent:
+        mid = agents_env.client.start_machine("test_contract", {}, agent_id=agent.id)
+        info = agents_env.wait_until_done(mid, timeout=20)
+    assert (info.status, info.current_state) == ("completed", "DONE")
+    assert seen[0] == []
+    assert [p["pointer"] for p in seen[1]] == ["/passed"]  # the engine's refusal, as sent
+    history = agents_env.client.history(mid)
+    assert [(h.event, h.attempt) for h in history] == [("start", 0), ("refused", 1), ("ack", 1)]
+
+
+def test_an_sdk_agent_checks_its_answer_against_the_contract_before_sending(
+    agents_env: FsmEnv,
+) -> None:
+    seen: list[list[dict[str, str]]] = []
+    with _ThreadAgent(agents_env, "tester", _contract_agent(seen)) as agent:
+        mid = agents_env.client.start_machine("test_contract", {}, agent_id=agent.id)
+        info = agents_env.wait_until_done(mid, timeout=20)
+    assert info.status == "completed"
+    assert len(seen) == 2 and [p["pointer"] for p in seen[1]] == ["/passed"]
+    assert [h.event for h in agents_env.client.history(mid)] == ["start", "ack"]  # none refused
+
+
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
+def test_the_node_example_agent_corrects_a_refused_answer(agents_env: FsmEnv) -> None:
+    agent_id = str(uuid.uuid4())
+    env = {**agents_env.env, "FIRST_ANSWER_WRONG": "1"}
+    argv = [str(NODE), "examples/node-agent/agent.mjs", "tester", agent_id]
+    node = agents_env._spawn("node-agent", argv, env)
+    try:
+        node.wait_for_log(f"agent {agent_id}")
+        mid = agents_env.client.start_machine("test_contract", {}, agent_id=uuid.UUID(agent_id))
+        info = agents_env.wait_until_done(mid, timeout=20)
+    finally:
+        node.stop()
+    assert (info.status, info.current_state) == ("completed", "DONE")
+    history = agents_env.client.history(mid)
+    assert [(h.event, h.attempt) for h in history] == [("start", 0), ("refused", 1), ("ack", 1)]
+    assert history[1].output == {"passed": "true", "score": 7}
+    assert "refused" in node.log.read_text()
 
 
 def _last_task(env: FsmEnv, mid: uuid.UUID) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from fsm_celery.core.messages import task_token
 from tests.integration.conftest import ONE_MODE
 from tests.support.agents import ScriptedAgent
 from tests.support.credentials import TEST_SECRET
-from tests.support.messages import SILENT, Reply, ack_for, heartbeat_for
+from tests.support.messages import SILENT, ack_for, heartbeat_for
 from tests.support.processes import FsmEnv
 
 Task = dict[str, Any]
@@ -133,13 +133,20 @@ def test_oversized_payload_is_stored_truncated(fsm: FsmEnv) -> None:
 
 
 @ONE_MODE
-def test_missing_required_output_fails_the_attempt_naming_the_keys(fsm: FsmEnv) -> None:
-    script = {"FIRST": [Reply(output={"unrelated": True})]}
-    with ScriptedAgent(fsm, script) as agent:
+def test_missing_required_output_is_refused_then_fails_the_attempt_naming_the_keys(
+    fsm: FsmEnv,
+) -> None:
+    with ScriptedAgent(fsm, {"FIRST": [SILENT]}) as agent:
         mid = fsm.client.start_machine("test_pair", {}, agent_id=agent.id)
+        task = agent.wait_for_tasks(1)
+        for _ in range(3):  # two refusals (FSM_MAX_CORRECTIONS), then the attempt's failure
+            agent.send({**ack_for(task), "output": {"unrelated": True}})
         assert fsm.wait_until_done(mid).status == "completed"
         [rejected] = fsm.wait_for_rejections(mid, 1)
-    first_attempt = fsm.client.history(mid)[1]
+    history = fsm.client.history(mid)
+    assert [h.event for h in history[1:3]] == ["refused", "refused"]
+    assert "'first' is a required property" in (history[1].error_message or "")
+    first_attempt = history[3]
     assert (first_attempt.from_state, first_attempt.to_state) == ("FIRST", "FIRST")
     assert not first_attempt.success
     assert "missing required output: first" in (first_attempt.error_message or "")

@@ -127,7 +127,7 @@ def test_a_scripted_coding_agent_works_a_machine_to_complete_correcting_a_refuse
         True,
         True,
         {"sent": True},
-        ["(the output): 'one' is a required property"],
+        ["/: 'one' is a required property"],
         ANSWERED,
         "TWO",
         ANSWERED,

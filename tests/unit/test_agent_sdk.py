@@ -147,3 +147,47 @@ def test_the_most_specific_handler_wins() -> None:
     assert picked("m", "B") == ("m", "*")  # its machine type before any type's state
     assert picked("n", "B") == ("*", "B")
     assert picked("n", "C") == ("*", "*")
+
+
+def _contract_task(problems_seen: list[list[dict[str, str]]]) -> tuple[Agent, Task]:
+    from datetime import UTC, datetime, timedelta
+
+    from fsm_celery.core.messages import StateTask
+
+    agent = Agent("cto", redis_url="redis://127.0.0.1:6379/0")
+
+    @agent.handler("cto_fix_bug", "RUN_TESTS")
+    def run_tests(task: Task) -> dict[str, Any]:
+        problems_seen.append(list(task.problems))
+        return {"passed": True} if task.problems else {"passed": "yes"}
+
+    message = StateTask(
+        machine_id=uuid.uuid4(),
+        machine_type="cto_fix_bug",
+        state="RUN_TESTS",
+        attempt=1,
+        context={},
+        prompt="",
+        required_output=["passed"],
+        timeout=60_000,
+        deadline=datetime.now(UTC) + timedelta(minutes=1),
+        task_token="t",
+        output_schema={"type": "object", "properties": {"passed": {"type": "boolean"}}},
+    )
+    return agent, Task(message, lambda _: None)
+
+
+def test_an_answer_breaking_the_tasks_contract_is_corrected_before_it_is_sent() -> None:
+    seen: list[list[dict[str, str]]] = []
+    agent, task = _contract_task(seen)
+    answer = agent._answer(task)
+    assert answer is not None and answer["output"] == {"passed": True}
+    assert seen == [[], [{"pointer": "/passed", "message": "'yes' is not of type 'boolean'"}]]
+
+
+def test_without_local_corrections_the_answer_is_sent_as_the_handler_gave_it() -> None:
+    seen: list[list[dict[str, str]]] = []
+    agent, task = _contract_task(seen)
+    agent.local_corrections = 0
+    answer = agent._answer(task)
+    assert answer is not None and answer["output"] == {"passed": "yes"}  # the engine refuses it

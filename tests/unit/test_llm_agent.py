@@ -10,13 +10,22 @@ from typing import Any
 
 import pytest
 
-from fsm_celery.agent.llm import LlmHandler, Spent, _retry_after, contract_of, problems_of
+from fsm_celery.agent.llm import (
+    LlmHandler,
+    Spent,
+    _retry_after,
+    contract_of,
+    messages_for,
+    problems_of,
+)
 from fsm_celery.agent.task import Task
 from fsm_celery.config import LlmPrice, Settings
 from fsm_celery.core.messages import StateTask
 
 
-def _task(required: list[str], state: str = "REVIEWING") -> Task:
+def _task(
+    required: list[str], state: str = "REVIEWING", output_schema: dict[str, Any] | None = None
+) -> Task:
     message = StateTask(
         machine_id=uuid.uuid4(),
         machine_type="research_pipeline",
@@ -29,6 +38,7 @@ def _task(required: list[str], state: str = "REVIEWING") -> Task:
         deadline=datetime.now(UTC) + timedelta(seconds=60),
         task_token="t",
         heartbeat_timeout=None,
+        output_schema=output_schema,
     )
     return Task(message, lambda _: None)
 
@@ -83,3 +93,13 @@ def test_tokens_are_priced_per_million() -> None:
     spent = Spent().plus(1_000, 500, LlmPrice(input=2.0, output=8.0)).plus(10, 10, None)
     assert spent.tokens == 1_520
     assert spent.cost == pytest.approx(0.006)
+
+
+def test_the_states_output_schema_is_the_contract_and_a_refusal_is_told_to_the_model() -> None:
+    schema = {"type": "object", "properties": {"approved": {"type": "boolean"}}}
+    task = _task(["approved"], output_schema=schema)
+    schema = contract_of(task)
+    assert problems_of(schema, {"approved": "yes"}) == ["/approved: 'yes' is not of type 'boolean'"]
+    task.problems = [{"pointer": "/approved", "message": "'yes' is not of type 'boolean'"}]
+    prompt = messages_for(task, schema)[-1]["content"]
+    assert "Your last answer was refused:\n- /approved: 'yes' is not of type 'boolean'" in prompt

@@ -311,6 +311,7 @@ def test_schemas_cover_every_message_type() -> None:
     assert set(message_schemas()) == {
         "state_task",
         "state_cancel",
+        "state_ack_refused",
         "state_ack",
         "state_heartbeat",
         "state_handback",
@@ -320,7 +321,15 @@ def test_schemas_cover_every_message_type() -> None:
 
 
 @pytest.mark.parametrize(
-    "message", ["state_task", "state_cancel", "state_ack", "state_handback", "state_event"]
+    "message",
+    [
+        "state_task",
+        "state_cancel",
+        "state_ack_refused",
+        "state_ack",
+        "state_handback",
+        "state_event",
+    ],
 )
 def test_schema_property_names_are_camel_case(message: str) -> None:
     schema = message_schemas()[message]

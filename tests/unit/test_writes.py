@@ -96,6 +96,7 @@ def _row(**overrides: Any) -> Any:
         "budget_tokens": None,
         "budget_cost": None,
         "handbacks": 0,
+        "corrections": 0,
         "entered_at": NOW,
         "created_at": NOW,
         "progress": None,

@@ -13,6 +13,7 @@ from uuid import UUID
 from sqlalchemy import Connection
 
 from fsm_celery.core.attempt_events import DispatchFailed
+from fsm_celery.core.contract import schema_of
 from fsm_celery.core.definition import StateDefinition
 from fsm_celery.core.messages import StateTask, task_token
 from fsm_celery.core.prompt import PromptError, render
@@ -87,6 +88,11 @@ class AgentState:
             deadline=now + state.timeout,
             task_token=task_token(settings.token_secrets[0], row.id, state.name, machine.attempt),
             heartbeat_timeout=_ms(state.heartbeat_timeout),
+            output_schema=(
+                None
+                if state.output_schema is None
+                else schema_of(state.output_schema, state.required_output)
+            ),
         )
 
     def _route(

@@ -103,7 +103,10 @@ function machinePage(section) {
   const family = document.getElementById("family");
   const refresh = family ? familyRefresher(id, family, graph) : () => {};
   const timeline = document.getElementById("timeline");
-  const shown = new Set(Array.from(timeline.querySelectorAll("li[data-attempt]"), (li) => Number(li.dataset.attempt)));
+  // a step once (by its attempt); an answer refused is no step, but each refusal once
+  const stepKey = (attempt, event, at) => (event === "refused" ? `${attempt} refused ${Date.parse(at)}` : `${attempt}`);
+  const shown = new Set(Array.from(timeline.querySelectorAll("li[data-attempt]"), (li) =>
+    stepKey(li.dataset.attempt, li.dataset.event, li.querySelector("time")?.getAttribute("datetime"))));
   let step = Number(document.getElementById("m-step").textContent);  // the machine's, as shown
 
   const showMachine = (state, status, attempt, stateRetries) => {
@@ -122,9 +125,10 @@ function machinePage(section) {
 
   // A step in its place in the timeline (newest first), once.
   const showStep = (item) => {
-    if (shown.has(item.attempt)) return;
-    shown.add(item.attempt);
-    if (item.fromState) visited.push([item.fromState, item.toState]);
+    const key = stepKey(item.attempt, item.event, item.at);
+    if (shown.has(key)) return;
+    shown.add(key);
+    if (item.fromState && item.event !== "refused") visited.push([item.fromState, item.toState]);
     const older = [...timeline.children].find((li) => Number(li.dataset.attempt) < item.attempt);
     timeline.insertBefore(historyItem(item), older ?? null);
     // the gate this page shows was decided, or left: the page as it is now
@@ -136,7 +140,9 @@ function machinePage(section) {
     if (event.machineId !== id) return;
     refresh();  // a fan-out opened, or joined
     showStep(event);
-    showMachine(event.toState, event.status, event.attempt + 1, event.stateRetries);  // the event's ended
+    // the attempt the event ended; a refusal ends none (the machine is still at it)
+    const now = event.event === "refused" ? event.attempt : event.attempt + 1;
+    showMachine(event.toState, event.status, now, event.stateRetries);
   };
 
   // Subscribed (at the start, and again after a reconnection): what the machine did between
@@ -299,7 +305,7 @@ function historyItem(event) {
     event.durationMs !== null && event.durationMs !== undefined
       ? el("span", { class: "muted duration", title: `${event.durationMs} ms` }, ` ${duration(event.durationMs)}`) : "",
     event.actor ? el("span", { class: "muted" }, ` by ${event.actor}`) : "");
-  const item = el("li", { class: `event ev-${event.event} ${event.success ? "ok" : "failed"} new`, "data-attempt": event.attempt }, line);
+  const item = el("li", { class: `event ev-${event.event} ${event.success ? "ok" : "failed"} new`, "data-attempt": event.attempt, "data-event": event.event }, line);
   if (event.error) item.append(el("div", { class: "error" }, event.error));
   return item;
 }
