@@ -107,7 +107,10 @@ def test_definitions_load_with_no_path_stores_the_shipped_ones(
 def test_demo_and_init_work_outside_the_repository(installed: Installed) -> None:
     out = installed.run("fsm-celery", "demo")
     summary = out[out.index("Summary") :]
-    assert summary.count("│ completed │") == len(SHIPPED) + 1, out  # and a second build
+    # and a second build, and a second research pipeline worked by the LLM agent (its tokens)
+    assert summary.count("│ completed │") == len(SHIPPED) + 2, out
+    [llm] = [line.split("│") for line in summary.splitlines() if "research_pipeline#8" in line]
+    assert int(llm[5]) > 0, out
 
     installed.run("fsm-celery", "init", "site")
     site = installed.cwd / "site"
