@@ -4,9 +4,6 @@ through a real worker and ack bridge, on a Redis with ACL users of its own."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,23 +36,6 @@ def locked(
         stop_redis(process)
 
 
-def _credentials(env: FsmEnv, agent_id: str, agent_type: str) -> str:
-    argv = ["agents", "credentials", agent_id, "--type", agent_type, "--apply"]
-    done = subprocess.run(
-        [sys.executable, "-m", "fsm_celery", *argv],
-        cwd=ROOT,
-        env=env.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    url = re.search(r"^redis://\S+", done.stdout, re.MULTILINE)
-    assert url is not None, done.stdout
-    return url.group(0)
-
-
 @pytest.mark.parametrize("how", ["script", "cli"])
 def test_the_docs_agent_runs_research_fanout_under_its_credentials(
     locked: FsmEnv, tmp_path: Path, how: str
@@ -63,7 +43,7 @@ def test_the_docs_agent_runs_research_fanout_under_its_credentials(
     example = agent_example(tmp_path)
     ids = {agent_type: str(uuid.uuid4()) for agent_type in TYPES}
     urls = {
-        f"{agent_type.upper()}_REDIS_URL": _credentials(locked, agent_id, agent_type)
+        f"{agent_type.upper()}_REDIS_URL": locked.issue_credentials(agent_id, agent_type)
         for agent_type, agent_id in ids.items()
     }
     environ = {**urls, "PYTHONPATH": f"{tmp_path}:{ROOT}"}

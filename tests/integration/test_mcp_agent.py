@@ -6,9 +6,7 @@ streamable HTTP the bearer check and one session unable to answer another's task
 from __future__ import annotations
 
 import json
-import re
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -43,20 +41,7 @@ def door(env_factory: Callable[..., FsmEnv]) -> FsmEnv:
 def credentials(env: FsmEnv) -> tuple[str, str]:
     """A new agent of the type, its Redis user created: its id and its URL."""
     agent_id = str(uuid.uuid4())
-    argv = ["agents", "credentials", agent_id, "--type", AGENT_TYPE, "--apply"]
-    done = subprocess.run(
-        [sys.executable, "-m", "fsm_celery", *argv],
-        cwd=ROOT,
-        env=env.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    url = re.search(r"^redis://\S+", done.stdout, re.MULTILINE)
-    assert url is not None, done.stdout
-    return agent_id, url.group(0)
+    return agent_id, env.issue_credentials(agent_id, AGENT_TYPE)
 
 
 def over_stdio(env: FsmEnv, url: str, work: Session[T]) -> T:

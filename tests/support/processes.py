@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -196,6 +197,24 @@ class FsmEnv:
         alive = [p for p in self.procs if p.name == "worker" and p.popen.poll() is None]
         if not alive:
             self.start_worker(beat=beat)
+
+    def issue_credentials(self, agent_id: str, agent_type: str) -> str:
+        """`fsm-celery agents credentials ID --type T --apply`: the agent's Redis user created;
+        the URL it was issued."""
+        argv = ["agents", "credentials", agent_id, "--type", agent_type, "--apply"]
+        done = subprocess.run(
+            [sys.executable, "-m", "fsm_celery", *argv],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        url = re.search(r"^redis://\S+", done.stdout, re.MULTILINE)
+        assert url is not None, done.stdout
+        return url.group(0)
 
     def start_agent(self, *args: str, extra_env: dict[str, str] | None = None) -> Proc:
         """An agent process: `fsm-celery agent ARGS`, or a script given as its first arg."""
