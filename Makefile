@@ -42,7 +42,7 @@ test: lint
 	$(PY) -m pytest -q $(PARALLEL)
 
 docs: install
-	$(PY) -m fsm_celery.config > /dev/null
+	$(PY) -m fsm_celery.settings_reference > /dev/null
 	$(PY) -m fsm_celery.definition_reference
 	FSM_WRITE_DOCS=1 $(PY) -m pytest tests/inprocess/test_trace.py -q -p no:cacheprovider -n 0  # README's path of one ack
 	FSM_WRITE_DOCS=1 $(PY) -m pytest tests/unit/test_layers.py -q -p no:cacheprovider -n 0  # docs/architecture.md's graph

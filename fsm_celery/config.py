@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import itertools
 import os
 import re
 from enum import StrEnum
@@ -41,6 +39,31 @@ class LlmPrice(BaseModel):
     output: float = Field(ge=0, le=1_000_000)
 
 
+class McpServer(BaseModel):
+    """An MCP server that tool states call (FSM_MCP_SERVERS): a command a worker process starts
+    once and talks to over stdio, or a URL it reaches over streamable HTTP."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        default=None, min_length=1, max_length=100
+    )
+    env: dict[str, str] = Field(default_factory=dict, max_length=100)
+    cwd: str | None = Field(default=None, max_length=4096)
+    url: str | None = Field(default=None, max_length=2000, pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict, max_length=50)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give a command (stdio) or a url (streamable HTTP), one of them")
+        if self.url is not None and (self.env or self.cwd):
+            raise ValueError("env and cwd are a command's: a url takes headers")
+        if self.command is not None and self.headers:
+            raise ValueError("headers are a url's: a command takes env and cwd")
+        return self
+
+
 class Approver(BaseModel):
     """A person who decides at approval gates: their groups, and how they are known."""
 
@@ -69,7 +92,7 @@ class Settings(BaseSettings):
     """Everything a process of fsm-celery needs to know about its surroundings.
 
     Each setting is declared once: its type, its default and bounds, and below it the docstring
-    that is its description (descriptions(): README's table)."""
+    that is its description (fsm_celery.settings_reference: README's table)."""
 
     model_config = SettingsConfigDict(env_prefix="FSM_", frozen=True)
 
@@ -249,6 +272,15 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(default=5, ge=0, le=50)
     """How many times the LLM agent asks again after a 429 or 5xx (after the server's
     Retry-After, else a growing delay), never past the state's deadline."""
+    mcp_servers: dict[
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")], McpServer
+    ] = Field(default_factory=dict, max_length=100)
+    """The MCP servers tool states call, as JSON {name: {"command": [...], "env": {...}}} or
+    {name: {"url": "https://host/mcp", "headers": {...}}}: a command each worker process starts
+    once and talks to over stdio, or a server it reaches over streamable HTTP."""
+    tool_queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,100}$")
+    """The Celery queue of fsm.call_tool tasks (the calls of tool states, which wait on their
+    tool): unset, the machine type's queue (FSM_QUEUES, else FSM_QUEUE)."""
     github_bug_type: str = "cto_fix_bug"
     """The machine type an issue opened with the bug label starts."""
     github_bug_label: str = "bug"
@@ -441,50 +473,7 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 ARCHIVE_TABLE = "table"  # FSM_HISTORY_ARCHIVE: detach the months and keep them as tables
 
 
-def descriptions() -> dict[str, str]:
-    """Each setting's description, the docstring under its field, on one line: read from this
-    module's source when asked (pydantic's use_attribute_docstrings would cost every process
-    a tenth of a second to start)."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings").body
-    found: dict[str, str] = {}
-    for field, doc in itertools.pairwise(body):
-        if not (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)):
-            continue
-        if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            found[field.target.id] = " ".join(str(doc.value.value).split())
-    return found
-
-
-def settings_reference() -> str:
-    """The README's table of the FSM_* settings, from the fields of Settings."""
-    lines = ["| Setting | Default | Meaning |", "| --- | --- | --- |"]
-    meanings = descriptions()
-    for name, info in Settings.model_fields.items():
-        default = info.get_default(call_default_factory=True)
-        shown = "(unset)" if default in (None, "") else f"`{default}`"
-        if isinstance(default, bool):
-            shown = f"`{str(default).lower()}`"
-        lines.append(f"| `FSM_{name.upper()}` | {shown} | {meanings[name]} |")
-    return "\n".join(lines) + "\n"
-
-
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The settings of this process, read once from the environment."""
     return Settings()
-
-
-def write_reference(readme: Path) -> bool:
-    """Put the settings table between the README's settings markers; whether it changed."""
-    text = readme.read_text()
-    begin, end = "<!-- settings:begin -->\n", "<!-- settings:end -->"
-    head, _, rest = text.partition(begin)
-    _, _, tail = rest.partition(end)
-    updated = head + begin + settings_reference() + end + tail
-    readme.write_text(updated)
-    return updated != text
-
-
-if __name__ == "__main__":  # make docs
-    write_reference(Path(__file__).resolve().parent.parent / "README.md")

@@ -27,6 +27,7 @@ from fsm_celery.core.definition import (
 from fsm_celery.core.gate import Approval
 from fsm_celery.core.schedule import Schedule
 from fsm_celery.core.signal import Wait
+from fsm_celery.core.tool import ToolCall
 from fsm_celery.core.usage import Budget
 
 # (heading, model, key in YAML) in the order the reference shows them
@@ -40,6 +41,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("A branch", Branch, "an item of `parallel.branches`"),
     ("An approval", Approval, "a state's `approval`"),
     ("A wait", Wait, "a state's `wait`"),
+    ("A tool call", ToolCall, "a state's `tool`"),
     ("A schedule", Schedule, "an item of `schedules`"),
     ("Notify", Notify, "the definition's `notify`"),
     ("A budget", Budget, "the definition's `budget`"),
@@ -177,6 +179,11 @@ MEANINGS: dict[str, tuple[str, str]] = {
         "Where the event's payload leads (as output.*).",
         "on_event: DEPLOY",
     ),
+    "StateDefinition.tool": (
+        "A worker calls one tool of an MCP server (FSM_MCP_SERVERS); its result is the "
+        "answer (docs/tools.md).",
+        "tool: {server: ci, name: run_tests}",
+    ),
     # Edge
     "Edge.target": ("The state it leads to.", "target: DEPLOY"),
     "Edge.when": (
@@ -242,6 +249,16 @@ MEANINGS.update(
         "Approval.form": (
             "`schema`: the JSON Schema of the decision's fields.",
             "schema: {type: object}",
+        ),
+        "ToolCall.server": (
+            "The server's name in FSM_MCP_SERVERS (a command or a URL, per deployment).",
+            "server: ci",
+        ),
+        "ToolCall.name": ("The tool's name on that server.", "name: run_tests"),
+        "ToolCall.arguments": (
+            "Its arguments; each string a template over the context (`{{ x }}` alone keeps x's "
+            "type).",
+            "arguments: {issue: '{{ githubIssue }}'}",
         ),
         "Wait.event": ("The event's name: lower case, digits, _.", "event: pr_merged"),
         "Wait.form": ("`schema`: the JSON Schema of the payload.", "schema: {type: object}"),

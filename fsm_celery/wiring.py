@@ -35,6 +35,7 @@ from fsm_celery.worker import tasks
 from fsm_celery.worker.app import app
 from fsm_celery.worker.enqueue import Enqueue
 from fsm_celery.worker.parts import Worker
+from fsm_celery.worker.tools import CallTools
 
 
 def machine_engine(
@@ -67,7 +68,9 @@ def machine_engine(
     )
     inline = settings.transition_mode is TransitionMode.INLINE
     onward = EnterNow() if inline else HandOn()
-    return MachineEngine(db, dispatcher, settings, onward, webhook.post_all, clock, REDIS_AWAY)
+    return MachineEngine(
+        db, dispatcher, settings, onward, webhook.post_all, clock, REDIS_AWAY, CallTools(settings)
+    )
 
 
 def dead_letters(settings: Settings) -> DeadLetters:

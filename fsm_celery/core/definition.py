@@ -20,6 +20,7 @@ from fsm_celery.core.duration import Duration
 from fsm_celery.core.gate import Approval
 from fsm_celery.core.schedule import Schedule
 from fsm_celery.core.signal import Wait
+from fsm_celery.core.tool import ToolCall
 from fsm_celery.core.usage import Budget
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*$"
@@ -184,6 +185,8 @@ class StateDefinition(BaseModel):
     # an outside event decides it (fsm_celery.core.signal): where its payload leads
     wait: Wait | None = None
     on_event: tuple[Edge, ...] = ()
+    # a worker calls one tool of an MCP server, not an agent (fsm_celery.core.tool)
+    tool: ToolCall | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -322,7 +325,7 @@ class MachineDefinition(BaseModel):
         needs an agent serving it (another definition's children name their own)."""
         named = {self.agent_type}
         for state in self.states:
-            if not state.fans_out:
+            if not state.fans_out and state.tool is None:  # a tool state: no agent
                 named.add(self.agent_type_of(state))
             for branch, body in self.children(state):
                 if body.machine is None:

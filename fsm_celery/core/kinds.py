@@ -15,4 +15,6 @@ def state_kind(state: StateDefinition) -> str:
         return "approval"
     if state.wait is not None:
         return "wait"
+    if state.tool is not None:
+        return "tool"
     return "agent"

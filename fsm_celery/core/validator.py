@@ -22,6 +22,7 @@ from fsm_celery.core.fanout_validator import fanout_problems
 from fsm_celery.core.gate import Approval
 from fsm_celery.core.prompt import TEMPLATES, variables
 from fsm_celery.core.signal import Wait
+from fsm_celery.core.tool_validator import tool_problems
 from fsm_celery.exceptions import DefinitionError, Problem
 
 
@@ -130,6 +131,7 @@ def _timing_problems(state: StateDefinition, source: str) -> Iterator[Problem]:
 def _state_problems(state: StateDefinition, names: set[str], source: str) -> Iterator[Problem]:
     name = state.name
     yield from _timing_problems(state, source)
+    yield from tool_problems(state, source)
     if state.awaits:
         yield from _awaiting_problems(state, names, source)
         return

@@ -13,6 +13,7 @@ not enter themselves (fsm_celery.engine.ports):
 - `entry`: enter a state, the one way a state_task is sent (engine/entry.py), as its kind
   does (engine/kinds: an agent's, a fan-out, an approval gate, a wait);
 - `inbox`: apply a batch of agents' messages (engine/inbox.py);
+- `tools`: the calls of tool states, read before and applied after (engine/tools.py);
 - `scan`: time out attempts and enter due states; prune (engine/scan.py);
 - `schedules`: start machines on their definitions' cron ticks (engine/schedules.py);
 - `github`: start machines for GitHub issues, once per delivery (engine/github.py);
@@ -43,7 +44,7 @@ from fsm_celery.engine.entry import EnterNow, Entry, HandOn, Onward
 from fsm_celery.engine.github import GitHub
 from fsm_celery.engine.inbox import Inbox
 from fsm_celery.engine.notify import Notifier
-from fsm_celery.engine.ports import Dispatcher, Handoff, Inbound, Poster, Scanned
+from fsm_celery.engine.ports import Caller, Dispatcher, Handoff, Inbound, Poster, Scanned
 from fsm_celery.engine.replays import Replays
 from fsm_celery.engine.retention import Retention
 from fsm_celery.engine.runtime import Runtime
@@ -51,9 +52,11 @@ from fsm_celery.engine.scan import Scan
 from fsm_celery.engine.schedules import Schedules
 from fsm_celery.engine.signals import Signals
 from fsm_celery.engine.stats import Stats
+from fsm_celery.engine.tools import Tools
 from fsm_celery.engine.travel import Fork, Rewind
 
 __all__ = [
+    "Caller",
     "Dispatcher",
     "EnterNow",
     "Entry",
@@ -86,8 +89,9 @@ class MachineEngine:
         post: Poster,
         clock: Callable[[], datetime] = utcnow,
         away: tuple[type[Exception], ...] = (),
+        caller: Caller | None = None,
     ) -> None:
-        self.runtime = Runtime(db, dispatcher, settings, clock, away)
+        self.runtime = Runtime(db, dispatcher, settings, clock, away, caller)
         self.catalog = self.runtime.catalog
         self.entry = Entry(self.runtime, onward)
         self.admin = Admin(self.runtime, self.entry)
@@ -97,6 +101,7 @@ class MachineEngine:
         self.fork = Fork(self.runtime)
         self.replays = Replays(self.runtime)
         self.inbox = Inbox(self.runtime, self.entry)
+        self.tools = Tools(self.runtime, self.entry)
         self.scan = Scan(self.runtime, self.entry)
         self.schedules = Schedules(self.runtime, self.admin)
         self.github = GitHub(self.runtime, self.admin, self.approvals)

@@ -7,6 +7,8 @@ messages, fsm_celery.worker sends Celery tasks); they import this module, never 
 - `Next` (of `Step`s, fsm_celery.core.steps): what a use case decided and did not enter;
 - `Dispatcher`: how state_tasks, state_cancels and transition events leave;
 - `Handoff`: how a Next is entered later (an fsm.enter_state task per step, normally);
+- `Caller`: how the tool states a transaction entered get their calls made (an fsm.call_tool
+  task each);
 - `Webhook` and `Poster`: how notifications leave (fsm_celery.channel.webhook POSTs them).
 
 What becomes of the states a transaction moved machines to (entered here, or handed on) is
@@ -47,6 +49,15 @@ class Handoff(Protocol):
     the scan, which enters every state whose dispatch is due."""
 
     def __call__(self, next_states: Next, /) -> None: ...
+
+
+class Caller(Protocol):
+    """Has the call of each tool state entered made, by a worker, once the transaction that
+    entered it committed (fsm_celery.worker.tools sends an fsm.call_tool task each). May raise:
+    the transaction committed all the same, and an attempt whose call was never made times out
+    and is retried as any other."""
+
+    def __call__(self, calls: Next, /) -> None: ...
 
 
 class Dispatcher(Protocol):

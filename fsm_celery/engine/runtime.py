@@ -3,6 +3,7 @@ settings, the clock, and the machine definitions."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,8 +17,9 @@ from fsm_celery.config import Settings
 from fsm_celery.core.clock import utcnow
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.fanout_validator import tree_problems
+from fsm_celery.core.steps import Next
 from fsm_celery.core.transition import Limits
-from fsm_celery.engine.ports import Dispatcher
+from fsm_celery.engine.ports import Caller, Dispatcher
 from fsm_celery.exceptions import DefinitionError, UnknownMachineType
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
@@ -31,6 +33,8 @@ DATABASE_AWAY = (
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fsm_celery.store.writes import Outgoing
@@ -110,6 +114,7 @@ class Runtime:
     settings: Settings
     clock: Callable[[], datetime] = utcnow
     away: tuple[type[Exception], ...] = ()  # the dispatcher's errors when its transport is away
+    caller: Caller | None = None  # makes tool states' calls (None: this process enters none)
     catalog: Catalog = field(init=False)
     limits: Limits = field(init=False)
     transient: tuple[type[Exception], ...] = field(init=False)  # tried again once they pass
@@ -139,3 +144,20 @@ class Runtime:
             self.dispatcher.cancel_many(to_agents)
         if out.events:
             self.dispatcher.announce(out.events)
+        if out.calls:
+            self._call(out.calls)
+
+    def _call(self, calls: Next) -> None:
+        """Have the tool states' calls made; committed all the same when that fails: those
+        attempts time out and are retried."""
+        try:
+            if self.caller is None:
+                raise RuntimeError("this process was built without a way to make tool calls")
+            self.caller(calls)
+        except Exception as exc:
+            log.warning(
+                "%d tool calls could not be sent (%s: %s): their attempts time out and are retried",
+                len(calls),
+                type(exc).__name__,
+                exc,
+            )

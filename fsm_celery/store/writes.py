@@ -81,6 +81,7 @@ class Outgoing:
         self.events: list[StateEvent] = []  # announced once committed
         self.cancels: list[tuple[str, str]] = []  # (agent, state_cancel), too
         self.refusals: list[tuple[str, str]] = []  # (agent, state_ack_refused), too
+        self.calls: list[Step] = []  # tool states entered: their calls made once committed
 
 
 @dataclass

@@ -12,15 +12,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol
 from uuid import UUID
 
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import DeadLetters
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.config import Settings
+from fsm_celery.core import tool
 from fsm_celery.core.parking import Policy
 from fsm_celery.engine import MachineEngine
 from fsm_celery.engine.inbox import Applier
+from fsm_celery.engine.tools import Pending
 from fsm_celery.worker.combine import Combiner
 from fsm_celery.worker.enqueue import Enqueue
 
@@ -56,6 +59,7 @@ class Worker:
         self._engine: MachineEngine | None = self._given
         self._batches: Applier[Envelope] | None = None
         self._dead: DeadLetters | None = None
+        self._caller: Calls | None = None
         # fsm.apply_acks's: the batches of the tasks that run meanwhile in this process's
         # threads, applied in one transaction (see fsm_celery.worker.combine)
         self.applier: Combiner[Envelope] = Combiner(self._apply, self.settings.ack_batch_size)
@@ -94,7 +98,36 @@ class Worker:
         return []
 
     @property
+    def caller(self) -> Calls:
+        """The MCP client of fsm.call_tool (its servers' connections: this process's own)."""
+        if self._caller is None:
+            with self._building:
+                if self._caller is None:
+                    self._caller = _caller(self.settings)
+        return self._caller
+
+    @property
     def dead_letters(self) -> DeadLetters:
         if self._dead is None:
             self._dead = self._build_dead()
         return self._dead
+
+
+class Calls(Protocol):
+    def call(self, pending: Pending, /) -> tool.Outcome | None: ...
+
+
+class _NoMcp:
+    """The caller of a worker installed without the `mcp` extra: every call fails, saying so."""
+
+    def call(self, pending: Pending, /) -> tool.Outcome | None:
+        return tool.failed("tool states need the mcp package: pip install 'fsm-celery[mcp]'")
+
+
+def _caller(settings: Settings) -> Calls:
+    try:
+        from fsm_celery.worker.caller import Caller
+    except ImportError:
+        log.error("this worker has no `mcp` package: every tool state's call fails")
+        return _NoMcp()
+    return Caller(settings)

@@ -1,8 +1,9 @@
 """Celery tasks: thin, idempotent, taking ids. Each asks the engine and hands on what follows.
 
 fsm.apply_acks applies a batch of agents' messages the bridge relayed (acks/relay.py, the
-sending end); fsm.enter_state enters a state (worker/enqueue.py, the sending end); beat runs
-the engine's periodic work. What the tasks run on is a Worker's parts (worker/parts.py), given
+sending end); fsm.enter_state enters a state (worker/enqueue.py, the sending end);
+fsm.call_tool makes a tool state's call (worker/tools.py, the sending end); beat runs the
+engine's periodic work. What the tasks run on is a Worker's parts (worker/parts.py), given
 by the worker's composition root (fsm_celery.celery, through fsm_celery.wiring).
 
 In the worker, a message that can be neither applied nor recorded is tried again alone, a
@@ -13,6 +14,7 @@ are its tries.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 from uuid import UUID
 
@@ -21,10 +23,14 @@ from celery import Task
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.relay import APPLY_ACKS, Wire, acks_repr, wire
 from fsm_celery.channel.transient import TRANSIENT
+from fsm_celery.core.clock import utcnow
+from fsm_celery.core.tool import Outcome
 from fsm_celery.engine.ports import Inbound
+from fsm_celery.engine.tools import Pending
 from fsm_celery.worker.app import app
 from fsm_celery.worker.enqueue import ENTER_STATE
 from fsm_celery.worker.parts import Worker
+from fsm_celery.worker.tools import CALL_TOOL
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +109,44 @@ def enter_state(machine_id: str, attempt: int) -> None:
     step = (UUID(machine_id), attempt)
     if run.entries([step]):
         run.enqueue(run.engine.entry.enter_many([step]))
+
+
+@app.task(name=CALL_TOOL, **RETRY)
+def call_tool(machine_id: str, attempt: int) -> str:
+    """Make a tool state's call and apply what it came to as the attempt's answer; a no-op
+    when the machine is no longer at that attempt (a repeated or stale task). The call is
+    made once a task: what it came to is applied, the database away or not (_finish), so
+    that only a worker lost mid-call makes it again (at least once: tools should be
+    idempotent, as any Celery task's work)."""
+    run = parts()
+    pending = run.engine.tools.pending(UUID(machine_id), attempt)
+    if pending is None:
+        return "nothing to call"
+    outcome = run.caller.call(pending)
+    if outcome is None:  # past the attempt's deadline: the scan times it out
+        return "no result before the deadline"
+    _finish(run, pending, outcome)
+    return "called" if outcome.success else f"failed: {outcome.error}"
+
+
+def _finish(run: Worker, pending: Pending, outcome: Outcome) -> None:
+    """Apply the call's outcome, trying again while the database is away, until the
+    attempt's deadline (then the scan times it out, and its retry calls again)."""
+    wait = 0.5
+    while True:
+        try:
+            next_states = run.engine.tools.finish(pending, outcome)
+            break
+        except TRANSIENT as exc:
+            if utcnow() >= pending.deadline:
+                log.warning("the call's outcome could not be applied before its deadline: %s", exc)
+                return
+            time.sleep(wait)
+            wait = min(wait * 2, 10.0)
+    try:
+        run.enqueue(next_states)
+    except TRANSIENT as exc:  # committed: the scan enters the next state when it is due
+        log.warning("applied a tool call; its next states could not be handed on: %s", exc)
 
 
 @app.task(name="fsm.scan", send_events=False, **RETRY)

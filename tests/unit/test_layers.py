@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "celery",
             "cli",
             "definition_reference",
+            "settings_reference",
             "demo",
             "doctor",
             "exits",

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from fsm_celery.config import Settings, descriptions, settings_reference
+from fsm_celery.config import Settings
+from fsm_celery.settings_reference import descriptions, settings_reference
 from fsm_celery.urls import mask
 
 README = Path(__file__).resolve().parents[2] / "README.md"
