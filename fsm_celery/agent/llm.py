@@ -29,7 +29,8 @@ from typing import Any
 
 from fsm_celery.agent.sdk import ANY, Agent, Failed
 from fsm_celery.agent.task import Task
-from fsm_celery.config import LlmPrice, Settings
+from fsm_celery.config import Settings
+from fsm_celery.config_agents import LlmPrice
 from fsm_celery.core.contract import flaws, schema_of
 
 log = logging.getLogger(__name__)

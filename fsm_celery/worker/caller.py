@@ -28,7 +28,8 @@ from mcp.client import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from fsm_celery.config import McpServer, Settings
+from fsm_celery.config import Settings
+from fsm_celery.config_agents import McpServer
 from fsm_celery.core import tool
 from fsm_celery.core.contract import flaws, summary
 from fsm_celery.engine.tools import Pending

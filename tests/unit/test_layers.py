@@ -29,7 +29,10 @@ LAYERS: list[tuple[str, set[str]]] = [
         },
     ),
     ("core", {"core"}),  # pure: the definitions, the decisions, the wire messages
-    ("store", {"store", "config", "records"}),  # the tables and SQL; the settings; the records
+    (
+        "store",
+        {"store", "config", "config_agents", "records"},
+    ),  # the tables and SQL; the settings; the records
     ("engine", {"engine"}),  # the use cases, on ports
     # the ways in and out: Redis and agents' messages, Celery, the agent SDK
     ("adapters", {"acks", "channel", "worker", "agent", "pipeline", "langgraph"}),

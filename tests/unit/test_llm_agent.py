@@ -19,7 +19,8 @@ from fsm_celery.agent.llm import (
     problems_of,
 )
 from fsm_celery.agent.task import Task
-from fsm_celery.config import LlmPrice, Settings
+from fsm_celery.config import Settings
+from fsm_celery.config_agents import LlmPrice
 from fsm_celery.core.messages import StateTask
 
 
