@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "cli",
             "definition_reference",
             "demo",
+            "demo_mcp",
             "doctor",
             "exits",
             "http",
