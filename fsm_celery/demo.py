@@ -6,19 +6,21 @@ the research machines, and the children of fan-outs, go to their states' agent t
 by a mock agent of its own as agents of a type are in production. A second research pipeline is
 pinned to the LLM agent (fsm_celery.agent.llm), asking the demo's own scripted chat endpoint
 (fsm_celery.agent.scripted_llm), whose first answer to each state breaks its contract and is
-corrected."""
+corrected. A second bug fix is worked through the MCP agent door by a scripted coding agent
+(fsm_celery.demo_mcp), when the `mcp` extra is installed."""
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import secrets
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
@@ -42,13 +44,19 @@ from fsm_celery.engine import MachineEngine
 from fsm_celery.exceptions import FsmError
 from fsm_celery.pipeline.orchestrator import PIPELINE, as_node, default_agents, pipeline_context
 from fsm_celery.pipeline.state import TaskState
-from fsm_celery.records import MachineInfo
+from fsm_celery.records import MachineInfo, TransitionRecord
 from fsm_celery.store.db import upgrade
 
+if TYPE_CHECKING:
+    from fsm_celery.demo_mcp import McpRun
+
 log = logging.getLogger(__name__)
+# lines an agent shows under a machine's name, before the machine's step that ends the attempt
+Notes = queue.Queue[tuple[uuid.UUID, int, str]]
 TERMINAL = {"completed", "failed", "cancelled"}
 THINK = (0.02, 0.15)  # seconds a mock agent works on a task
 DEMO_APPROVER = "release-manager (demo)"
+MCP_SKIPPED = "the MCP run is skipped: the mcp extra is missing"
 STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
 
@@ -115,13 +123,17 @@ def run_demo(
             ),
         ):
             llm = _llm_agent(bus, settings, acks, endpoint.url)
-            ids = _start_machines(client, steady, shaky, llm)
+            notes: Notes = queue.Queue()
+            coding = _mcp_run(bus, settings, acks, client, notes, console)
+            ids = _start_machines(client, steady, shaky, llm, coding)
             scanning = threading.Event()
             scanner = threading.Thread(target=_scan, args=(engine, scanning), daemon=True)
             scanner.start()  # timeouts and retry delays, as beat's scan does in production
             approving = threading.Thread(target=_approver, args=(client, scanning), daemon=True)
             approving.start()  # a person of the release group, scripted
-            done = _follow(client, ids, console, timeout)
+            done = _follow(client, ids, console, timeout, notes)
+            if coding is not None:
+                coding.stop()
             scanning.set()
             scanner.join(5)
             approving.join(5)
@@ -158,12 +170,36 @@ def _approver(client: Client, stop: threading.Event) -> None:
                 log.info("the demo's approver was refused: %s", exc)
 
 
+def _mcp_run(
+    bus: MemoryBus,
+    settings: Settings,
+    acks: MemoryConsumer,
+    client: Client,
+    notes: Notes,
+    console: Console,
+) -> McpRun | None:
+    """The MCP door's agent and its scripted coding agent, started; None (said) without the
+    `mcp` extra."""
+    try:
+        from fsm_celery.demo_mcp import McpRun
+    except ImportError as exc:
+        console.print(
+            f"{MCP_SKIPPED} ({exc}): pip install 'fsm-celery[mcp]'",
+            soft_wrap=True,
+            markup=False,
+        )
+        return None
+    run = McpRun(bus, settings.channel_prefix, acks, client, notes.put)
+    run.start()
+    return run
+
+
 def _start_machines(
-    client: Client, steady: uuid.UUID, shaky: uuid.UUID, llm: uuid.UUID
+    client: Client, steady: uuid.UUID, shaky: uuid.UUID, llm: uuid.UUID, coding: McpRun | None
 ) -> list[uuid.UUID]:
-    """A machine of every shipped definition, a second build that meets a failure, and a second
-    research pipeline worked by the LLM agent."""
-    return [
+    """A machine of every shipped definition, a second build that meets a failure, a second
+    research pipeline worked by the LLM agent, and a second bug fix worked over MCP."""
+    started = [
         client.start_machine(  # its production deploy waits for a person's approval
             "cto_build_project",
             {"projectName": "sla-api", "githubIssue": 726, "approveProduction": True},
@@ -185,6 +221,10 @@ def _start_machines(
             PIPELINE, pipeline_context(TaskState(query="state machines for LLM agents")), llm
         ),
     ]
+    if coding is not None:  # every state taken and answered through the MCP door's tools
+        context = {"projectName": "status-page", "githubIssue": 752}
+        started.append(client.start_machine("cto_fix_bug", context, coding.agent_id))
+    return started
 
 
 def _serve_agent_types(
@@ -250,32 +290,36 @@ def _llm_agent(bus: MemoryBus, settings: Settings, acks: MemoryConsumer, url: st
     return agent_id
 
 
-def _follow(client: Client, ids: list[uuid.UUID], console: Console, timeout: float) -> bool:
-    """Print each transition as it is recorded, under a live table of the machines; then the
-    summary. Without a terminal, rich prints the lines and the tables once, unanimated."""
+def _follow(
+    client: Client, ids: list[uuid.UUID], console: Console, timeout: float, notes: Notes
+) -> bool:
+    """Print each transition as it is recorded (and each line an agent notes), under a live
+    table of the machines; then the summary. Without a terminal, rich prints the lines and the
+    tables once, unanimated."""
     names = {mid: f"{client.get_machine(mid).type}#{n}" for n, mid in enumerate(ids, 1)}
     shown = dict.fromkeys(ids, 0)
     started = time.monotonic()
     ended: dict[uuid.UUID, float] = {}
     machines: list[MachineInfo] = []
     with Live(console=console, auto_refresh=False, transient=True) as live:
+
+        def show(mid: uuid.UUID, text: str) -> None:
+            live.console.print(
+                f"{time.monotonic() - started:6.2f}s  {names[mid]:28} {text}",
+                highlight=False,
+                soft_wrap=True,  # a line per transition, however narrow the terminal
+            )
+
+        noted: dict[uuid.UUID, list[tuple[int, str]]] = {mid: [] for mid in ids}
         while time.monotonic() - started < timeout:
-            for mid in ids:
-                rows = client.history(mid)
-                for row in rows[shown[mid] :]:
-                    mark = "[green]ok  [/]" if row.success else "[red]FAIL[/]"
-                    note = f"  ({row.error_message})" if row.error_message else ""
-                    if row.event == "join" and row.success:
-                        note = f"  (joined: {_joined(row.output or {})})"
-                    if row.event == "approval":
-                        verdict = "approved" if row.success else "rejected"
-                        note = f"  ({verdict} by {row.actor})"
-                    live.console.print(
-                        f"{time.monotonic() - started:6.2f}s  {names[mid]:28} {mark} "
-                        f"{row.from_state or '(start)':>15} -> {row.to_state}{note}",
-                        highlight=False,
-                        soft_wrap=True,  # a line per transition, however narrow the terminal
-                    )
+            histories = {mid: client.history(mid) for mid in ids}
+            while not notes.empty():  # after the reads: a row's notes are in by its read
+                mid, attempt, text = notes.get()
+                noted[mid].append((attempt, text))
+            for mid, rows in histories.items():
+                lines, noted[mid] = _lines(rows[shown[mid] :], noted[mid])
+                for line in lines:
+                    show(mid, line)
                 shown[mid] = len(rows)
             machines = [client.get_machine(mid) for mid in ids]
             for m in machines:
@@ -290,6 +334,31 @@ def _follow(client: Client, ids: list[uuid.UUID], console: Console, timeout: flo
     if not done:
         console.print(f"[red]the demo timed out after {timeout:.0f}s[/]")
     return done
+
+
+def _lines(
+    rows: list[TransitionRecord], noted: list[tuple[int, str]]
+) -> tuple[list[str], list[tuple[int, str]]]:
+    """A machine's new history rows as lines, each after the notes of its attempt (and of the
+    ones before); and the notes still waiting for their row."""
+    lines: list[str] = []
+    for row in rows:
+        lines += [text for attempt, text in noted if attempt <= row.attempt]
+        noted = [(attempt, text) for attempt, text in noted if attempt > row.attempt]
+        lines.append(_step(row))
+    return lines, noted
+
+
+def _step(row: TransitionRecord) -> str:
+    """A transition as the demo prints it: ok or FAIL, its states, and why in a few words."""
+    mark = "[green]ok  [/]" if row.success else "[red]FAIL[/]"
+    note = f"  ({row.error_message})" if row.error_message else ""
+    if row.event == "join" and row.success:
+        note = f"  (joined: {_joined(row.output or {})})"
+    if row.event == "approval":
+        verdict = "approved" if row.success else "rejected"
+        note = f"  ({verdict} by {row.actor})"
+    return f"{mark} {row.from_state or '(start)':>15} -> {row.to_state}{note}"
 
 
 def _joined(output: dict[str, Any]) -> str:

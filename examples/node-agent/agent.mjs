@@ -58,7 +58,8 @@ class Redis {
     this.socket.on("error", (error) => this.#failAll(error));
     this.socket.on("close", () => this.#failAll(new Error("connection closed")));
     if (this.auth) await this.call("AUTH", ...this.auth);
-    if (this.db) await this.call("SELECT", this.db);
+    // a connection starts in database 0: an agent's credentials there may not run SELECT
+    if (this.db && Number(this.db) !== 0) await this.call("SELECT", this.db);
     return this;
   }
 

@@ -8,6 +8,9 @@ value of that key, else a short text. With `bad_first`, the first answer to each
 state, attempt) leaves out the required keys, so the agent's correction turn is exercised; with
 `first_status` (429, 503 ...), the first request of all is answered with it and a Retry-After of
 `retry_after` seconds. Every request is kept (`requests`) for the tests to look at.
+
+`python -m fsm_celery.agent.scripted_llm [--port 8000]` serves it (broken answers first) at
+http://127.0.0.1:PORT/v1, to try `fsm-celery agent --llm` with no model (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -159,3 +162,21 @@ class Served:
     def __exit__(self, *_: object) -> None:
         self._server.should_exit = True
         self._thread.join(5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the endpoint until interrupted, each state's first answer broken."""
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="A scripted OpenAI-compatible chat endpoint.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    app = make_app(Script(bad_first=True))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

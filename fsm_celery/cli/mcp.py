@@ -71,7 +71,9 @@ def agent(agent_type: str, agent_id: str | None, http: bool, host: str, port: in
     hand_back.
 
     It connects with FSM_REDIS_URL, the agent's own as `fsm-celery agents credentials` prints
-    it. Over HTTP every request carries `Authorization: Bearer <that URL's password>`."""
+    it. Over HTTP every request carries `Authorization: Bearer <that URL's password>`. With
+    FSM_DATABASE_URL set it also serves the held task's machine's history and its state's
+    definition as resources."""
     try:
         from fsm_celery.mcp import agent as door
     except ImportError as exc:
@@ -79,6 +81,8 @@ def agent(agent_type: str, agent_id: str | None, http: bool, host: str, port: in
             f"the MCP door needs the mcp package ({exc}): pip install 'fsm-celery[mcp]'"
         ) from exc
     from fsm_celery.agent.sdk import Agent
+    from fsm_celery.config import Settings
+    from fsm_celery.mcp.machine import MachineReads
 
     try:
         served = Agent(agent_type, agent_id=agent_id, concurrency=1, shutdown_grace=0)
@@ -89,7 +93,8 @@ def agent(agent_type: str, agent_id: str | None, http: bool, host: str, port: in
             "over HTTP the door needs the agent's own credentials: FSM_REDIS_URL as "
             "`fsm-celery agents credentials` prints it (its password is the bearer token)"
         )
-    door.serve(served, http=(host, port) if http else None)
+    machines = MachineReads.of(Settings())
+    door.serve(served, http=(host, port) if http else None, machines=machines)
 
 
 def _token(token_file: Path | None) -> str:

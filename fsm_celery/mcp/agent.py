@@ -6,7 +6,9 @@ cancels, hand-backs, replicated answers, statuses. Its one handler parks each ta
 hand-off (HandOff) and blocks until an MCP session answers it, or the attempt is dropped. A
 session holds at most one task, and the tools act on the calling session's task only: no tool
 takes a machine id or a token, so a session can answer no task but the one it took, and cannot
-skip a step."""
+skip a step. Its resources too are the held task's: its context and output contract, and (read
+from the database when the door is given one: machine.py) its machine's history and its
+state's definition."""
 
 from __future__ import annotations
 
@@ -31,13 +33,15 @@ from fsm_celery.agent.sdk import Agent, Failed, HandBack, NoAck, Task
 from fsm_celery.core.contract import flaws, schema_of
 from fsm_celery.core.messages import StateTask
 from fsm_celery.mcp.arguments import JsonObject
+from fsm_celery.mcp.machine import MachineReads
 from fsm_celery.mcp.serve import PATH, unauthorized
 
 WAIT_MOST = 60  # seconds next_task waits at the most: under the clients' request timeouts
 CANCELLED = "the attempt was cancelled (paused, forced or timed out): call next_task"
 NO_TASK = "this session holds no task: call next_task"
 ANSWERED = "answered: call next_task for the next one"
-TASK_URI = "fsm-celery://task/{part}"  # the held task's context, or its contract
+TASK_URI = "fsm-celery://task/{part}"  # the held task's context, contract, history, definition
+PARTS = ("context", "contract", "history", "definition")
 
 WaitSeconds = Annotated[float, Field(ge=0, le=WAIT_MOST, description="seconds to wait for a task")]
 Text = Annotated[str, Field(max_length=2000)]
@@ -162,8 +166,9 @@ def _session(ctx: Context) -> str:
 class _Tools:
     """The door's tools, each acting on the calling session's task."""
 
-    def __init__(self, sessions: Sessions) -> None:
+    def __init__(self, sessions: Sessions, machines: MachineReads) -> None:
         self.sessions = sessions
+        self.machines = machines
 
     def all(self) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
         return [
@@ -221,14 +226,20 @@ class _Tools:
         return self._answer(ctx, held, "hand_back", reason)
 
     def held_task(self, ctx: Context, part: str) -> str:
-        """The held task's `context` or output `contract`, as JSON."""
-        if part not in ("context", "contract"):
-            raise ValueError(f"part: expected context or contract, got {part!r}")
+        """The held task's `context`, output `contract`, its machine's `history` or its
+        state's `definition`, as JSON."""
+        if part not in PARTS:
+            raise ValueError(f"part: expected one of {', '.join(PARTS)}, got {part!r}")
         held, why = self.sessions.current(_session(ctx))
         if held is None:
             return json.dumps({"message": why})
         message = held.task.message
-        return json.dumps(message.context if part == "context" else contract(message))
+        if part == "context":
+            return json.dumps(message.context)
+        if part == "contract":
+            return json.dumps(contract(message))
+        read = self.machines.history if part == "history" else self.machines.definition
+        return json.dumps(read(message))
 
     def _answer(self, ctx: Context, held: Held, kind: str, value: Any) -> dict[str, Any]:
         if not self.sessions.release(_session(ctx), held):
@@ -237,17 +248,22 @@ class _Tools:
         return {"accepted": True, "message": ANSWERED}
 
 
-def agent_server(handoff: HandOff, agent_type: str) -> MCPServer:
-    """The agent door's MCP server, serving the hand-off's tasks."""
+def agent_server(
+    handoff: HandOff, agent_type: str, machines: MachineReads | None = None
+) -> MCPServer:
+    """The agent door's MCP server, serving the hand-off's tasks (and, when given a client
+    on the database, the held task's machine's history and state's definition)."""
     server = MCPServer(
         "fsm-celery agent",
         instructions=f"You are an fsm-celery agent of type {agent_type!r}. Call next_task; do "
         "what its prompt asks with its context; heartbeat while you work; submit an output "
         "matching its output_contract (fix the problems a refused submit names), or fail, or "
-        "hand_back. Then call next_task again.",
+        "hand_back. Then call next_task again. The resources fsm-celery://task/context, /contract, "
+        "/history and /definition show the held task's context, output contract, machine "
+        "history and state definition.",
         log_level="WARNING",
     )
-    tools = _Tools(Sessions(handoff))
+    tools = _Tools(Sessions(handoff), machines or MachineReads(None))
     for fn, hints in tools.all():
         server.add_tool(fn, name=fn.__name__, annotations=hints, structured_output=True)
     server.resource(TASK_URI, name="held_task", mime_type="application/json")(tools.held_task)
@@ -260,13 +276,15 @@ def password_of(redis_url: str) -> str | None:
     return unquote(password) if password else None
 
 
-def serve(agent: Agent, *, http: tuple[str, int] | None = None) -> None:
+def serve(
+    agent: Agent, *, http: tuple[str, int] | None = None, machines: MachineReads | None = None
+) -> None:
     """Run the agent with the door's handler and serve its tools over stdio (or streamable
     HTTP at http://HOST:PORT/mcp) until the client closes them; then stop the agent, which
     hands back the tasks still parked (its shutdown grace is the door's to give: none)."""
     handoff = HandOff()
     agent.handler()(handoff.handle)
-    server = agent_server(handoff, agent.agent_type)
+    server = agent_server(handoff, agent.agent_type, machines)
     running = threading.Thread(target=agent.run, kwargs={"install_signals": False}, daemon=True)
     running.start()
     try:

@@ -1,7 +1,9 @@
 """The MCP door for agents, driven by the `mcp` package's own client as a coding agent would,
 against a real `fsm-celery mcp agent` process under the agent's own Redis credentials: over
-stdio a machine worked to COMPLETE (a refused answer corrected), a cancel seen; over
-streamable HTTP the bearer check and one session unable to answer another's task."""
+stdio a machine worked to COMPLETE (a refused answer corrected), a cancel seen, the held
+task's machine's history and state's definition read as resources (and, without a database,
+what they need); over streamable HTTP the bearer check and one session unable to answer
+another's task."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from fsm_celery.mcp.agent import ANSWERED, CANCELLED, NO_TASK, password_of
+from fsm_celery.mcp.machine import NEEDS_DATABASE
 from tests.support import ROOT
 from tests.support.processes import FsmEnv
 
@@ -44,12 +47,16 @@ def credentials(env: FsmEnv) -> tuple[str, str]:
     return agent_id, env.issue_credentials(agent_id, AGENT_TYPE)
 
 
-def over_stdio(env: FsmEnv, url: str, work: Session[T]) -> T:
-    """`work` done in an MCP session with `fsm-celery mcp agent` over stdio, as the agent."""
+def over_stdio(env: FsmEnv, url: str, work: Session[T], *, database: bool = True) -> T:
+    """`work` done in an MCP session with `fsm-celery mcp agent` over stdio, as the agent
+    (given the deployment's database, or its Redis credentials alone)."""
+    environ = {**env.env, "FSM_REDIS_URL": url}
+    if not database:
+        del environ["FSM_DATABASE_URL"]
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "fsm_celery", "mcp", "agent", "--agent-type", AGENT_TYPE],
-        env={**env.env, "FSM_REDIS_URL": url},
+        env=environ,
         cwd=str(ROOT),
     )
 
@@ -67,6 +74,12 @@ async def call(session: ClientSession, tool: str, /, **arguments: Any) -> dict[s
     text = " ".join(getattr(block, "text", "") for block in result.content)
     assert not result.is_error, text
     return dict(result.structured_content or json.loads(text))
+
+
+async def resource(session: ClientSession, part: str) -> Any:
+    """The held task's resource fsm-celery://task/PART, as JSON."""
+    read = await session.read_resource(f"fsm-celery://task/{part}")
+    return json.loads(getattr(read.contents[0], "text", ""))
 
 
 async def next_task(session: ClientSession) -> dict[str, Any]:
@@ -121,6 +134,79 @@ def test_a_scripted_coding_agent_works_a_machine_to_complete_correcting_a_refuse
     ]
     assert door.wait_until_done(mid).status == "completed"
     assert door.visited(mid)[-4:] == ["ONE", "TWO", "THREE", "DONE"]
+
+
+def test_the_held_tasks_machine_history_and_state_definition_are_resources(
+    door: FsmEnv,
+) -> None:
+    agent_id, url = credentials(door)
+    mid = door.client.start_machine("test_linear", {"n": 1}, agent_id=agent_id)
+
+    async def work(session: ClientSession) -> list[Any]:
+        await next_task(session)
+        first = [await resource(session, part) for part in ("history", "definition")]
+        await call(session, "submit", output={"one": 1})
+        await next_task(session)
+        second = [await resource(session, part) for part in ("history", "definition")]
+        return first + second
+
+    history, definition, later, next_definition = over_stdio(door, url, work)
+    assert history["machine_id"] == str(mid)
+    assert history["steps"] == [r.to_dict() for r in door.client.history(mid)][:1]
+    assert [(s["event"], s["to_state"]) for s in later["steps"]] == [
+        ("start", "ONE"),
+        ("ack", "TWO"),
+    ]
+    assert later["steps"][1]["output"] == {"one": 1}
+    assert definition == {
+        "machine_type": "test_linear",
+        "version": door.client.get_machine(mid).definition_version,
+        "state": "ONE",
+        "kind": "agent",
+        "description": "",
+        "prompt": "",
+        "required_output": ["one"],
+        "output_schema": None,
+        "max_corrections": None,
+        "timeout_seconds": 5.0,
+        "max_retries": 10,
+        "transitions": {
+            "on_success": [{"target": "TWO", "when": None, "loop": False}],
+            "on_failure": {"target": "FAILED", "when": None, "loop": False},
+        },
+    }
+    assert (next_definition["state"], next_definition["required_output"]) == ("TWO", ["two"])
+    door.client.cancel(mid, "admin", "test")
+
+
+def test_without_a_database_the_history_and_definition_say_what_they_need(
+    door: FsmEnv,
+) -> None:
+    agent_id, url = credentials(door)
+    mid = door.client.start_machine("test_linear", {"n": 1}, agent_id=agent_id)
+
+    async def work(session: ClientSession) -> list[Any]:
+        task = await next_task(session)
+        parts = [await resource(session, p) for p in ("context", "history", "definition")]
+        await call(session, "submit", output={"one": 1})
+        return [task["state"], *parts]
+
+    seen = over_stdio(door, url, work, database=False)
+    needed = {"message": NEEDS_DATABASE}
+    state, context, *unavailable = seen
+    assert (state, context["n"]) == ("ONE", 1)  # the task's own parts still served
+    assert unavailable == [needed, needed]
+    door.wait_for_state(mid, "TWO")
+    door.client.cancel(mid, "admin", "test")
+
+
+def test_without_a_held_task_the_resources_say_so(door: FsmEnv) -> None:
+    _, url = credentials(door)
+
+    async def work(session: ClientSession) -> list[Any]:
+        return [await resource(session, p) for p in ("history", "definition")]
+
+    assert over_stdio(door, url, work) == [{"message": NO_TASK}] * 2
 
 
 def test_a_cancelled_attempt_is_reported_on_the_next_call_and_dropped(door: FsmEnv) -> None:

@@ -22,3 +22,9 @@ def agent_example(folder: Path) -> Path:
     path = folder / "research_agents.py"
     path.write_text(module)
     return path
+
+
+def block_with(page: str, language: str, text: str) -> str:
+    """The page's one block in that language that holds `text`."""
+    [found] = [b for b in blocks(page, language) if text in b]
+    return found

@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "definition_reference",
             "settings_reference",
             "demo",
+            "demo_mcp",
             "doctor",
             "exits",
             "http",
