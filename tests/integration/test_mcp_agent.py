@@ -28,7 +28,7 @@ from fsm_celery.mcp.machine import NEEDS_DATABASE
 from tests.support import ROOT
 from tests.support.processes import FsmEnv
 
-AGENT_TYPE = "tester"  # test_linear's
+AGENT_TYPE = "tester"  # test_door's
 T = TypeVar("T")
 Session = Callable[[ClientSession], Awaitable[T]]
 
@@ -93,7 +93,7 @@ def test_a_scripted_coding_agent_works_a_machine_to_complete_correcting_a_refuse
     door: FsmEnv,
 ) -> None:
     agent_id, url = credentials(door)
-    mid = door.client.start_machine("test_linear", {"n": 1}, agent_id=agent_id)
+    mid = door.client.start_machine("test_door", {"n": 1}, agent_id=agent_id)
 
     async def work(session: ClientSession) -> list[Any]:
         seen: list[Any] = []
@@ -140,7 +140,7 @@ def test_the_held_tasks_machine_history_and_state_definition_are_resources(
     door: FsmEnv,
 ) -> None:
     agent_id, url = credentials(door)
-    mid = door.client.start_machine("test_linear", {"n": 1}, agent_id=agent_id)
+    mid = door.client.start_machine("test_door", {"n": 1}, agent_id=agent_id)
 
     async def work(session: ClientSession) -> list[Any]:
         await next_task(session)
@@ -159,7 +159,7 @@ def test_the_held_tasks_machine_history_and_state_definition_are_resources(
     ]
     assert later["steps"][1]["output"] == {"one": 1}
     assert definition == {
-        "machine_type": "test_linear",
+        "machine_type": "test_door",
         "version": door.client.get_machine(mid).definition_version,
         "state": "ONE",
         "kind": "agent",
@@ -168,7 +168,7 @@ def test_the_held_tasks_machine_history_and_state_definition_are_resources(
         "required_output": ["one"],
         "output_schema": None,
         "max_corrections": None,
-        "timeout_seconds": 5.0,
+        "timeout_seconds": 120.0,
         "max_retries": 10,
         "transitions": {
             "on_success": [{"target": "TWO", "when": None, "loop": False}],
@@ -183,7 +183,7 @@ def test_without_a_database_the_history_and_definition_say_what_they_need(
     door: FsmEnv,
 ) -> None:
     agent_id, url = credentials(door)
-    mid = door.client.start_machine("test_linear", {"n": 1}, agent_id=agent_id)
+    mid = door.client.start_machine("test_door", {"n": 1}, agent_id=agent_id)
 
     async def work(session: ClientSession) -> list[Any]:
         task = await next_task(session)
@@ -211,7 +211,7 @@ def test_without_a_held_task_the_resources_say_so(door: FsmEnv) -> None:
 
 def test_a_cancelled_attempt_is_reported_on_the_next_call_and_dropped(door: FsmEnv) -> None:
     agent_id, url = credentials(door)
-    mid = door.client.start_machine("test_linear", {}, agent_id=agent_id)
+    mid = door.client.start_machine("test_door", {}, agent_id=agent_id)
 
     async def work(session: ClientSession) -> list[Any]:
         task = await next_task(session)
@@ -238,7 +238,7 @@ def test_a_cancelled_attempt_is_reported_on_the_next_call_and_dropped(door: FsmE
 
 def test_fail_and_hand_back_answer_the_held_task(door: FsmEnv) -> None:
     agent_id, url = credentials(door)
-    mid = door.client.start_machine("test_linear", {}, agent_id=agent_id)
+    mid = door.client.start_machine("test_door", {}, agent_id=agent_id)
 
     async def work(session: ClientSession) -> list[Any]:
         first = await next_task(session)
@@ -259,12 +259,12 @@ def test_fail_and_hand_back_answer_the_held_task(door: FsmEnv) -> None:
 
 def test_a_task_sent_while_one_is_held_waits_and_comes_after_it(door: FsmEnv) -> None:
     agent_id, url = credentials(door)
-    first = door.client.start_machine("test_linear", {}, agent_id=agent_id)
+    first = door.client.start_machine("test_door", {}, agent_id=agent_id)
 
     async def work(session: ClientSession) -> tuple[list[tuple[str, str]], str]:
         worked = [((await next_task(session))["machine_id"], "ONE")]
         second = await anyio.to_thread.run_sync(
-            lambda: door.client.start_machine("test_linear", {}, agent_id=agent_id)
+            lambda: door.client.start_machine("test_door", {}, agent_id=agent_id)
         )
         await anyio.sleep(1)  # sent while the first one is held
         await call(session, "submit", output={"one": 1})
@@ -316,7 +316,7 @@ def test_http_a_second_session_cannot_answer_the_first_ones_task(
     door: FsmEnv, http_door: tuple[str, str, str]
 ) -> None:
     url, agent_id, password = http_door
-    mid = door.client.start_machine("test_linear", {}, agent_id=agent_id)
+    mid = door.client.start_machine("test_door", {}, agent_id=agent_id)
 
     async def run() -> list[Any]:
         headers = {"Authorization": f"Bearer {password}"}
