@@ -2,8 +2,9 @@
 against a real `fsm-celery mcp agent` process under the agent's own Redis credentials: over
 stdio a machine worked to COMPLETE (a refused answer corrected), a cancel seen, the held
 task's machine's history and state's definition read as resources (and, without a database,
-what they need); over streamable HTTP the bearer check and one session unable to answer
-another's task."""
+what they need); over streamable HTTP the bearer check, one session unable to answer
+another's task, and a cto_fix_bug worked to COMPLETE by a `cto` door, its test report
+corrected."""
 
 from __future__ import annotations
 
@@ -339,3 +340,68 @@ def test_http_a_second_session_cannot_answer_the_first_ones_task(
     assert seen == [str(mid), {"accepted": False, "message": NO_TASK}, None, True]
     door.wait_for_state(mid, "TWO")
     door.client.cancel(mid, "admin", "test")
+
+
+# What a coding agent answers at each state of cto_fix_bug (definitions/cto_fix_bug.yaml).
+FIX_BUG = {
+    "ANALYZE_BUG": {"reproduced": True},
+    "LOCATE_CODE": {"location": "sla/api.py:42"},
+    "WRITE_FIX": {"filesChanged": ["sla/api.py", "tests/test_api.py"]},
+    "RUN_TESTS": {"passed": True, "coverage": 91},
+    "COMMIT_PUSH": {"commitHash": "4f2a9c1"},
+    "DEPLOY": {"deploymentUrl": "https://sla-api.example.com"},
+}
+
+
+def test_http_a_coding_agent_works_a_cto_fix_bug_to_complete_correcting_its_test_report(
+    door: FsmEnv,
+) -> None:
+    """The issue's scenario over streamable HTTP: a `cto` door, a cto_fix_bug machine worked
+    state by state; RUN_TESTS answered first with `passed: "yes"`, refused with the pointer,
+    then corrected."""
+    agent_id = str(uuid.uuid4())
+    redis_url = door.issue_credentials(agent_id, "cto")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "fsm_celery", "mcp", "agent", "--agent-type", "cto"]
+    proc = door._spawn(
+        "mcp-agent-cto",
+        [*argv, "--http", "--port", str(port)],
+        {**door.env, "FSM_REDIS_URL": redis_url},
+    )
+    proc.wait_for_log("Application startup complete")
+    password = password_of(redis_url)
+    mid = door.client.start_machine(
+        "cto_fix_bug", {"projectName": "sla-api", "githubIssue": 740}, agent_id=agent_id
+    )
+
+    async def run() -> list[Any]:
+        headers = {"Authorization": f"Bearer {password}"}
+        worked: list[Any] = []
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=60) as http,
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http) as (r, w),
+            ClientSession(r, w) as session,
+        ):
+            await session.initialize()
+            for _ in FIX_BUG:
+                task = await next_task(session)
+                state = task["state"]
+                if state == "RUN_TESTS":
+                    refused = await call(session, "submit", output={"passed": "yes"})
+                    worked.append(refused["problems"])
+                answered = await call(session, "submit", output=FIX_BUG[state])
+                worked.append((state, answered["accepted"]))
+        return worked
+
+    try:
+        worked = anyio.run(run)
+    finally:
+        proc.terminate()
+    problems = worked.pop(3)  # the refusal of RUN_TESTS's first answer: the pointer named
+    assert any(p.startswith("/passed: 'yes' is not of type 'boolean'") for p in problems)
+    assert worked == [(state, True) for state in FIX_BUG]
+    info = door.wait_until_done(mid, timeout=60)
+    assert info.status == "completed"
+    assert door.visited(mid)[-2:] == ["DEPLOY", "COMPLETE"]
