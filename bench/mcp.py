@@ -114,13 +114,13 @@ def percentiles(samples: list[float]) -> dict[str, float | None]:
     }
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """CPU seconds of the processes and their children so far."""
+def cpu_seconds(pids: list[int], children: bool = True) -> float:
+    """CPU seconds of the processes (and their children) so far."""
     total = 0.0
     for pid in pids:
         try:
             parent = psutil.Process(pid)
-            for proc in [parent, *parent.children(recursive=True)]:
+            for proc in [parent, *(parent.children(recursive=True) if children else [])]:
                 times = proc.cpu_times()
                 total += times.user + times.system
         except psutil.Error:
@@ -192,7 +192,10 @@ async def drive(
         if given >= end:
             break
         if not before and given >= start:
-            before = {"door": cpu_seconds(pids()), "client": cpu_seconds([os.getpid()])}
+            before = {
+                "door": cpu_seconds(pids()),
+                "client": cpu_seconds([os.getpid()], children=False),
+            }
             start = given
         answered = await call(session, "submit", output={})
         if not answered.get("accepted"):
@@ -203,7 +206,7 @@ async def drive(
         run.submits.append(submitted - given)
     run.cpu = {
         "door": cpu_seconds(pids()) - before.get("door", 0.0),
-        "client": cpu_seconds([os.getpid()]) - before.get("client", 0.0),
+        "client": cpu_seconds([os.getpid()], children=False) - before.get("client", 0.0),
     }
     run.window = (start, end)
     return run
