@@ -276,7 +276,13 @@ def serve(agent: Agent, *, http: tuple[str, int] | None = None) -> None:
             import uvicorn
 
             host, port = http
-            app = server.streamable_http_app(streamable_http_path=PATH, host=host)
+            # Each answer as one JSON body, not an SSE stream: the mcp client closes an SSE
+            # response once it holds the answer, and with it the connection, so every call
+            # paid a new TCP connection (bench.mcp: a state over HTTP twice as slow). The
+            # door sends nothing in a call but its answer (no progress, no server requests).
+            app = server.streamable_http_app(
+                streamable_http_path=PATH, host=host, json_response=True
+            )
             door = AgentBearer(app, password_of(agent.redis_url) or "")
             uvicorn.run(door, host=host, port=port, log_level="info")
     finally:
