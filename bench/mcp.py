@@ -1,10 +1,10 @@
 """The MCP agent door's cost per state against the SDK agent's, in both transition modes.
 
     .venv/bin/python -m bench.mcp [--machines 1] [--seconds 10] [--warm 2]
-        [--modes celery inline] [--doors sdk http stdio]
+        [--modes celery inline] [--doors sdk http stdio http1 stdio1]
 
 In each mode, one deployment (two workers with beat, the ack bridge) and, one after the other,
-three agents of the same agent type, each with its own Redis credentials (as
+agents of the same agent type, each with its own Redis credentials (as
 `fsm-celery agents credentials --apply` issues them) and its own --machines bench_loop machines
 (two states in a loop), stored due for dispatch and entered before the agent starts:
 
@@ -12,7 +12,9 @@ three agents of the same agent type, each with its own Redis credentials (as
 - http: a real `fsm-celery mcp agent --http` process (an SDK Agent of concurrency 1 whose
   handler parks the task for an MCP session), driven by the `mcp` package's ClientSession over
   streamable HTTP, with the agent's password as its bearer token;
-- stdio: the same door over stdio, the client starting it as a coding agent does.
+- stdio: the same door over stdio, the client starting it as a coding agent does;
+- http1, stdio1: the same, the client asking for the next task in submit's own answer
+  (`submit(output, next_wait_seconds)`): one call a state instead of two.
 
 The MCP client is a coding agent that thinks for no time: next_task, submit {}, next_task …
 as fast as the door answers. The cost of a state is the time from an answer given (the SDK's
@@ -21,15 +23,17 @@ called; next_task's result received), on CLOCK_MONOTONIC, which every process of
 shares. Measured over --seconds after --warm seconds of the agent's first task: the
 percentiles (p50, p90, p99), states per second, the agent's CPU per state (the SDK agent's
 process, the door's process; and the client's, the benchmark's own process), and, for the
-doors, the two calls' shares (submit's round trip; next_task's). The ratio door ÷ sdk is taken
-within a mode. Each state's next task may be another machine's (an agent of concurrency 1 takes
-them one at a time, in the order it reads them).
+two-call doors, submit's round trip (p50). The ratio door ÷ sdk is taken within a mode; the
+issue's bound (twice the SDK's) is judged on the p50 and the mean. With more --machines than
+the agents' one slot, a state's next task may be another machine's, and each agent's row says
+how many machines it served in the window.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import socket
 import statistics
@@ -70,7 +74,7 @@ from fsm_celery.exceptions import CommandRefused
 from fsm_celery.mcp.agent import password_of
 
 AGENT_TYPE = "bench"  # bench/definitions' machines'
-DOORS = ("sdk", "http", "stdio")
+DOORS = ("sdk", "http", "stdio", "http1", "stdio1")
 NEXT_WAIT = 10  # seconds a next_task waits for a task (called again while none comes)
 LIMIT = 2.0  # the issue's bound: a state through the door at most this many times the SDK's
 
@@ -184,9 +188,14 @@ async def take(session: ClientSession) -> dict[str, Any]:
 
 
 async def drive(
-    session: ClientSession, pids: Callable[[], list[int]], warm: float, seconds: float
+    session: ClientSession,
+    pids: Callable[[], list[int]],
+    warm: float,
+    seconds: float,
+    one_call: bool = False,
 ) -> Run:
-    """Work the door's tasks as fast as it gives them, for warm + seconds."""
+    """Work the door's tasks as fast as it gives them, for warm + seconds: submit, then
+    next_task; or (one_call) submit taking the next task in its answer."""
     run = Run()
     await take(session)
     start = time.monotonic() + warm
@@ -202,14 +211,16 @@ async def drive(
                 "client": cpu_seconds([os.getpid()], children=False),
             }
             start = given
-        answered = await call(session, "submit", output={})
+        wanted = {"next_wait_seconds": NEXT_WAIT} if one_call else {}
+        answered = await call(session, "submit", output={}, **wanted)
         if not answered.get("accepted"):
             raise RuntimeError(f"submit refused: {answered}")
         submitted = time.monotonic()
-        task = await take(session)
+        task = (answered.get("next") or {}).get("task") or await take(session)
         run.states.append((given, time.monotonic()))
         run.machines.append(task["machine_id"])
-        run.submits.append(submitted - given)
+        if not one_call:
+            run.submits.append(submitted - given)
     run.cpu = {
         "door": cpu_seconds(pids()) - before.get("door", 0.0),
         "client": cpu_seconds([os.getpid()], children=False) - before.get("client", 0.0),
@@ -218,7 +229,7 @@ async def drive(
     return run
 
 
-def run_http(env: FsmEnv, url: str, warm: float, seconds: float) -> Run:
+def run_http(env: FsmEnv, url: str, warm: float, seconds: float, one_call: bool = False) -> Run:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -236,7 +247,7 @@ def run_http(env: FsmEnv, url: str, warm: float, seconds: float) -> Run:
             ClientSession(r, w) as session,
         ):
             await session.initialize()
-            return await drive(session, lambda: [proc.popen.pid], warm, seconds)
+            return await drive(session, lambda: [proc.popen.pid], warm, seconds, one_call)
 
     try:
         return anyio.run(main)
@@ -244,7 +255,7 @@ def run_http(env: FsmEnv, url: str, warm: float, seconds: float) -> Run:
         proc.stop()
 
 
-def run_stdio(env: FsmEnv, url: str, warm: float, seconds: float) -> Run:
+def run_stdio(env: FsmEnv, url: str, warm: float, seconds: float, one_call: bool = False) -> Run:
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "fsm_celery", "mcp", "agent", "--agent-type", AGENT_TYPE],
@@ -267,7 +278,7 @@ def run_stdio(env: FsmEnv, url: str, warm: float, seconds: float) -> Run:
                 ClientSession(r, w) as session,
             ):
                 await session.initialize()
-                return await drive(session, door, warm, seconds)
+                return await drive(session, door, warm, seconds, one_call)
 
     return anyio.run(main)
 
@@ -276,6 +287,8 @@ RUNNERS: dict[str, Callable[[FsmEnv, str, float, float], Run]] = {
     "sdk": run_sdk,
     "http": run_http,
     "stdio": run_stdio,
+    "http1": functools.partial(run_http, one_call=True),
+    "stdio1": functools.partial(run_stdio, one_call=True),
 }
 
 
