@@ -45,6 +45,15 @@ PARTS = ("context", "contract", "history", "definition")
 
 WaitSeconds = Annotated[float, Field(ge=0, le=WAIT_MOST, description="seconds to wait for a task")]
 Text = Annotated[str, Field(max_length=2000)]
+NextWait = Annotated[
+    float | None,
+    Field(
+        ge=0,
+        le=WAIT_MOST,
+        description="once accepted, wait up to this long for the next task and give it in the "
+        "same answer (as next_task does): one call a state instead of two",
+    ),
+]
 TAKE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 END = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
 
@@ -200,16 +209,23 @@ class _Tools:
         held.task.progress(progress)
         return {"sent": True}
 
-    def submit(self, ctx: Context, output: JsonObject) -> dict[str, Any]:
+    def submit(
+        self, ctx: Context, output: JsonObject, next_wait_seconds: NextWait = None
+    ) -> dict[str, Any]:
         """Answer the held task with its output: checked against its output contract; the
-        problems come back to be fixed, and the task stays held, until it matches."""
+        problems come back to be fixed, and the task stays held, until it matches. With
+        next_wait_seconds, an accepted answer also takes the next task: `next` is what
+        next_task(wait_seconds=next_wait_seconds) gives."""
         held, why = self.sessions.current(_session(ctx))
         if held is None:
             return {"accepted": False, "message": why}
         found = problems(contract(held.task.message), output)
         if found:
             return {"accepted": False, "problems": found}
-        return self._answer(ctx, held, "ack", output)
+        answered = self._answer(ctx, held, "ack", output)
+        if next_wait_seconds is None or not answered["accepted"]:
+            return answered
+        return {**answered, "next": self.next_task(ctx, next_wait_seconds)}
 
     def fail(self, ctx: Context, error: Text) -> dict[str, Any]:
         """Answer the held task as failed (the state's retries and failure edges decide)."""
@@ -258,7 +274,8 @@ def agent_server(
         instructions=f"You are an fsm-celery agent of type {agent_type!r}. Call next_task; do "
         "what its prompt asks with its context; heartbeat while you work; submit an output "
         "matching its output_contract (fix the problems a refused submit names), or fail, or "
-        "hand_back. Then call next_task again. The resources fsm-celery://task/context, /contract, "
+        "hand_back. Then call next_task again (or give submit next_wait_seconds: its answer "
+        "then holds the next task). The resources fsm-celery://task/context, /contract, "
         "/history and /definition show the held task's context, output contract, machine "
         "history and state definition.",
         log_level="WARNING",
@@ -294,7 +311,13 @@ def serve(
             import uvicorn
 
             host, port = http
-            app = server.streamable_http_app(streamable_http_path=PATH, host=host)
+            # Each answer as one JSON body, not an SSE stream: the mcp client closes an SSE
+            # response once it holds the answer, and with it the connection, so every call
+            # paid a new TCP connection (bench.mcp: a state over HTTP twice as slow). The
+            # door sends nothing in a call but its answer (no progress, no server requests).
+            app = server.streamable_http_app(
+                streamable_http_path=PATH, host=host, json_response=True
+            )
             door = AgentBearer(app, password_of(agent.redis_url) or "")
             uvicorn.run(door, host=host, port=port, log_level="info")
     finally:

@@ -210,6 +210,33 @@ def test_without_a_held_task_the_resources_say_so(door: FsmEnv) -> None:
     assert over_stdio(door, url, work) == [{"message": NO_TASK}] * 2
 
 
+def test_submit_with_next_wait_seconds_takes_the_next_task_in_its_answer(door: FsmEnv) -> None:
+    agent_id, url = credentials(door)
+    mid = door.client.start_machine("test_door", {}, agent_id=agent_id)
+
+    async def work(session: ClientSession) -> list[Any]:
+        task = await next_task(session)
+        refused = await call(session, "submit", output={}, next_wait_seconds=30)
+        second = await call(session, "submit", output={"one": 1}, next_wait_seconds=30)
+        held = await next_task(session)  # the task `next` gave is the session's
+        third = await call(session, "submit", output={"two": 2}, next_wait_seconds=30)
+        last = await call(session, "submit", output={"three": 3}, next_wait_seconds=1)
+        return [
+            task["state"],
+            "next" in refused,
+            second["accepted"],
+            second["next"]["task"]["state"],
+            held == second["next"]["task"],
+            third["next"]["task"]["state"],
+            last["accepted"],
+            last["next"]["task"],
+        ]
+
+    seen = over_stdio(door, url, work)
+    assert seen == ["ONE", False, True, "TWO", True, "THREE", True, None]
+    assert door.wait_until_done(mid).status == "completed"
+
+
 def test_a_cancelled_attempt_is_reported_on_the_next_call_and_dropped(door: FsmEnv) -> None:
     agent_id, url = credentials(door)
     mid = door.client.start_machine("test_door", {}, agent_id=agent_id)
