@@ -133,6 +133,7 @@ class Agent:
         self._running: dict[tuple[str, str], Slot] = {}  # (stream, entry id) -> slot
         self._late: list[Slot] = []  # read after stop(): handed back, never started
         self._pending = False  # a task read while full, on the own stream: read it again
+        self._rereading = False  # the read in hand is of the pending tasks, in their order
         self._cancelled: OrderedDict[tuple[str, int], None] = OrderedDict()
         # the answers sent lately: a task read again (its XACK lost in a failover, or sent
         # twice) gets the same answer again, without the handler's work done twice
@@ -244,6 +245,7 @@ class Agent:
         with self._lock:
             free = max(self.concurrency - len(self._running), 1)
         count = None if "0" in streams.values() else free  # pending: all, past the running
+        self._rereading = count is None  # a task new to it waits behind those pending (_start)
         found: Any = self._redis().xreadgroup(GROUP, self.id, streams, count=count, block=1000)
         return sum(
             self._read(stream.decode(), entry_id.decode(), fields)
@@ -318,7 +320,9 @@ class Agent:
     def _start(self, slot: Slot) -> bool:
         task = slot.message
         with self._lock:
-            if len(self._running) >= self.concurrency:  # read for a cancel: left pending
+            # read for a cancel (full), or new while older tasks wait: left pending, so that
+            # one machine's next states cannot keep the others' waiting ones from the slots
+            if len(self._running) >= self.concurrency or (self._pending and not self._rereading):
                 self._pending = True
                 return False
             self._running[slot.key] = slot

@@ -10,7 +10,8 @@ With SDK_AGENT_HOLD=SECONDS, test_pair's FIRST holds its first attempt that long
 progress as it goes and ignoring any cancel (an `async def` handler with SDK_AGENT_ASYNC=1,
 which a cancel interrupts), and writes what it did to the file SDK_AGENT_JOURNAL: "start",
 "cancelled" or "returned", with the machine and the attempt. SDK_AGENT_GRACE sets the agent's
-shutdown grace (5 s by default).
+shutdown grace (5 s by default), SDK_AGENT_CONCURRENCY its concurrency (8), SDK_AGENT_DELAY how
+long each answer takes (0 s).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def build(agent_type: str, agent_id: str, marker: Path | None) -> Agent:
         redis_url=os.environ["FSM_REDIS_URL"],
         agent_id=agent_id,
         prefix=os.environ.get("FSM_CHANNEL_PREFIX", ""),
-        concurrency=8,
+        concurrency=int(os.environ.get("SDK_AGENT_CONCURRENCY", "8")),
         status_interval=1.0,
         shutdown_grace=float(os.environ.get("SDK_AGENT_GRACE", "5")),
     )
@@ -54,6 +55,7 @@ def build(agent_type: str, agent_id: str, marker: Path | None) -> Agent:
             marker.write_text(task.machine_id)  # type: ignore[union-attr]
             time.sleep(60)  # long enough to be killed in the middle
         task.progress(f"working on {task.state}")
+        time.sleep(float(os.environ.get("SDK_AGENT_DELAY", "0")))
         return {**OUTPUTS.get(task.state, {}), **EXTRA.get(task.state, {})}
 
     if "SDK_AGENT_HOLD" in os.environ:

@@ -206,3 +206,29 @@ def test_an_agent_that_missed_the_cancel_drops_the_attempt_when_the_next_one_arr
     journal.wait_for(f"returned {mid} 1")
     time.sleep(1.0)
     assert _sent_after_drop(env.client, mid, dropped) == []  # its answer was never sent
+
+
+def test_an_agent_of_one_slot_serves_its_machines_in_turn_not_one_machines_chain(
+    lifecycle_env: FsmEnv, agents: list[Proc]
+) -> None:
+    """Two machines assigned to an agent of concurrency 1: the second's first task, left
+    pending while the slot was taken, is served before the first machine's next states (which
+    arrive as its slot frees), not after the first machine's whole chain."""
+    agent_id = str(uuid.uuid4())
+    extra = {"SDK_AGENT_CONCURRENCY": "1", "SDK_AGENT_DELAY": "0.3"}
+    agents.append(lifecycle_env.start_agent(SCRIPT, "tester", agent_id, extra_env=extra))
+    lifecycle_env.wait_for_agents(1)
+    client = lifecycle_env.client
+    first = client.start_machine("test_door", {}, agent_id=agent_id)
+    second = client.start_machine("test_door", {}, agent_id=agent_id)
+    for mid in (first, second):
+        assert lifecycle_env.wait_until_done(mid, timeout=60).status == "completed"
+    answered = sorted(
+        (r.created_at, mid, r.from_state)
+        for mid in (first, second)
+        for r in client.history(mid)
+        if r.event == "ack"
+    )
+    order = [(mid == first, state) for _, mid, state in answered]
+    assert order.index((False, "ONE")) < order.index((True, "THREE")), order
+    assert all(r.attempt == n for n, r in enumerate(client.history(first)))  # no retry, no timeout
