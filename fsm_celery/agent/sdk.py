@@ -76,6 +76,8 @@ from fsm_celery.core.messages import (
     parse_task_message,
     task_stream,
 )
+from fsm_celery.traces import handling
+from fsm_celery.traces import start as start_tracing
 
 __all__ = ["ANY", "Agent", "Failed", "HandBack", "Handler", "NoAck", "Task"]
 
@@ -179,6 +181,7 @@ class Agent:
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: self.stop())
+        start_tracing("fsm-celery-agent")  # if OTEL_* asks for traces (docs/operations.md)
         status = threading.Thread(target=self._report_status, daemon=True)
         status.start()
         delay = 0.2
@@ -375,7 +378,9 @@ class Agent:
     def _work(self, slot: Slot) -> None:
         beats = threading.Thread(target=self._beat, args=(slot,), daemon=True)
         beats.start()
-        reply = self._answer(Task(slot.message, self._send, slot))
+        with handling(slot.message, self.agent_type) as answered:  # a span, when traced
+            reply = self._answer(Task(slot.message, self._send, slot))
+            answered(reply)
         with self._lock:
             mine = self._running.pop(slot.key, None) is not None
             slot.ended.set()

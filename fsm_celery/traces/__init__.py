@@ -1,0 +1,148 @@
+"""OpenTelemetry traces of machines, from the engine to the agent's model and tool calls
+(docs/operations.md, "Traces").
+
+Off unless the standard environment asks for them: OTEL_TRACES_EXPORTER (`otlp`, over
+HTTP/protobuf, or `console`), or, that unset, OTEL_EXPORTER_OTLP_ENDPOINT or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none keeps
+them off. Off, every function here is a check of one global and nothing imports OpenTelemetry
+(the `otel` extra); on, the work is in fsm_celery.traces.live, set up once a process, as the
+service its entry point names (`start`), or "fsm-celery" for one that named none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Protocol
+from uuid import UUID
+
+from fsm_celery.traces.ids import Parent as Parent
+from fsm_celery.traces.ids import attempt_parent, machine_span_id, trace_id, traceparent
+
+if TYPE_CHECKING:
+    from fsm_celery.traces.live import Answered, Decided, Live
+
+log = logging.getLogger(__name__)
+
+_OFF: AbstractContextManager[None] = nullcontext()
+_live: Live | None = None
+_decided = False  # whether this process looked at its environment yet
+
+
+class Entering(Protocol):
+    """A state about to be entered (fsm_celery.core.steps.Step has it)."""
+
+    @property
+    def machine_id(self) -> UUID: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def root_id(self) -> UUID | None: ...
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the environment asks for traces."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    endpoints = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    return any(environ.get(name, "").strip() for name in endpoints)
+
+
+def start(service: str) -> bool:
+    """Trace this process as `service` (OTEL_SERVICE_NAME wins) if the environment asks for
+    traces, once (a later call keeps the first name); whether it is traced."""
+    global _live, _decided
+    if not _decided:
+        _decided = True
+        if wanted():
+            try:
+                from fsm_celery.traces.live import setup
+            except ImportError as exc:
+                log.warning("OTEL_* asks for traces, but %s: pip install 'fsm-celery[otel]'", exc)
+                return False
+            _live = setup(service)
+    return _live is not None
+
+
+def _on() -> Live | None:
+    if not _decided:
+        start("fsm-celery")
+    return _live
+
+
+def traceparent_for(machine_id: UUID, root_id: UUID | None, attempt: int) -> str | None:
+    """The W3C traceparent of a machine's attempt, for its state_task; None when off."""
+    if _on() is None:
+        return None
+    return traceparent(attempt_parent(machine_id, root_id, attempt))
+
+
+def decided(writes: Decided) -> None:
+    """The spans of the attempts a committed transaction decided, and of the machines it ended."""
+    live = _on()
+    if live is not None:
+        live.decided(writes)
+
+
+def entering(step: Entering) -> AbstractContextManager[Any]:
+    """Where a task that enters (or calls the tool of) a step is sent from: within its
+    attempt's span, so that its Celery spans join the machine's trace."""
+    live = _on()
+    if live is None:
+        return _OFF
+    return live.within(attempt_parent(step.machine_id, step.root_id, step.attempt))
+
+
+def starting_children(parent_id: UUID, root_id: UUID | None) -> AbstractContextManager[Any]:
+    """Where a fan-out's children's first entries are sent from: within their parent's run."""
+    live = _on()
+    if live is None:
+        return _OFF
+    return live.within(Parent(trace_id(parent_id, root_id), machine_span_id(parent_id)))
+
+
+@contextmanager
+def _no_answer() -> Iterator[Answered]:
+    yield _ignore
+
+
+def _ignore(reply: Mapping[str, Any] | None) -> None:
+    return None
+
+
+def handling(task: Any, agent_type: str) -> AbstractContextManager[Answered]:
+    """An agent's handling of a state_task (a core.messages.StateTask), under the span of its
+    attempt that the task's traceparent names; what it yields is told the reply."""
+    live = _on()
+    if live is None:
+        return _no_answer()
+    return live.handling(task, agent_type)
+
+
+def model_call(model: str, system: str = "openai") -> AbstractContextManager[Any]:
+    """A chat completion: what it yields is told the response (its model and token usage)."""
+    live = _on()
+    if live is None:
+        return _no_answer()
+    return live.model_call(model, system)
+
+
+def tool_call(server: str, tool: str) -> AbstractContextManager[Any]:
+    """A call to one tool of an MCP server: what it yields is told the outcome's error."""
+    live = _on()
+    if live is None:
+        return _no_answer()
+    return live.tool_call(server, tool)
+
+
+def span(name: str, **attributes: str | int) -> AbstractContextManager[Any]:
+    """A span of the current trace (none when off)."""
+    live = _on()
+    if live is None:
+        return _OFF
+    return live.span(name, attributes)
