@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from uuid import UUID
 
 from fsm_celery.traces.ids import Parent as Parent
@@ -25,10 +26,12 @@ if TYPE_CHECKING:
     from fsm_celery.traces.live import Answered, Decided, Live
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 _OFF: AbstractContextManager[None] = nullcontext()
 _live: Live | None = None
 _decided = False  # whether this process looked at its environment yet
+_deciding = threading.Lock()  # agents of one process start on threads of their own
 
 
 class Entering(Protocol):
@@ -57,16 +60,20 @@ def start(service: str) -> bool:
     """Trace this process as `service` (OTEL_SERVICE_NAME wins) if the environment asks for
     traces, once (a later call keeps the first name); whether it is traced."""
     global _live, _decided
-    if not _decided:
-        _decided = True
-        if wanted():
-            try:
-                from fsm_celery.traces.live import setup
-            except ImportError as exc:
-                log.warning("OTEL_* asks for traces, but %s: pip install 'fsm-celery[otel]'", exc)
-                return False
-            _live = setup(service)
+    with _deciding:
+        if not _decided:
+            _live = _setup(service) if wanted() else None
+            _decided = True
     return _live is not None
+
+
+def _setup(service: str) -> Live | None:
+    try:
+        from fsm_celery.traces.live import setup
+    except ImportError as exc:
+        log.warning("OTEL_* asks for traces, but %s: pip install 'fsm-celery[otel]'", exc)
+        return None
+    return setup(service)
 
 
 def _on() -> Live | None:
@@ -115,13 +122,16 @@ def _ignore(reply: Mapping[str, Any] | None) -> None:
     return None
 
 
-def handling(task: Any, agent_type: str) -> AbstractContextManager[Answered]:
-    """An agent's handling of a state_task (a core.messages.StateTask), under the span of its
-    attempt that the task's traceparent names; what it yields is told the reply."""
+def handled(task: Any, agent_type: str, work: Callable[[], R]) -> R:
+    """work(): an agent's handling of a state_task (a core.messages.StateTask), its reply;
+    traced, within a span under the attempt's that the task's traceparent names."""
     live = _on()
     if live is None:
-        return _no_answer()
-    return live.handling(task, agent_type)
+        return work()
+    with live.handling(task, agent_type) as answered:
+        reply = work()
+        answered(reply)
+        return reply
 
 
 def model_call(model: str, system: str = "openai") -> AbstractContextManager[Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -125,7 +126,7 @@ def _exporters() -> list[SpanExporter]:
     exporters: list[SpanExporter] = []
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name == "console":
-            exporters.append(ConsoleSpanExporter())
+            exporters.append(ConsoleSpanExporter(out=sys.stderr))  # stdout: an MCP door's
         elif name == "otlp":
             exporters.append(OTLPSpanExporter())  # reads OTEL_EXPORTER_OTLP_* itself
         else:

@@ -123,8 +123,9 @@ from fsm_celery.agent import llm, sdk
 from fsm_celery.engine import Step
 step = Step(uuid.uuid4(), 1)
 assert traces.traceparent_for(step.machine_id, None, 1) is None
-with traces.entering(step), traces.handling(None, "t") as told, traces.model_call("m") as m:
-    told(None); m(None)
+assert traces.handled(None, "t", lambda: 3) == 3
+with traces.entering(step), traces.model_call("m") as m, traces.tool_call("s", "t") as t:
+    m(None); t(None)
 ours = ("opentelemetry.sdk.trace", "opentelemetry.exporter", "opentelemetry.instrumentation")
 print(sorted(n for n in sys.modules if n.startswith((*ours, "fsm_celery.traces.live"))))
 """
