@@ -1,17 +1,24 @@
 """Traces (issue 40 §2, docs/operations.md "Traces"): a real worker, ack bridge and SDK agent,
 started with OTEL_* pointing at an OTLP/HTTP receiver the test runs, trace a fan-out machine
 with a retry as one tree: the machine's run, its attempts, its children's runs and attempts,
-the retried attempt twice, and the agent's handling of each attempt under it."""
+the retried attempt twice, and the agent's handling of each attempt under it; the LLM agent's
+model calls under its handling, and a tool state's MCP call under its fsm.call_tool task."""
 
 from __future__ import annotations
 
+import signal
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from fsm_celery import traces
+from fsm_celery.agent.scripted_llm import Script, Served
+from fsm_celery.pipeline import TaskState
+from fsm_celery.pipeline.orchestrator import pipeline_context
 from fsm_celery.traces.ids import attempt_span_id, machine_span_id
+from tests.support import ROOT
 from tests.support.otlp import OtlpReceiver, Span, serve
 from tests.support.processes import FsmEnv
 
@@ -27,13 +34,21 @@ def otlp() -> Iterator[OtlpReceiver]:
 
 @pytest.fixture(scope="module", params=["celery", "inline"])
 def traced(
-    request: pytest.FixtureRequest, env_factory: Callable[..., FsmEnv], otlp: OtlpReceiver
+    request: pytest.FixtureRequest,
+    env_factory: Callable[..., FsmEnv],
+    otlp: OtlpReceiver,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[FsmEnv]:
     """A deployment of the mode whose worker, bridge and agent send their spans to the
     receiver (this process traces nothing: it decides so before OTEL_* is set for them)."""
     traces.start("tests")
     mode = str(request.param)
-    env = env_factory(f"traces_{mode}", transition_mode=mode)
+    tools = {  # tests/support/tool_server.py over stdio, started by the worker
+        "command": [sys.executable, "-m", "tests.support.tool_server"],
+        "cwd": str(ROOT),
+        "env": {"TOOL_STATE_DIR": str(tmp_path_factory.mktemp("traced-tools"))},
+    }
+    env = env_factory(f"traces_{mode}", transition_mode=mode, mcp_servers={"checks": tools})
     with pytest.MonkeyPatch.context() as patch:
         for name, value in otlp.environment().items():
             patch.setenv(name, value)
@@ -150,3 +165,86 @@ def test_the_celery_tasks_of_a_machine_join_its_trace(traced: FsmEnv, otlp: Otlp
     assert all(
         set(a.links) & applied for a in attempts.values() if a.attributes["fsm.outcome"] == "ack"
     )
+
+
+def _ancestors(span: Span, by_id: dict[str, Span]) -> list[str]:
+    """The names of the span's parents, nearest first, as far as they were received."""
+    names = []
+    while span.parent_id in by_id:
+        span = by_id[span.parent_id]
+        names.append(span.name)
+    return names
+
+
+@pytest.mark.parametrize("traced", ["celery"], indirect=True)
+def test_the_llm_agent_s_model_calls_nest_under_its_handling_of_the_attempt(
+    traced: FsmEnv, otlp: OtlpReceiver
+) -> None:
+    roles = ("researcher", "analyzer", "reviewer")
+    with Served(Script()) as served:
+        agent = traced.start_agent(
+            "--llm",
+            *[flag for role in roles for flag in ("--agent-type", role)],
+            extra_env={
+                **otlp.environment(),
+                "FSM_LLM_BASE_URL": served.url,
+                "FSM_LLM_MODEL": "scripted-model",
+            },
+        )
+        try:
+            traced.wait_for_agents(1 + len(roles))
+            context = pipeline_context(TaskState("edge caching strategies"))
+            mid = traced.client.start_machine("research_pipeline", context)
+            assert traced.wait_until_done(mid, timeout=90).status == "completed"
+        finally:
+            agent.kill(signal.SIGTERM)
+    trace = mid.hex
+
+    def done(spans: list[Span]) -> bool:
+        return any(s.trace_id == trace and s.name == "machine research_pipeline" for s in spans)
+
+    spans = [s for s in otlp.wait_for(done) if s.trace_id == trace]
+    by_id = {s.span_id: s for s in spans}
+    chats = [s for s in spans if s.name == "chat scripted-model"]
+    assert chats and len(chats) == len([s for s in spans if s.name.startswith("handle ")])
+    for chat in chats:
+        handle, state, run = _ancestors(chat, by_id)
+        assert handle.startswith("handle ") and state.startswith("state ")
+        assert run == "machine research_pipeline"
+        assert chat.attributes["gen_ai.request.model"] == "scripted-model"
+        assert chat.attributes["gen_ai.usage.input_tokens"] > 0
+        assert chat.attributes["gen_ai.usage.output_tokens"] > 0
+
+
+@pytest.mark.parametrize("traced", ["celery"], indirect=True)
+def test_a_tool_state_s_mcp_call_is_a_span_of_its_attempt(
+    traced: FsmEnv, otlp: OtlpReceiver
+) -> None:
+    context = {"projectName": "sla-api", "githubIssue": 740, "key": "traced"}
+    mid = traced.client.start_machine("test_tool", context)
+    assert traced.wait_until_done(mid, timeout=90).status == "completed"
+    trace = mid.hex
+
+    def done(spans: list[Span]) -> bool:
+        return any(s.trace_id == trace and s.name == "machine test_tool" for s in spans)
+
+    spans = [s for s in otlp.wait_for(done) if s.trace_id == trace]
+    by_id = {s.span_id: s for s in spans}
+    calls = [s for s in spans if s.name.startswith("tools/call ")]
+    states = {"run_tests": "RUN_TESTS", "flaky": "FLAKY", "echo": "ECHO"}
+    assert sorted(s.attributes["gen_ai.tool.name"] for s in calls) == [
+        "echo",
+        "flaky",
+        "flaky",  # failed the first time: retried
+        "run_tests",
+    ]
+    for call in calls:
+        assert call.attributes["mcp.server"] == "checks"
+        assert _ancestors(call, by_id) == [
+            "run/fsm.call_tool",
+            "apply_async/fsm.call_tool",
+            f"state {states[call.attributes['gen_ai.tool.name']]}",
+            "machine test_tool",
+        ]
+    flaky = sorted((s for s in calls if s.name == "tools/call flaky"), key=lambda s: s.start_ns)
+    assert [s.error for s in flaky] == [True, False]
