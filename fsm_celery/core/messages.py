@@ -130,6 +130,12 @@ class StateAck(_Message):
     error: str | None = None
     attempt: Attempt | None = None
     task_token: str | None = Field(default=None, max_length=128)
+    traceparent: str | None = Field(
+        default=None,
+        max_length=256,
+        description="the W3C Trace Context of the agent's span that sent it (optional): the "
+        "fsm.apply_acks task that applies it is traced under it",
+    )
 
 
 class StateHeartbeat(_Message):

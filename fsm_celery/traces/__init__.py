@@ -14,13 +14,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from uuid import UUID
 
 from fsm_celery.traces.ids import Parent as Parent
-from fsm_celery.traces.ids import attempt_parent, machine_span_id, trace_id, traceparent
+from fsm_celery.traces.ids import (
+    attempt_parent,
+    machine_span_id,
+    trace_id,
+    traceparent,
+    traceparent_in,
+)
 
 if TYPE_CHECKING:
     from fsm_celery.traces.live import Answered, Decided, Live
@@ -32,6 +38,18 @@ _OFF: AbstractContextManager[None] = nullcontext()
 _live: Live | None = None
 _decided = False  # whether this process looked at its environment yet
 _deciding = threading.Lock()  # agents of one process start on threads of their own
+
+
+class Raw(Protocol):
+    @property
+    def raw(self) -> str: ...
+
+
+class Relayed(Protocol):
+    """An agent's message as the bridge relays it (fsm_celery.acks.consumer.Envelope)."""
+
+    @property
+    def item(self) -> Raw: ...
 
 
 class Entering(Protocol):
@@ -103,6 +121,19 @@ def entering(step: Entering) -> AbstractContextManager[Any]:
     if live is None:
         return _OFF
     return live.within(attempt_parent(step.machine_id, step.root_id, step.attempt))
+
+
+def relaying(batch: Iterable[Relayed]) -> AbstractContextManager[Any]:
+    """Where the bridge sends an fsm.apply_acks task from: within the span of the agent that
+    sent the first of its messages to name one (its traceparent), else where it is."""
+    live = _on()
+    if live is None:
+        return _OFF
+    for envelope in batch:
+        parent = traceparent_in(envelope.item.raw)
+        if parent is not None:
+            return live.within(parent)
+    return _OFF
 
 
 def starting_children(parent_id: UUID, root_id: UUID | None) -> AbstractContextManager[Any]:

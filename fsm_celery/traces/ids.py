@@ -14,6 +14,8 @@ from uuid import UUID
 VERSION = "00"
 SAMPLED = 0x01
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+_IN_MESSAGE = re.compile(r'"traceparent"\s*:\s*"([^"]{1,256})"')
+SEARCHED = 8192  # characters of a raw message looked through for its traceparent
 
 
 class Parent(NamedTuple):
@@ -63,3 +65,10 @@ def parse_traceparent(value: str | None) -> Parent | None:
     if trace == 0 or span == 0:
         return None
     return Parent(trace, span, int(found.group(4), 16))
+
+
+def traceparent_in(raw: str) -> Parent | None:
+    """The span a raw message's `traceparent` names (a state_ack's: the agent's that sent it),
+    found without parsing the message; None when it names none."""
+    found = _IN_MESSAGE.search(raw[:SEARCHED])
+    return parse_traceparent(found.group(1)) if found else None

@@ -44,6 +44,7 @@ from fsm_celery.traces.ids import (
     machine_span_id,
     parse_traceparent,
     trace_id,
+    traceparent,
 )
 
 log = logging.getLogger(__name__)
@@ -289,10 +290,14 @@ class Live:
 
 
 def _answered(span: Span, reply: Mapping[str, Any] | None) -> None:
-    """The handler's reply on its span: the message sent, and its error."""
+    """The handler's reply on its span: the message sent, and its error; an ack names the span
+    (its traceparent), for the task that applies it to be traced under it."""
     if reply is None:
         span.set_attribute("fsm.reply", "none")
         return
+    if isinstance(reply, dict) and reply.get("type") == "state_ack":
+        here = span.get_span_context()
+        reply["traceparent"] = traceparent(Parent(here.trace_id, here.span_id, here.trace_flags))
     span.set_attribute("fsm.reply", str(reply.get("type")))
     if reply.get("type") == "state_ack":
         span.set_attribute("fsm.success", bool(reply.get("success")))

@@ -160,7 +160,15 @@ def test_the_celery_tasks_of_a_machine_join_its_trace(traced: FsmEnv, otlp: Otlp
         if p.parent_id in attempts
     }
     assert {"BUILD", "SHIP", "TRY"} <= states  # the retry's entry too
-    # an attempt decided by an fsm.apply_acks task links to that task's span
+    # the bridge sent each ack's fsm.apply_acks within the agent's span that sent the ack (the
+    # state_ack's traceparent); an attempt decided by one links to its span
+    by_id = {s.span_id: s for s in spans}
+    relayed = [s for s in spans if s.name == "run/fsm.apply_acks"]
+    assert relayed
+    for task in relayed:
+        publish, handle, attempt, *_ = _ancestors(task, by_id)
+        assert publish == "apply_async/fsm.apply_acks"
+        assert (handle.split()[0], attempt.split()[0]) == ("handle", "state")
     applied = {s.span_id for s in everything if s.name == "run/fsm.apply_acks"}
     assert all(
         set(a.links) & applied for a in attempts.values() if a.attributes["fsm.outcome"] == "ack"

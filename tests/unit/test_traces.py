@@ -30,6 +30,7 @@ from fsm_celery.traces.ids import (
     parse_traceparent,
     trace_id,
     traceparent,
+    traceparent_in,
 )
 from fsm_celery.traces.live import Live, _Ids
 
@@ -75,6 +76,14 @@ def test_a_traceparent_names_the_attempt_s_span_in_w3c_form() -> None:
 )
 def test_a_malformed_traceparent_names_no_span(header: str | None) -> None:
     assert parse_traceparent(header) is None
+
+
+def test_an_ack_s_traceparent_is_found_without_parsing_it() -> None:
+    header = traceparent(Parent(MACHINE.int, 77))
+    ack = {"type": "state_ack", "machineId": str(MACHINE), "state": "S", "success": True}
+    assert traceparent_in(json.dumps({**ack, "traceparent": header})) == Parent(MACHINE.int, 77)
+    assert traceparent_in(json.dumps(ack)) is None
+    assert traceparent_in(json.dumps({**ack, "traceparent": "00-nope"})) is None
 
 
 def test_the_state_task_carries_the_traceparent_when_there_is_one() -> None:
@@ -251,8 +260,11 @@ def test_an_agent_s_handling_and_its_model_call_nest_under_the_attempt(
     with tracer.handling(task, "tester") as answered:
         with tracer.model_call("gpt-x", "openai") as completed:
             completed(SimpleNamespace(model="gpt-x-1", usage=usage))
-        answered({"type": "state_ack", "success": False, "error": "no"})
+        reply = {"type": "state_ack", "success": False, "error": "no"}
+        answered(reply)
     chat, handled = exported.get_finished_spans()
+    here = handled.get_span_context()
+    assert reply["traceparent"] == traceparent(Parent(here.trace_id, here.span_id))  # for the ack
     assert handled.parent is not None and handled.parent.span_id == attempt_span_id(CHILD, 2)
     assert handled.get_span_context().trace_id == MACHINE.int
     assert handled.kind is SpanKind.CONSUMER
