@@ -27,6 +27,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import (
     Link,
     NonRecordingSpan,
@@ -51,6 +52,11 @@ log = logging.getLogger(__name__)
 
 SCOPE = "fsm_celery"
 ENDED = ("completed", "failed", "cancelled")  # a machine's statuses once its run is over
+# beat's periodic tasks (celeryconfig.beat_schedule): several a second, forever; their Celery
+# spans are left out (what they decide is traced all the same, in the machines' traces)
+HOUSEKEEPING = frozenset(
+    {"fsm.scan", "fsm.run_schedules", "fsm.fold_stats", "fsm.notify", "fsm.prune", "fsm.history"}
+)
 Answered = Callable[[Any], None]
 
 
@@ -122,6 +128,32 @@ class _Ids(IdGenerator):
         return ids[1] if ids is not None else self._random.generate_span_id()
 
 
+class _Quiet(Sampler):
+    """The sampler OTEL_TRACES_SAMPLER names, but for the Celery spans of beat's tasks."""
+
+    def __init__(self, inner: Sampler) -> None:
+        self._inner = inner
+
+    def should_sample(
+        self,
+        parent_context: context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Any = None,
+        links: Any = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        if name.partition("/")[2] in HOUSEKEEPING:
+            return SamplingResult(Decision.DROP)
+        return self._inner.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return f"Quiet{{{self._inner.get_description()}}}"
+
+
 def _exporters() -> list[SpanExporter]:
     names = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp"
     exporters: list[SpanExporter] = []
@@ -140,7 +172,11 @@ def setup(service: str) -> Live:
     headers, resource attributes), set as the global one, and its Celery tasks traced."""
     ids = _Ids()
     name = os.environ.get("OTEL_SERVICE_NAME", "").strip() or service
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}), id_generator=ids)
+    provider = TracerProvider(
+        sampler=_Quiet(TracerProvider(shutdown_on_exit=False).sampler),  # OTEL_TRACES_SAMPLER's
+        resource=Resource.create({SERVICE_NAME: name}),
+        id_generator=ids,
+    )
     for exporter in _exporters():
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
@@ -172,7 +208,7 @@ class Live:
         for row in getattr(writes, "history", ()):
             rows[(row.machine_id, row.attempt, row.event)].append(row)
         here = trace.get_current_span().get_span_context()
-        links = [Link(here)] if here.is_valid else []
+        links = [Link(here)] if here.is_valid and here.trace_flags.sampled else []
         for event in writes.out.events:
             if event.event == "start":
                 continue

@@ -18,6 +18,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision
 from opentelemetry.trace import SpanKind, StatusCode
 
 from fsm_celery.core.messages import StateEvent, parse_task_message
@@ -32,7 +33,8 @@ from fsm_celery.traces.ids import (
     traceparent,
     traceparent_in,
 )
-from fsm_celery.traces.live import Live, _Ids
+from fsm_celery.traces.live import HOUSEKEEPING, Live, _Ids, _Quiet
+from fsm_celery.worker.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = UUID("5b1f0c1e-3f7a-4c55-9f0e-7d9f1b6e2a10")
@@ -285,3 +287,12 @@ def test_a_task_sent_within_an_attempt_names_it_as_parent(
     (span,) = exported.get_finished_spans()
     assert span.parent is not None and span.parent.span_id == attempt_span_id(MACHINE, 1)
     assert span.get_span_context().trace_id == MACHINE.int
+
+
+def test_beat_s_periodic_tasks_make_no_celery_spans() -> None:
+    assert {entry["task"] for entry in app.conf.beat_schedule.values()} == HOUSEKEEPING
+    quiet = _Quiet(ALWAYS_ON)
+    for name in ("run/fsm.scan", "apply_async/fsm.scan", "run/fsm.prune"):
+        assert quiet.should_sample(None, 1, name).decision is Decision.DROP
+    for name in ("run/fsm.enter_state", "apply_async/fsm.apply_acks", "state WORK"):
+        assert quiet.should_sample(None, 1, name).decision is Decision.RECORD_AND_SAMPLE
