@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,7 +22,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision
 from opentelemetry.trace import SpanKind, StatusCode
 
+from fsm_celery import traces
+from fsm_celery.agent.task import Task, sample_task
 from fsm_celery.core.messages import StateEvent, parse_task_message
+from fsm_celery.mcp.agent import HandOff
 from fsm_celery.traces import wanted
 from fsm_celery.traces.ids import (
     Parent,
@@ -296,3 +300,25 @@ def test_beat_s_periodic_tasks_make_no_celery_spans() -> None:
         assert quiet.should_sample(None, 1, name).decision is Decision.DROP
     for name in ("run/fsm.enter_state", "apply_async/fsm.apply_acks", "state WORK"):
         assert quiet.should_sample(None, 1, name).decision is Decision.RECORD_AND_SAMPLE
+
+
+def test_the_mcp_door_s_task_is_a_span_under_the_sdk_s_handling(
+    live: tuple[Live, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tracer, exported = live
+    monkeypatch.setattr(traces, "_live", tracer)
+    monkeypatch.setattr(traces, "_decided", True)
+    handoff = HandOff()
+    message = sample_task("t", "WORK", {})
+
+    def session() -> None:  # an MCP client's next_task, then submit
+        held = handoff.take(5)
+        assert held is not None
+        held.answer("submit", {"done": True})
+
+    threading.Thread(target=session).start()
+    output = traces.handled(message, "t", lambda: handoff.handle(Task(message, lambda _: None)))
+    assert output == {"done": True}
+    door, handled = exported.get_finished_spans()
+    assert (door.name, handled.name) == ("mcp agent task", "handle WORK")
+    assert door.parent is not None and door.parent.span_id == handled.get_span_context().span_id
