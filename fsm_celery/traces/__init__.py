@@ -111,7 +111,10 @@ def decided(writes: Decided) -> None:
     """The spans of the attempts a committed transaction decided, and of the machines it ended."""
     live = _on()
     if live is not None:
-        live.decided(writes)
+        try:
+            live.decided(writes)
+        except Exception:  # committed already: a span is never worth failing a transaction
+            log.warning("the spans of a transaction's decisions could not be made", exc_info=True)
 
 
 def entering(step: Entering) -> AbstractContextManager[Any]:
