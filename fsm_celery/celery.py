@@ -8,7 +8,7 @@ from typing import Any
 from celery.signals import beat_init, celeryd_after_setup, celeryd_init, worker_process_init
 from pydantic import ValidationError
 
-from fsm_celery import processes, wiring
+from fsm_celery import processes, traces, wiring
 from fsm_celery.config import get_settings
 from fsm_celery.exits import fail
 from fsm_celery.worker.app import app
@@ -19,6 +19,7 @@ try:
     _settings = get_settings()
 except ValidationError as exc:  # a bad FSM_* setting: one line, not a traceback
     fail(exc)
+traces.start("fsm-celery-worker")  # if OTEL_* asks for traces (docs/operations.md)
 _worker = wiring.provide_worker(_settings)
 
 

@@ -29,6 +29,7 @@ from sqlalchemy import Engine
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.store.queries import type_of_machines_txn
+from fsm_celery.traces import relaying
 
 APPLY_ACKS = "fsm.apply_acks"
 ACKS_SHOWN = 20  # machines an apply_acks task names in Flower
@@ -82,13 +83,14 @@ class Relay:
         with self.app.producer_or_acquire() as producer:  # one connection for the whole batch
             for queue, part in self._by_queue(batch):
                 for chunk in chunks(part, self.max_bytes):
-                    self.app.send_task(
-                        APPLY_ACKS,
-                        (wire(chunk),),
-                        queue=queue,
-                        argsrepr=acks_repr(chunk),
-                        producer=producer,
-                    )
+                    with relaying(chunk):  # traced: under the agent's span that sent an ack
+                        self.app.send_task(
+                            APPLY_ACKS,
+                            (wire(chunk),),
+                            queue=queue,
+                            argsrepr=acks_repr(chunk),
+                            producer=producer,
+                        )
 
     def _by_queue(self, batch: list[Envelope]) -> list[tuple[str, list[Envelope]]]:
         if self.route is None:

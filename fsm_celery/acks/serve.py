@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fsm_celery.acks.bridge import Bridge
 from fsm_celery.config import Settings
+from fsm_celery.traces import start as start_tracing
 
 log = logging.getLogger("fsm_celery.acks.bridge")
 
@@ -99,6 +100,7 @@ def serve_acks(plan: Plan, *, pubsub: bool, stop: threading.Event | None = None)
     logging.basicConfig(format="%(asctime)s %(processName)s %(levelname)s %(message)s")
     logging.getLogger("fsm_celery").setLevel(logging.INFO)
     _warn_about_trust(settings)
+    start_tracing("fsm-celery-bridge")  # if OTEL_* asks for traces (docs/operations.md)
     bridge = plan.build(settings, pubsub=pubsub)
     log.info("transition mode: %s", settings.transition_mode)
     stopping = stop or threading.Event()

@@ -32,6 +32,7 @@ from fsm_celery.agent.task import Task
 from fsm_celery.config import Settings
 from fsm_celery.config_agents import LlmPrice
 from fsm_celery.core.contract import flaws, schema_of
+from fsm_celery.traces import model_call
 
 log = logging.getLogger(__name__)
 
@@ -172,14 +173,17 @@ class LlmHandler:
             if left <= 0:
                 raise TimeoutError(f"the deadline of {task.state} passed waiting for {model}")
             try:
-                return self.client.with_options(timeout=left).chat.completions.create(
-                    model=model,
-                    messages=messages,
-                    response_format={
-                        "type": "json_schema",
-                        "json_schema": {"name": "state_output", "schema": dict(schema)},
-                    },
-                )
+                with model_call(model) as answered:  # a span per completion, when traced
+                    response = self.client.with_options(timeout=left).chat.completions.create(
+                        model=model,
+                        messages=messages,
+                        response_format={
+                            "type": "json_schema",
+                            "json_schema": {"name": "state_output", "schema": dict(schema)},
+                        },
+                    )
+                    answered(response)
+                return response
             except (APIStatusError, APIConnectionError, APITimeoutError) as exc:
                 status = getattr(exc, "status_code", None)
                 if status is not None and status != 429 and status < 500:

@@ -51,6 +51,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
+from fsm_celery import traces
 from fsm_celery.agent import identity
 from fsm_celery.agent.task import (
     SHUTTING_DOWN,
@@ -180,6 +181,7 @@ class Agent:
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: self.stop())
+        traces.start("fsm-celery-agent")  # if OTEL_* asks for traces (docs/operations.md)
         status = threading.Thread(target=self._report_status, daemon=True)
         status.start()
         delay = 0.2
@@ -379,7 +381,8 @@ class Agent:
     def _work(self, slot: Slot) -> None:
         beats = threading.Thread(target=self._beat, args=(slot,), daemon=True)
         beats.start()
-        reply = self._answer(Task(slot.message, self._send, slot))
+        task = Task(slot.message, self._send, slot)
+        reply = traces.handled(task.message, self.agent_type, lambda: self._answer(task))
         with self._lock:
             mine = self._running.pop(slot.key, None) is not None
             slot.ended.set()

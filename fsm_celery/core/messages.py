@@ -65,6 +65,12 @@ class StateTask(_Message):
         description="the JSON Schema 2020-12 the output must match (requiredOutput merged in); "
         "absent when the state declares none",
     )
+    traceparent: str | None = Field(
+        default=None,
+        max_length=55,
+        description="the W3C Trace Context of the attempt's span, for the agent's own spans to "
+        "nest under; absent when the engine does not trace (docs/operations.md, Traces)",
+    )
 
 
 class StateCancel(_Message):
@@ -124,6 +130,12 @@ class StateAck(_Message):
     error: str | None = None
     attempt: Attempt | None = None
     task_token: str | None = Field(default=None, max_length=128)
+    traceparent: str | None = Field(
+        default=None,
+        max_length=256,
+        description="the W3C Trace Context of the agent's span that sent it (optional): the "
+        "fsm.apply_acks task that applies it is traced under it",
+    )
 
 
 class StateHeartbeat(_Message):

@@ -18,6 +18,7 @@ class Step(NamedTuple):
     state: str = ""
     machine_type: str = ""
     parent_id: UUID | None = None
+    root_id: UUID | None = None  # the top-level machine of its tree (none: it is one): its trace
 
 
 Next = list[Step]

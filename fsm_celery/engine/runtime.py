@@ -25,6 +25,7 @@ from fsm_celery.store import queries as q
 from fsm_celery.store import reads
 from fsm_celery.store import schedules as schedule_store
 from fsm_celery.store import slots as slot_store
+from fsm_celery.traces import decided
 
 # Errors of the surroundings (the database away), not of a message or a row: what failed with
 # one is tried again once it passes. The dispatcher's own (Redis away) are given to the Runtime
@@ -144,6 +145,7 @@ class Runtime:
             self.dispatcher.cancel_many(to_agents)
         if out.events:
             self.dispatcher.announce(out.events)
+            decided(writes)  # the attempts' spans (fsm_celery.traces; nothing when off)
         if out.calls:
             self._call(out.calls)
 

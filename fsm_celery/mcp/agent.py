@@ -35,6 +35,7 @@ from fsm_celery.core.messages import StateTask
 from fsm_celery.mcp.arguments import JsonObject
 from fsm_celery.mcp.machine import MachineReads
 from fsm_celery.mcp.serve import PATH, unauthorized
+from fsm_celery.traces import span
 
 WAIT_MOST = 60  # seconds next_task waits at the most: under the clients' request timeouts
 CANCELLED = "the attempt was cancelled (paused, forced or timed out): call next_task"
@@ -80,10 +81,11 @@ class HandOff:
     def handle(self, task: Task) -> Mapping[str, Any]:
         """The Agent's handler for every state: park the task, return what the session says."""
         held = Held(task)
-        self.waiting.put(held)
-        while not held.answered.wait(0.1):
-            if task.cancelled:
-                raise NoAck  # dropped by the SDK: nothing is sent
+        with span("mcp agent task", **{"fsm.state": task.state}):  # held for a session's answer
+            self.waiting.put(held)
+            while not held.answered.wait(0.1):
+                if task.cancelled:
+                    raise NoAck  # dropped by the SDK: nothing is sent
         kind, value = held.outcome
         if kind == "fail":
             raise Failed(value)

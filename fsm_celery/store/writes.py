@@ -106,6 +106,7 @@ class Writes:
     read: dict[UUID, tuple[q.AnyRow, Machine]] = field(default_factory=dict)  # each row's, once
     delays: dict[UUID, float] = field(default_factory=dict)
     types: dict[UUID, str] = field(default_factory=dict)
+    roots: dict[UUID, UUID | None] = field(default_factory=dict)  # each moved machine's root
     entered: set[UUID] = field(default_factory=set)
     log: list[tuple[q.AnyRow, Transition, str]] = field(default_factory=list)  # in order
     followed: int = 0  # of the log, the transitions followed up (engine.entry)
@@ -161,6 +162,7 @@ class Writes:
         )
         self.delays[row.id] = t.delay_seconds
         self.types[row.id] = row.type
+        self.roots[row.id] = row.root_id
         self.entered.discard(row.id)  # entered earlier in this transaction, and left again
         self.moves[row.id] = move
         self.history.append(history)
@@ -389,7 +391,14 @@ class Writes:
     def next(self) -> Next:
         """The states this transaction moved machines to and did not enter, with their delays."""
         moved = [
-            Step(mid, move.attempt, self.delays[mid], move.current_state, self.types[mid])
+            Step(
+                mid,
+                move.attempt,
+                self.delays[mid],
+                move.current_state,
+                self.types[mid],
+                root_id=self.roots[mid],
+            )
             for mid, move in self.moves.items()
             if move.status == RUNNING and mid not in self.entered
         ]

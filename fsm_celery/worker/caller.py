@@ -33,6 +33,7 @@ from fsm_celery.config_agents import McpServer
 from fsm_celery.core import tool
 from fsm_celery.core.contract import flaws, summary
 from fsm_celery.engine.tools import Pending
+from fsm_celery.traces import tool_call
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,14 @@ class Caller:
         if remaining <= 0:
             return None
         loop = self._running_loop()
-        work = asyncio.run_coroutine_threadsafe(self._call(pending, spec, remaining), loop)
-        try:
-            found = work.result(remaining + GRACE + 1)
-        except Exception as exc:  # the loop's own failure: the attempt's, named
-            work.cancel()
-            found = tool.failed(f"{type(exc).__name__}: {exc}")
+        with tool_call(pending.call.server, pending.call.name) as answered:  # traced: a span
+            work = asyncio.run_coroutine_threadsafe(self._call(pending, spec, remaining), loop)
+            try:
+                found = work.result(remaining + GRACE + 1)
+            except Exception as exc:  # the loop's own failure: the attempt's, named
+                work.cancel()
+                found = tool.failed(f"{type(exc).__name__}: {exc}")
+            answered(found.error if found is not None else "no result before the deadline")
         if found is None:
             return None
         elapsed = int((time.monotonic() - started) * 1000)

@@ -10,6 +10,7 @@ from celery import Celery, Signature, group
 
 from fsm_celery.config import Settings
 from fsm_celery.engine import Next, Step
+from fsm_celery.traces import entering, starting_children
 from fsm_celery.worker.app import app
 
 ENTER_STATE = "fsm.enter_state"
@@ -39,18 +40,20 @@ class Enqueue:
                 if step.parent_id is not None:
                     fanned.setdefault(step.parent_id, []).append(step)
                     continue
-                self.app.send_task(
-                    ENTER_STATE,
-                    (str(step.machine_id), step.attempt),
-                    queue=self._queue(step.machine_type),
-                    countdown=step.delay if step.delay > 0 else None,
-                    argsrepr=step_repr(step),
-                    producer=producer,
-                )
-            for children in fanned.values():  # a fan-out's new children: one group each
-                group(self._signature(step) for step in children).apply_async(
-                    producer=producer, add_to_parent=False
-                )
+                with entering(step):  # its Celery spans in the machine's trace, if traced
+                    self.app.send_task(
+                        ENTER_STATE,
+                        (str(step.machine_id), step.attempt),
+                        queue=self._queue(step.machine_type),
+                        countdown=step.delay if step.delay > 0 else None,
+                        argsrepr=step_repr(step),
+                        producer=producer,
+                    )
+            for parent, children in fanned.items():  # a fan-out's new children: one group each
+                with starting_children(parent, children[0].root_id):
+                    group(self._signature(step) for step in children).apply_async(
+                        producer=producer, add_to_parent=False
+                    )
 
     def _queue(self, machine_type: str) -> str:
         queue = self._queues.get(machine_type)

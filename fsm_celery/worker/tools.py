@@ -10,6 +10,7 @@ from celery import Celery
 
 from fsm_celery.config import Settings
 from fsm_celery.engine import Next
+from fsm_celery.traces import entering
 from fsm_celery.worker.app import app
 from fsm_celery.worker.enqueue import step_repr
 
@@ -24,10 +25,12 @@ class CallTools:
     def __call__(self, calls: Next) -> None:
         with self.app.producer_or_acquire() as producer:  # one connection for them all
             for step in calls:
-                self.app.send_task(
-                    CALL_TOOL,
-                    (str(step.machine_id), step.attempt),
-                    queue=self._settings.tool_queue or self._settings.queue_for(step.machine_type),
-                    argsrepr=step_repr(step),
-                    producer=producer,
-                )
+                with entering(step):  # its Celery spans in the machine's trace, if traced
+                    self.app.send_task(
+                        CALL_TOOL,
+                        (str(step.machine_id), step.attempt),
+                        queue=self._settings.tool_queue
+                        or self._settings.queue_for(step.machine_type),
+                        argsrepr=step_repr(step),
+                        producer=producer,
+                    )

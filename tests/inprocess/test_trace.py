@@ -3,7 +3,7 @@ as `fsm-celery ack-bridge` builds it, until the next state's state_task is dispa
 transition mode, in this process (the celery mode's fsm.apply_acks and fsm.enter_state tasks
 run here, as a worker runs them). sys.setprofile records each module of fsm_celery entered on
 the way, core/ and store/ aside (the pure decisions, and the SQL and write-set the engine
-calls in its transaction).
+calls in its transaction), and traces/ (OpenTelemetry's spans: off, a check of one global).
 
 A module is entered by a call from another module. A generator resumed (the end of a `with`
 block, which runs the rest of its context manager's call) continues the call that entered it:
@@ -101,7 +101,7 @@ def tracing() -> Iterator[Path_]:
             return
         callee = frame.f_globals.get("__name__", "")
         if not callee.startswith("fsm_celery.") or callee.startswith(
-            ("fsm_celery.core", "fsm_celery.store")
+            ("fsm_celery.core", "fsm_celery.store", "fsm_celery.traces")  # traces: off, a check
         ):
             return
         if id(frame) in seen:

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "processes",
             "devstack",
             "urls",
+            "traces",  # OpenTelemetry's spans, off unless OTEL_* asks (docs/operations.md)
         },
     ),
     ("core", {"core"}),  # pure: the definitions, the decisions, the wire messages

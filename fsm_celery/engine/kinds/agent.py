@@ -24,6 +24,7 @@ from fsm_celery.engine.slots import Slots, ledger_of
 from fsm_celery.store import agents as agent_store
 from fsm_celery.store import queries as q
 from fsm_celery.store.writes import Writes
+from fsm_celery.traces import traceparent_for
 
 
 @dataclass
@@ -93,6 +94,7 @@ class AgentState:
                 if state.output_schema is None
                 else schema_of(state.output_schema, state.required_output)
             ),
+            traceparent=traceparent_for(row.id, row.root_id, machine.attempt),
         )
 
     def _route(

@@ -164,7 +164,9 @@ class FanOut:
         for child, history, row in zip(children, started, inserted, strict=True):
             rows[row.id] = row
             writes.announce(history, child, child.status)
-            writes.spawn(Step(child.id, 1, 0.0, child.current_state, child.type, parent.id))
+            writes.spawn(
+                Step(child.id, 1, 0.0, child.current_state, child.type, parent.id, child.root_id)
+            )
         fanouts.start_slots_txn(
             conn, parent.id, attempt, {child.slot or 0: child.id for child in children}
         )

@@ -32,4 +32,6 @@ class ToolState:
             writes.transition(row, decision, "dispatch_error")
             return
         writes.entering(row.id, writes.now + state.timeout, row.agent_id)
-        writes.out.calls.append(Step(row.id, machine.attempt, 0.0, state.name, row.type))
+        writes.out.calls.append(
+            Step(row.id, machine.attempt, 0.0, state.name, row.type, root_id=row.root_id)
+        )
