@@ -43,7 +43,6 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -59,6 +58,7 @@ from fsm_celery.agent.task import (
     HandBack,
     Handler,
     NoAck,
+    Recent,
     Slot,
     Task,
     handback,
@@ -135,11 +135,11 @@ class Agent:
         self._late: list[Slot] = []  # read after stop(): handed back, never started
         self._pending = False  # a task read while full, on the own stream: read it again
         self._rereading = False  # the read in hand is of the pending tasks, in their order
-        self._cancelled: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._cancelled: Recent[None] = Recent(CANCELLED_KEPT)
         # the answers sent lately: a task read again (its XACK lost in a failover, or sent
         # twice) gets the same answer again, without the handler's work done twice
-        self._answered: OrderedDict[tuple[str, int], dict[str, Any] | None] = OrderedDict()
-        self._tasks: OrderedDict[tuple[str, int], StateTask] = OrderedDict()  # answered
+        self._answered: Recent[dict[str, Any] | None] = Recent(ANSWERED_KEPT)
+        self._tasks: Recent[StateTask] = Recent(TASKS_KEPT)  # answered
         self._client: redis.Redis | None = None
         self._replicated: Replication | None = None
 
@@ -349,9 +349,7 @@ class Agent:
 
     def _cancel(self, cancel: StateCancel) -> None:
         """Drop the attempt the engine cancelled, if this agent works on it."""
-        self._cancelled[(str(cancel.machine_id), cancel.attempt)] = None
-        while len(self._cancelled) > CANCELLED_KEPT:
-            self._cancelled.popitem(last=False)
+        self._cancelled.keep((str(cancel.machine_id), cancel.attempt), None)
         for slot in self._slots(
             lambda s: (
                 s.message.machine_id == cancel.machine_id and s.message.attempt == cancel.attempt
@@ -388,12 +386,8 @@ class Agent:
             slot.ended.set()
             if mine:
                 key = (str(slot.message.machine_id), slot.message.attempt)
-                self._answered[key] = reply
-                self._tasks[key] = slot.message
-                while len(self._answered) > ANSWERED_KEPT:
-                    self._answered.popitem(last=False)
-                while len(self._tasks) > TASKS_KEPT:
-                    self._tasks.popitem(last=False)
+                self._answered.keep(key, reply)
+                self._tasks.keep(key, slot.message)
         if mine:  # not dropped meanwhile: the answer counts
             self._done(slot.stream, slot.entry_id, reply)
 

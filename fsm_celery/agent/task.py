@@ -1,4 +1,5 @@
-"""One task as a handler sees it (Task), and what the agent keeps of it while it runs (Slot)."""
+"""One task as a handler sees it (Task), what the agent keeps of it while it runs (Slot), and
+what it remembers of the tasks lately answered or cancelled (Recent)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
@@ -23,6 +25,22 @@ from fsm_celery.core.messages import TASK_MESSAGE_TYPES, StateTask
 log = logging.getLogger("fsm_celery.agent.sdk")
 
 Problems = list[dict[str, str]]  # [{"pointer": ..., "message": ...}]
+
+
+V = TypeVar("V")
+
+
+class Recent(OrderedDict[Hashable, V], Generic[V]):
+    """What was kept lately, the oldest forgotten past `size`."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def keep(self, key: Hashable, value: V) -> None:
+        self[key] = value
+        while len(self) > self.size:
+            self.popitem(last=False)
 
 
 @dataclass(eq=False)
