@@ -155,3 +155,28 @@ def test_counting_never_fails_what_committed() -> None:
 )
 def test_an_agents_task_outcome_is_its_reply(reply: dict[str, Any] | None, expected: str) -> None:
     assert agent_outcome(reply) == expected
+
+
+def test_observations_added_at_once_read_as_observed_one_by_one() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from fsm_celery.metrics.tally import BOUNDS, Tally
+
+    values = [0.001, 0.005, 0.07, 0.07, 2.0, 999.0]
+    one_by_one, at_once = CollectorRegistry(), CollectorRegistry()
+    buckets = BOUNDS["fsm_ack_to_task_seconds"][:-1]
+    observed = Histogram("h", "h", ["t"], buckets=buckets, registry=one_by_one)
+    added = Histogram("h", "h", ["t"], buckets=buckets, registry=at_once)
+    tally = Tally()
+    for v in values:
+        observed.labels("x").observe(v)
+        tally.observe(("fsm_ack_to_task_seconds", "x"), v)
+    tally.flush(lambda key: added.labels(*key[1:]))
+
+    def samples(registry: CollectorRegistry) -> list[str]:
+        text = generate_latest(registry).decode()
+        return [
+            line for line in text.splitlines() if line.startswith("h_") and "created" not in line
+        ]
+
+    assert samples(at_once) == samples(one_by_one)
