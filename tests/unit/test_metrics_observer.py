@@ -180,3 +180,13 @@ def test_observations_added_at_once_read_as_observed_one_by_one() -> None:
         ]
 
     assert samples(at_once) == samples(one_by_one)
+
+
+def test_a_new_master_is_a_failover_counted_once_per_process() -> None:
+    from fsm_celery.metrics.failovers import seen
+
+    service = f"master-{uuid.uuid4().hex[:6]}"
+    assert not seen(service, ("10.0.0.1", 6379))  # the first one seen: no failover
+    assert not seen(service, ("10.0.0.1", 6379))
+    assert seen(service, ("10.0.0.2", 6379))  # the sentinels promoted another
+    assert not seen(service, ("10.0.0.2", 6379))  # another client of the process follows it
