@@ -10,6 +10,7 @@ import dataclasses
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from fsm_celery.core.messages import ack_stream
 from tests.support.credentials import ADMIN_TOKEN, VIEWER_TOKEN
 from tests.support.processes import LOGS, FsmEnv
 from tests.support.scrape import Samples, free_port, names, scrape, total, wait_for
+from tests.support.sentinel import SentinelCluster
 
 SCRIPT = "tests/integration/sdk_agent.py"
 METRICS_TOKEN = "prometheus-scrape-token-" + "5e6f7a8b9c0d1e2f" * 2
@@ -226,3 +228,31 @@ def test_a_prefork_worker_and_an_inline_bridge_add_up_their_processes(
     )
     assert total(scanned, "fsm_scan_duration_seconds_count") >= 1
     assert total(scanned, "fsm_retries_total", state="WAIT") >= 1
+
+
+# ---- Redis behind Sentinel: a failover followed, counted once, and the reconnects -----------
+
+
+def test_a_sentinel_failover_is_counted_by_the_bridge_and_the_agent(
+    env_factory: Callable[..., FsmEnv], tmp_path: Path
+) -> None:
+    cluster = SentinelCluster.start(tmp_path / "redis")
+    try:
+        env = env_factory("metrics_failover", redis_url=cluster.url)
+        bridge, agent = free_port(), free_port()
+        on_port(env, bridge).start_bridge()
+        on_port(env, agent).start_agent(SCRIPT, "tester", str(uuid.uuid4()))
+        env.wait_for_agents(1)
+        for port in (bridge, agent):
+            assert total(scrape(url(port)), "fsm_redis_failovers_total") == 0
+        old = cluster.kill_primary()
+        cluster.wait_for_failover(old.port)
+        for port, role in ((bridge, "bridge"), (agent, "agent")):
+            samples = wait_for(
+                url(port), lambda s: total(s, "fsm_redis_failovers_total") >= 1, timeout=60
+            )
+            assert total(samples, "fsm_redis_failovers_total") == 1  # however many clients
+            assert total(samples, "fsm_redis_reconnects_total", role=role) >= 1
+        env.stop_all()
+    finally:
+        cluster.stop()
