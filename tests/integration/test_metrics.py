@@ -44,6 +44,18 @@ def start_beat(env: FsmEnv) -> None:
     env._spawn("beat", [*argv, "-l", "info"]).wait_for_log("beat: Starting...")
 
 
+def send_task(env: FsmEnv, name: str) -> None:
+    """Send one of beat's periodic tasks now, on the housekeeping queue."""
+    from celery import Celery
+
+    app = Celery(broker=env.settings.celery_broker_url)
+    app.conf.broker_transport_options = env.settings.celery_transport_options
+    try:
+        app.send_task(name, queue=env.settings.housekeeping_queue)
+    finally:
+        app.close()
+
+
 def run_machines(env: FsmEnv, agent_id: str) -> tuple[list[uuid.UUID], uuid.UUID]:
     """Three linear machines its agent completes, and one whose agent never answers (its
     attempt times out, is retried, times out again)."""
@@ -73,6 +85,7 @@ def celery_env(env_factory: Callable[..., FsmEnv], ports: dict[str, int]) -> Ite
     env.wait_for_agents(1)
     run_machines(env, agent_id)
     env.redis.xadd(ack_stream(env.settings.channel_prefix), {"message": "{not json"})
+    send_task(env, "fsm.history")  # beat's hourly run of the history's retention, now
     yield env
     env.stop_all()
 
@@ -96,6 +109,8 @@ def test_a_threads_worker_counts_transitions_retries_timeouts_and_scans(
     assert total(samples, "fsm_scan_duration_seconds_count") >= 1
     assert total(samples, "fsm_scan_last_run_timestamp_seconds") > 0
     assert {"fsm_unprocessable_total", "fsm_dead_letters_total"} <= names(samples)
+    ran = wait_for(url(ports["worker"]), lambda s: total(s, "fsm_retention_runs_total") >= 1)
+    assert total(ran, "fsm_retention_runs_total", outcome="ran") == 1
 
 
 def test_beat_counts_the_periodic_tasks_it_sends(ports: dict[str, int], celery_env: FsmEnv) -> None:
