@@ -127,7 +127,7 @@ METRICS: tuple[Metric, ...] = (
         C,
         ("outcome",),
         "Outside events: applied, kept (for a state not yet entered), duplicate, refused.",
-        served_by="dashboard (events come through its API), worker, bridge",
+        served_by="dashboard (events come through its API)",
     ),
     Metric(
         "fsm_budget_refusals_total",
@@ -146,14 +146,15 @@ METRICS: tuple[Metric, ...] = (
         "fsm_redis_failovers_total",
         C,
         (),
-        "Sentinel failovers followed (a new master's address seen).",
-        served_by="bridge, SDK agent",
+        "Sentinel failovers followed (a new master's address seen), once per process.",
+        served_by="bridge, SDK agent, worker",
     ),
     Metric(
         "fsm_retention_runs_total",
         C,
         ("outcome",),
-        "History retention runs: ran (months made or removed), failed (an action failed).",
+        "History retention runs: ran, or failed (it raised; a month whose archive or removal "
+        "failed is in the worker's log).",
         served_by="worker",
     ),
     Metric(
