@@ -18,7 +18,7 @@ from fsm_celery.metrics.instruments import enabled, instruments, serve, use_mult
 
 P = ParamSpec("P")
 R = TypeVar("R")
-SINGLE_PROCESS_POOLS = ("threads", "solo", "eventlet", "gevent")
+SINGLE_PROCESS_POOLS = ("thread", "solo", "eventlet", "gevent")  # "threads", or its class
 
 
 def serve_worker(settings: Settings, pool: str) -> None:
@@ -26,9 +26,14 @@ def serve_worker(settings: Settings, pool: str) -> None:
     added up when the pool is of processes."""
     if not settings.metrics_port:
         return
-    if not any(name in pool.lower() for name in SINGLE_PROCESS_POOLS):
+    if of_processes(pool):
         use_multiprocess()
     serve(settings.metrics_port, settings.metrics_address, "worker")
+
+
+def of_processes(pool: str) -> bool:
+    """Whether a worker pool (-P, by name or class) runs its tasks in processes of its own."""
+    return not any(name in pool.lower() for name in SINGLE_PROCESS_POOLS)
 
 
 def serve_beat(settings: Settings) -> None:

@@ -190,3 +190,20 @@ def test_a_new_master_is_a_failover_counted_once_per_process() -> None:
     assert not seen(service, ("10.0.0.1", 6379))
     assert seen(service, ("10.0.0.2", 6379))  # the sentinels promoted another
     assert not seen(service, ("10.0.0.2", 6379))  # another client of the process follows it
+
+
+@pytest.mark.parametrize(
+    ("pool", "processes"),
+    [
+        ("prefork", True),
+        ("processes", True),
+        ("threads", False),
+        ("celery.concurrency.thread:TaskPool", False),
+        ("solo", False),
+        ("gevent", False),
+    ],
+)
+def test_a_pool_of_processes_adds_up_their_metrics(pool: str, processes: bool) -> None:
+    from fsm_celery.metrics.celery import of_processes
+
+    assert of_processes(pool) is processes
