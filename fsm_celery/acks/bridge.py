@@ -18,6 +18,7 @@ import redis
 from fsm_celery.acks.consumer import Consumer, Envelope
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.core.parking import Policy
+from fsm_celery.metrics.instruments import count
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class Bridge:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 delay = reconnect.next()
                 log.warning("%s lost Redis (%s); reconnecting in %.1fs", consumer.name, exc, delay)
+                count("fsm_redis_reconnects_total", "bridge")
                 stop.wait(delay)
             except Exception:
                 delay = reconnect.next()
@@ -93,14 +95,18 @@ class Bridge:
         failed = handle_until_done(self.handle, todo, stop) if todo else []
         kept = {id(d) for d in failed}
         consumer.finish([d for d in todo if id(d) not in kept])
+        count("fsm_bridge_messages_total", "finished", by=len(todo) - len(failed))
         if crashed:
             consumer.park(crashed, Policy.CRASHED)
+            count("fsm_bridge_messages_total", "parked", by=len(crashed))
         if failed:
             parked, again = self.policy.sort(failed, redelivers=consumer.redelivers)
             if parked:
                 consumer.park(parked)
+                count("fsm_bridge_messages_total", "parked", by=len(parked))
             if again:
                 consumer.retry(again)
+                count("fsm_bridge_messages_total", "retried", by=len(again))
 
 
 def handle_until_done(
