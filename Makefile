@@ -44,6 +44,7 @@ test: lint
 docs: install
 	$(PY) -m fsm_celery.settings_reference > /dev/null
 	$(PY) -m fsm_celery.definition_reference
+	$(PY) -m fsm_celery.metrics.reference  # docs/operations.md's table of every metric
 	FSM_WRITE_DOCS=1 $(PY) -m pytest tests/inprocess/test_trace.py -q -p no:cacheprovider -n 0  # README's path of one ack
 	FSM_WRITE_DOCS=1 $(PY) -m pytest tests/unit/test_layers.py -q -p no:cacheprovider -n 0  # docs/architecture.md's graph
 

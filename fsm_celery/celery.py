@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import beat_init, celeryd_after_setup, celeryd_init, worker_process_init
+from celery.signals import (
+    beat_init,
+    celeryd_after_setup,
+    celeryd_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from pydantic import ValidationError
 
 from fsm_celery import processes, wiring
@@ -47,6 +53,29 @@ def _record_beat(**_: Any) -> None:
 @worker_process_init.connect
 def _forget_parent_connections(**_: Any) -> None:
     _worker.forget()
+
+
+@celeryd_init.connect
+def _serve_worker_metrics(conf: Any, options: dict[str, Any], **_: Any) -> None:
+    """/metrics on FSM_METRICS_PORT (the pool's processes' values added up), set up before the
+    pool forks."""
+    from fsm_celery.metrics.celery import serve_worker
+
+    serve_worker(_settings, str(options.get("pool_cls") or conf.worker_pool))
+
+
+@worker_process_shutdown.connect
+def _forget_pool_process(pid: int, **_: Any) -> None:
+    from fsm_celery.metrics.instruments import forget_process
+
+    forget_process(pid)
+
+
+@beat_init.connect
+def _serve_beat_metrics(**_: Any) -> None:
+    from fsm_celery.metrics.celery import serve_beat
+
+    serve_beat(_settings)
 
 
 @celeryd_after_setup.connect

@@ -16,6 +16,7 @@ from pydantic_settings import SettingsConfigDict
 
 from fsm_celery import urls
 from fsm_celery.config_agents import AgentSettings
+from fsm_celery.config_observability import ObservabilitySettings
 from fsm_celery.exceptions import InsecureSecret
 from fsm_celery.redis_address import is_sentinel, kombu_options, kombu_url, parse_sentinel
 from fsm_celery.secret_strength import weak_secret
@@ -55,12 +56,13 @@ class Approver(BaseModel):
         return self
 
 
-class Settings(AgentSettings):
+class Settings(AgentSettings, ObservabilitySettings):
     """Everything a process of fsm-celery needs to know about its surroundings.
 
     Each setting is declared once: its type, its default and bounds, and below it the docstring
     that is its description (fsm_celery.settings_reference: README's table). The agents' own
-    (the LLM agent's, the MCP servers of tool states) are fsm_celery.config_agents's."""
+    (the LLM agent's, the MCP servers of tool states) are fsm_celery.config_agents's; the
+    metrics' are fsm_celery.config_observability's."""
 
     model_config = SettingsConfigDict(env_prefix="FSM_", frozen=True)
 

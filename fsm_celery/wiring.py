@@ -29,6 +29,7 @@ from fsm_celery.core.messages import ack_channel
 from fsm_celery.core.parking import Policy
 from fsm_celery.engine import Dispatcher, EnterNow, HandOn, MachineEngine
 from fsm_celery.engine.inbox import Applier
+from fsm_celery.metrics.observer import Counting
 from fsm_celery.store import db as database
 from fsm_celery.store.sent import Sent
 from fsm_celery.worker import tasks
@@ -68,9 +69,12 @@ def machine_engine(
     )
     inline = settings.transition_mode is TransitionMode.INLINE
     onward = EnterNow() if inline else HandOn()
-    return MachineEngine(
+    engine = MachineEngine(
         db, dispatcher, settings, onward, webhook.post_all, clock, REDIS_AWAY, CallTools(settings)
     )
+    if settings.metrics_port:  # what its transactions did, counted (FSM_METRICS_PORT's /metrics)
+        engine.runtime.observer = Counting(settings.transition_mode.value)
+    return engine
 
 
 def dead_letters(settings: Settings) -> DeadLetters:

@@ -18,6 +18,7 @@ import redis
 from fsm_celery.acks.consumer import Consumer, Envelope
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.core.parking import Policy
+from fsm_celery.metrics.instruments import count
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class Bridge:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 delay = reconnect.next()
                 log.warning("%s lost Redis (%s); reconnecting in %.1fs", consumer.name, exc, delay)
+                count("fsm_redis_reconnects_total", "bridge")
                 stop.wait(delay)
             except Exception:
                 delay = reconnect.next()

@@ -14,6 +14,7 @@ import redis
 
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.core.parking import reason
+from fsm_celery.metrics.instruments import count
 
 DEAD_STREAM = "stream:state:dead"
 DEAD_MAXLEN = 10_000
@@ -38,6 +39,7 @@ class DeadLetters:
                 "parkedAt": now,
             }
             pipe.xadd(self.stream, fields, maxlen=DEAD_MAXLEN, approximate=True)
+        count("fsm_dead_letters_total", by=len(envelopes))
 
     def latest(self, limit: int) -> list[dict[str, str]]:
         """The most recently parked messages, newest first."""

@@ -36,7 +36,8 @@ STATUS_BYTES = 4096  # an agent_status is far smaller: anything larger is relaye
 
 log = logging.getLogger(__name__)
 
-Wire = list[list[str | None]]  # [message, sender's id or None, source] per message (JSON)
+# [message, sender's id or None, source, stored at (unix seconds) or None] per message (JSON)
+Wire = list[list[str | float | None]]
 
 
 class Relay:
@@ -148,7 +149,10 @@ class Routes:
 def wire(batch: list[Envelope]) -> Wire:
     """The messages as fsm.apply_acks takes them (JSON: the sender's id as text; the task's
     `unwire` reads them back)."""
-    return [[d.item.raw, str(d.item.agent) if d.item.agent else None, d.source] for d in batch]
+    return [
+        [d.item.raw, str(d.item.agent) if d.item.agent else None, d.source, d.item.stored_at]
+        for d in batch
+    ]
 
 
 def chunks(batch: list[Envelope], max_bytes: int) -> list[list[Envelope]]:

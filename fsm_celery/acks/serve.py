@@ -31,6 +31,7 @@ def run_bridge(processes: int, plan: Plan) -> None:
     """The bridge with `processes` consumer processes (this one reads pub/sub too), until
     SIGINT or SIGTERM; a consumer process that dies is started again."""
     stop = threading.Event()
+    _serve_metrics(plan.settings)
     others = [_spawn_consumer(n, plan) for n in range(1, processes)]
     threading.Thread(target=_keep_consumers, args=(others, plan, stop), daemon=True).start()
     threading.Thread(target=_keep_acl_users, args=(plan.settings, stop), daemon=True).start()
@@ -42,6 +43,16 @@ def run_bridge(processes: int, plan: Plan) -> None:
             process.terminate()
     for process in others:
         process.join(15)
+
+
+def _serve_metrics(settings: Settings) -> None:
+    """/metrics on FSM_METRICS_PORT, every consumer process's values added up (the processes
+    spawned from now on write theirs where this one reads them)."""
+    if settings.metrics_port:
+        from fsm_celery.metrics import instruments
+
+        instruments.use_multiprocess()
+        instruments.serve(settings.metrics_port, settings.metrics_address, "ack bridge")
 
 
 def _spawn_consumer(number: int, plan: Plan) -> multiprocessing.process.BaseProcess:

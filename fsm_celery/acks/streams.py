@@ -200,7 +200,8 @@ class StreamConsumer:
         if raw is None:
             self._done.append((stream, entry_id))
             return None
-        item = Inbound(clip(raw, self.max_bytes), self._agents[stream])
+        stored = int(entry_id.split(b"-", 1)[0]) / 1000  # the entry id's time, in ms
+        item = Inbound(clip(raw, self.max_bytes), self._agents[stream], stored)
         return Envelope(item, stream, deliveries, entry_id)
 
     def _claim(self) -> bool:

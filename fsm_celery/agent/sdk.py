@@ -76,6 +76,7 @@ from fsm_celery.core.messages import (
     parse_task_message,
     task_stream,
 )
+from fsm_celery.metrics.agent import watch
 
 __all__ = ["ANY", "Agent", "Failed", "HandBack", "Handler", "NoAck", "Task"]
 
@@ -140,6 +141,7 @@ class Agent:
         self._tasks: OrderedDict[tuple[str, int], StateTask] = OrderedDict()  # answered
         self._client: redis.Redis | None = None
         self._replicated: Replication | None = None
+        self._watch = watch(agent_type, self._running, settings)  # FSM_METRICS_PORT's /metrics
 
     # registration -----------------------------------------------------------------------
 
@@ -188,7 +190,7 @@ class Agent:
                 delay = 0.2
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("agent %s lost Redis (%s); reconnecting in %.1fs", self.id, exc, delay)
-                self._client = None
+                self._client = self._watch.reconnected()  # None: connect again, counted
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
         status.join(2)  # its last "active" must not follow the "stopped"
@@ -439,6 +441,7 @@ class Agent:
         `replicas`, the reply counts as sent once that many replicas hold it, else it is sent
         again (a failover could lose it: a second copy is refused by the engine as stale)."""
         problem: Exception | None = None
+        self._watch.done(reply)
         for tried in range(REPLY_TRIES):
             try:
                 pipe = self._redis().pipeline(transaction=False)

@@ -9,7 +9,8 @@ messages, fsm_celery.worker sends Celery tasks); they import this module, never 
 - `Handoff`: how a Next is entered later (an fsm.enter_state task per step, normally);
 - `Caller`: how the tool states a transaction entered get their calls made (an fsm.call_tool
   task each);
-- `Webhook` and `Poster`: how notifications leave (fsm_celery.channel.webhook POSTs them).
+- `Webhook` and `Poster`: how notifications leave (fsm_celery.channel.webhook POSTs them);
+- `Observer`: who is told what each committed transaction did (fsm_celery.metrics counts it).
 
 What becomes of the states a transaction moved machines to (entered here, or handed on) is
 the engine's own port, `engine.entry.Onward`, chosen once where the process is built.
@@ -18,21 +19,24 @@ the engine's own port, `engine.entry.Onward`, chosen once where the process is b
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from uuid import UUID
 
 from fsm_celery.core.steps import Next
 
 if TYPE_CHECKING:
     from fsm_celery.core.messages import StateEvent
+    from fsm_celery.store.writes import Writes
 
 
 class Inbound(NamedTuple):
     """A raw message from Redis, and the agent that sent it when where it came from says so
-    (its own ack stream, which only it may write under the Redis ACLs)."""
+    (its own ack stream, which only it may write under the Redis ACLs), and when it was stored
+    (a stream entry's time, unix seconds; None when not known)."""
 
     raw: str
     agent: UUID | None = None
+    stored_at: float | None = None
 
 
 class Scanned(NamedTuple):
@@ -93,3 +97,36 @@ class Poster(Protocol):
     in order, None when its receiver took it, else what went wrong. Never raises."""
 
     def __call__(self, hooks: Sequence[Webhook], timeout: float, /) -> list[str | None]: ...
+
+
+class Observer(Protocol):
+    """Told what each transaction did, once it committed (fsm_celery.metrics counts it);
+    called on the hot path, so it must be cheap, and never raises."""
+
+    def committed(self, writes: Writes, /) -> None:
+        """The transaction's transitions (writes.log), history and rejections."""
+        ...
+
+    def acks_applied(self, writes: Writes, applied: Sequence[tuple[Any, Inbound]], /) -> None:
+        """A batch of agents' messages (each (message, as read)) was applied by writes."""
+        ...
+
+    def event(self, outcome: str, /) -> None:
+        """An outside event was sent: applied, kept, duplicate or refused."""
+        ...
+
+
+class NoObserver:
+    """The Observer of a process that counts nothing (no FSM_METRICS_PORT)."""
+
+    def committed(self, writes: Writes, /) -> None:
+        pass
+
+    def acks_applied(self, writes: Writes, applied: Sequence[tuple[Any, Inbound]], /) -> None:
+        pass
+
+    def event(self, outcome: str, /) -> None:
+        pass
+
+
+NO_OBSERVER = NoObserver()

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
@@ -19,7 +19,7 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.fanout_validator import tree_problems
 from fsm_celery.core.steps import Next
 from fsm_celery.core.transition import Limits
-from fsm_celery.engine.ports import Caller, Dispatcher
+from fsm_celery.engine.ports import NO_OBSERVER, Caller, Dispatcher, Observer
 from fsm_celery.exceptions import DefinitionError, UnknownMachineType
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
@@ -37,7 +37,7 @@ DATABASE_AWAY = (
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from fsm_celery.store.writes import Outgoing
+    from fsm_celery.store.writes import Writes
 
 
 class Catalog:
@@ -101,12 +101,6 @@ class Catalog:
         return latest
 
 
-class Sends(Protocol):
-    """What a transaction sends once it commits (store.writes.Writes has it)."""
-
-    out: Outgoing
-
-
 @dataclass
 class Runtime:
     db: Engine  # SQLAlchemy's; "engine" in this package means the machine engine
@@ -115,6 +109,7 @@ class Runtime:
     clock: Callable[[], datetime] = utcnow
     away: tuple[type[Exception], ...] = ()  # the dispatcher's errors when its transport is away
     caller: Caller | None = None  # makes tool states' calls (None: this process enters none)
+    observer: Observer = NO_OBSERVER  # told what each transaction did (fsm_celery.metrics)
     catalog: Catalog = field(init=False)
     limits: Limits = field(init=False)
     transient: tuple[type[Exception], ...] = field(init=False)  # tried again once they pass
@@ -129,7 +124,7 @@ class Runtime:
         )
 
     @contextmanager
-    def transaction(self, writes: Sends) -> Iterator[Connection]:
+    def transaction(self, writes: Writes) -> Iterator[Connection]:
         """A transaction of a use case; once it commits, the transitions it wrote are announced,
         the attempts it superseded cancelled and the answers it refused sent back (never
         before: a listener must not see a move that was rolled back, nor an agent drop work
@@ -146,6 +141,7 @@ class Runtime:
             self.dispatcher.announce(out.events)
         if out.calls:
             self._call(out.calls)
+        self.observer.committed(writes)
 
     def _call(self, calls: Next) -> None:
         """Have the tool states' calls made; committed all the same when that fails: those

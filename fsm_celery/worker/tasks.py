@@ -27,6 +27,7 @@ from fsm_celery.core.clock import utcnow
 from fsm_celery.core.tool import Outcome
 from fsm_celery.engine.ports import Inbound
 from fsm_celery.engine.tools import Pending
+from fsm_celery.metrics.celery import counted_retention, timed_scan
 from fsm_celery.worker.app import app
 from fsm_celery.worker.enqueue import ENTER_STATE
 from fsm_celery.worker.parts import Worker
@@ -94,7 +95,9 @@ def unwire(messages: Wire, tries: int) -> list[Envelope]:
     the source travelled with them carries [message, sender]: its source is then "relayed")."""
     batch = []
     for raw, agent, *source in messages:
-        item = Inbound(str(raw), UUID(agent) if agent else None)
+        at = source[1] if len(source) > 1 else None  # when its stream stored it
+        stored = float(at) if isinstance(at, int | float) else None
+        item = Inbound(str(raw), UUID(str(agent)) if agent else None, stored)
         batch.append(Envelope(item, str(source[0]) if source else "relayed", tries))
     return batch
 
@@ -150,6 +153,7 @@ def _finish(run: Worker, pending: Pending, outcome: Outcome) -> None:
 
 
 @app.task(name="fsm.scan", send_events=False, **RETRY)
+@timed_scan
 def scan() -> None:
     """Time out overdue attempts and enter due states (beat runs it every second)."""
     run = parts()
@@ -185,6 +189,7 @@ def send_notifications() -> int:
 
 
 @app.task(name="fsm.history", send_events=False, **RETRY)
+@counted_retention
 def history() -> None:
     """Make the history's months ahead, and archive and remove those past their retention
     (beat, every hour; PostgreSQL only)."""

@@ -31,11 +31,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("core", {"core"}),  # pure: the definitions, the decisions, the wire messages
     (
         "store",
-        {"store", "config", "config_agents", "records"},
+        {"store", "config", "config_agents", "config_observability", "records"},
     ),  # the tables and SQL; the settings; the records
     ("engine", {"engine"}),  # the use cases, on ports
     # the ways in and out: Redis and agents' messages, Celery, the agent SDK
-    ("adapters", {"acks", "channel", "worker", "agent", "pipeline", "langgraph"}),
+    ("adapters", {"acks", "channel", "worker", "agent", "pipeline", "langgraph", "metrics"}),
     ("client", {"client"}),  # the Python client the doors run on
     ("composition root", {"wiring"}),  # builds every process's parts from its settings
     # where people and processes come in: commands, HTTP, the Celery processes, the package
