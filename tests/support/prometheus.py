@@ -5,6 +5,7 @@ temporary folder, which scrapes a running deployment and evaluates the rules."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -68,9 +69,24 @@ def panel_queries() -> list[tuple[str, str]]:
     return found
 
 
-def grafana_variables(query: str) -> str:
-    """A panel's query as Grafana sends it, its variables given their widest values."""
-    return query.replace("$__rate_interval", "1m").replace("$__range", "5m")
+def grafana_variables(query: str, rate_interval: str = "1m") -> str:
+    """A panel's query as Grafana sends it ($__rate_interval: four scrape intervals at least)."""
+    return query.replace("$__rate_interval", rate_interval)
+
+
+def quick_rules(directory: Path) -> Path:
+    """A copy of the alert rules for a test of minutes: each `for:` a second, each range
+    window of N minutes one of N seconds (the expressions and thresholds as they are)."""
+    groups = yaml.safe_load(RULES.read_text())
+    for group in groups["groups"]:
+        for rule in group["rules"]:
+            rule["expr"] = re.sub(r"\[(\d+)m\]", r"[\1s]", rule["expr"])
+            if "for" in rule:
+                rule["for"] = "1s"
+    directory.mkdir(parents=True, exist_ok=True)
+    copy = directory / "alerts.yml"
+    copy.write_text(yaml.safe_dump(groups))
+    return copy
 
 
 @dataclass
@@ -166,6 +182,13 @@ class Prometheus:
         data = self.api("query", query=expr)
         if data["resultType"] in ("scalar", "string"):
             return [{"metric": {}, "value": data["result"]}]
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def query_range(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
+        """The series the expression had from start to end (unix times), a point a second:
+        what a Grafana panel over that range draws."""
+        data = self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step="1")
         result: list[dict[str, Any]] = data["result"]
         return result
 
