@@ -95,14 +95,18 @@ class Bridge:
         failed = handle_until_done(self.handle, todo, stop) if todo else []
         kept = {id(d) for d in failed}
         consumer.finish([d for d in todo if id(d) not in kept])
+        count("fsm_bridge_messages_total", "finished", by=len(todo) - len(failed))
         if crashed:
             consumer.park(crashed, Policy.CRASHED)
+            count("fsm_bridge_messages_total", "parked", by=len(crashed))
         if failed:
             parked, again = self.policy.sort(failed, redelivers=consumer.redelivers)
             if parked:
                 consumer.park(parked)
+                count("fsm_bridge_messages_total", "parked", by=len(parked))
             if again:
                 consumer.retry(again)
+                count("fsm_bridge_messages_total", "retried", by=len(again))
 
 
 def handle_until_done(

@@ -119,9 +119,11 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
     from fsm_celery.http.github import router as github_router
 
     app.include_router(github_router)
+    from fsm_celery.http.metrics import count_requests
     from fsm_celery.http.metrics import router as metrics_router  # Prometheus's GET /metrics
 
     app.include_router(metrics_router)
+    count_requests(client, settings)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     return app
 

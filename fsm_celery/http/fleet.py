@@ -29,7 +29,7 @@ from fsm_celery.core.messages import AGENT_ACK_STREAM, ack_stream
 from fsm_celery.http import fleet_queries as fq
 from fsm_celery.metrics.catalog import BY_NAME
 from fsm_celery.store import agents as agent_store
-from fsm_celery.store import partitions, rollup
+from fsm_celery.store import partitions, reads, rollup
 from fsm_celery.store import schedules as schedule_store
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ PRIORITIES = ("", "3", "6", "9")  # kombu's default priority steps (0 is the bar
 
 Family = GaugeMetricFamily | CounterMetricFamily
 Families = dict[str, Family]
+Zeros = dict[tuple[str, ...], float]  # each label set a gauge shows, at 0 unless counted
 
 
 def _root(machine_type: str) -> str:
@@ -89,15 +90,14 @@ class Fleet:
     def _database(self, families: Families) -> None:
         now = datetime.now(UTC)
         with self.db.connect() as conn:
+            # every loaded type and agent type has its series, at 0 when nothing is counted:
+            # a panel or an alert on one sees 0, not "no data"
+            types: Zeros = {(_root(t),): 0.0 for t in reads.machine_types_txn(conn)}
             self._machines(conn, families)
-            self._overdue(conn, now, families)
-            self._agents(conn, now, families)
-            self._gates(conn, now, families)
-            _add(
-                families,
-                "fsm_fanouts_open",
-                _by_root(fq.fanouts_open_txn(conn)),
-            )
+            self._overdue(conn, now, types, families)
+            self._agents(conn, now, set(reads.agent_types_txn(conn)), families)
+            self._gates(conn, now, types, families)
+            _add(families, "fsm_fanouts_open", types | _by_root(fq.fanouts_open_txn(conn)))
             _add(families, "fsm_events_kept", {(): fq.events_kept_txn(conn)})
             if self.db.dialect.name == "postgresql":
                 listed = partitions.listed(conn, partitions.HISTORY)
@@ -120,37 +120,36 @@ class Fleet:
         _add(families, "fsm_usage_tokens_total", tokens)
         _add(families, "fsm_usage_cost_total", cost)
 
-    def _overdue(self, conn: Connection, now: datetime, families: Families) -> None:
+    def _overdue(self, conn: Connection, now: datetime, types: Zeros, families: Families) -> None:
         counts, earliest = fq.overdue_txn(conn, now)
-        _add(families, "fsm_machines_overdue", _by_root(counts))
+        _add(families, "fsm_machines_overdue", types | _by_root(counts))
         age = 0.0
         if earliest is not None:
             earliest = earliest if earliest.tzinfo else earliest.replace(tzinfo=UTC)
             age = max(0.0, (now - earliest).total_seconds())
         _add(families, "fsm_oldest_overdue_seconds", {(): age})
 
-    def _agents(self, conn: Connection, now: datetime, families: Families) -> None:
+    def _agents(self, conn: Connection, now: datetime, known: set[str], families: Families) -> None:
         since = now - timedelta(seconds=self.settings.agent_liveness_seconds)
         alive = agent_store.alive_agents_by_type_txn(conn, since)
         in_flight, queued = fq.work_waiting_txn(conn)
         limits = fq.slot_limits_txn(conn)
-        types = set(alive) | set(in_flight) | set(queued) | set(limits)
+        types = known | set(alive) | set(in_flight) | set(queued) | set(limits)
         _add(families, "fsm_agents_live", {(t,): alive.get(t, 0) for t in types})
         waiting = {(t,): in_flight.get(t, 0) + queued.get(t, 0) for t in types}
         _add(families, "fsm_work_waiting", waiting)
         free = {(t,): max(0, n - in_flight.get(t, 0)) for t, n in limits.items()}
         _add(families, "fsm_agent_slots_free", free)
 
-    def _gates(self, conn: Connection, now: datetime, families: Families) -> None:
+    def _gates(self, conn: Connection, now: datetime, types: Zeros, families: Families) -> None:
         fraction = self.settings.approval_sla_fraction
-        waiting: dict[tuple[str, ...], float] = defaultdict(float)
-        late: dict[tuple[str, ...], float] = defaultdict(float)
+        waiting: dict[tuple[str, ...], float] = defaultdict(float, types)
+        late: dict[tuple[str, ...], float] = defaultdict(float, types)
         for machine_type, opened, deadline in fq.open_gates_txn(conn):
             opened = opened if opened.tzinfo else opened.replace(tzinfo=UTC)
             deadline = deadline if deadline.tzinfo else deadline.replace(tzinfo=UTC)
             key = (_root(machine_type),)
             waiting[key] += 1
-            late[key] += 0
             if now >= opened + (deadline - opened) * fraction:
                 late[key] += 1
         _add(families, "fsm_approvals_waiting", waiting)

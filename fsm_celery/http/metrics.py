@@ -14,12 +14,19 @@ import hmac
 import threading
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from fsm_celery.channel.redis import connect
+from fsm_celery.client import Client
 from fsm_celery.config import Settings
+from fsm_celery.engine.ports import NoObserver
 from fsm_celery.http.auth import Auth, unauthorized
 from fsm_celery.http.fleet import Fleet, exposition, fleet
+from fsm_celery.metrics.observer import Counting
+
+# what the dashboard's own requests move (operators' commands, outside events): served with
+# the fleet's gauges, under its own job
+OWN = ("fsm_transitions_total", "fsm_events_total")
 
 router = APIRouter(include_in_schema=False)
 _building = threading.Lock()
@@ -41,7 +48,16 @@ def metrics(request: Request) -> Response:
         raise unauthorized("a viewer's, an admin's or FSM_METRICS_TOKEN's bearer token is needed")
     if not _allowed(settings, request.app.state.auth, token.strip()):
         raise unauthorized("invalid token")
-    return Response(exposition(_fleet(request)), media_type=CONTENT_TYPE_LATEST)
+    own = generate_latest(REGISTRY.restricted_registry(OWN))
+    return Response(exposition(_fleet(request)) + own, media_type=CONTENT_TYPE_LATEST)
+
+
+def count_requests(client: Client, settings: Settings) -> None:
+    """Count what the dashboard's commands and events do (its engine's Observer), unless the
+    engine counts already."""
+    runtime = client.engine.runtime
+    if isinstance(runtime.observer, NoObserver):
+        runtime.observer = Counting(settings.transition_mode.value)
 
 
 def _fleet(request: Request) -> Fleet:

@@ -38,6 +38,8 @@ class _Counting:
         self._reconnects = m["fsm_redis_reconnects_total"].labels("agent")
         self._type = agent_type
         m["fsm_agent_running"].labels(agent_type).set_function(lambda: len(running))
+        for seen in ("succeeded", "failed", "handed_back", "dropped"):  # each seen at 0
+            self._tasks.labels(agent_type, seen)
 
     def done(self, reply: dict[str, Any] | None, /) -> None:
         self._tasks.labels(self._type, outcome(reply)).inc()

@@ -59,7 +59,7 @@ METRICS: tuple[Metric, ...] = (
         ("machine_type", "mode", "outcome"),
         "Transitions applied, by outcome: succeeded, failed, retried, timed_out, handed_back, "
         "refused, cancelled, other.",
-        served_by="worker, bridge (inline), dashboard's commands",
+        served_by="worker, bridge (inline), dashboard (its commands)",
     ),
     Metric(
         "fsm_ack_to_task_seconds",
@@ -99,6 +99,14 @@ METRICS: tuple[Metric, ...] = (
         "Messages parked in the dead-letter stream.",
         served_by="worker, bridge",
     ),
+    Metric(
+        "fsm_bridge_messages_total",
+        C,
+        ("outcome",),
+        "Agents' messages an ack bridge read, by what became of them: finished (applied, "
+        "relayed to an fsm.apply_acks task, or recorded as rejected), retried, parked.",
+        served_by="bridge",
+    ),
     Metric("fsm_unprocessable_total", C, (), "Messages recorded as unprocessable."),
     Metric(
         "fsm_rejected_messages_total",
@@ -119,7 +127,7 @@ METRICS: tuple[Metric, ...] = (
         C,
         ("outcome",),
         "Outside events: applied, kept (for a state not yet entered), duplicate, refused.",
-        served_by="dashboard's API (events are sent through it)",
+        served_by="dashboard (events come through its API), worker, bridge",
     ),
     Metric(
         "fsm_budget_refusals_total",
