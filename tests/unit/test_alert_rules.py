@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from fsm_celery.metrics.catalog import BY_NAME
 from tests.support.prometheus import (
     OPERATIONS,
     RULE_TESTS,
@@ -97,3 +98,16 @@ def test_every_dashboard_panel_query_is_valid_promql(tmp_path: Path) -> None:
     (tmp_path / "panels.yml").write_text(yaml.safe_dump(as_rules))
     done = promtool("check", "rules", str(tmp_path / "panels.yml"))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_metric_the_rules_and_the_dashboard_query_is_one_the_code_serves() -> None:
+    served = set(BY_NAME) | {"up"}
+    queries = [rule["expr"] for rule in rules()] + [query for _, query in panel_queries()]
+    for query in queries:
+        for name in re.findall(r"\b(fsm_[a-z_]+|up)\b(?=\s*[\[{)]|\s*$|\s)", query):
+            assert re.sub(r"_(bucket|sum|count)$", "", name) in served, (name, query)
+
+
+def test_the_dashboard_shows_every_metric_the_code_serves() -> None:
+    shown = " ".join(query for _, query in panel_queries())
+    assert [name for name in BY_NAME if not re.search(rf"\b{name}(_bucket)?\b", shown)] == []
