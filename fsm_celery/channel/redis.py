@@ -15,6 +15,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from fsm_celery.core.messages import StateEvent, events_channel, task_channel, task_stream
+from fsm_celery.metrics.failovers import follow_failovers
 from fsm_celery.redis_address import SentinelAddress, is_sentinel, parse_sentinel
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ def connect(url: str) -> redis.Redis:
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
         list(address.sentinels), sentinel_kwargs=_sentinel_login(address), socket_timeout=None
     )
+    follow_failovers(sentinels)  # fsm_redis_failovers_total
     client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
         address.master,
         health_check_interval=30,

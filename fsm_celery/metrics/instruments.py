@@ -99,14 +99,19 @@ def registry() -> CollectorRegistry:
 
 
 def serve(port: int, address: str, role: str) -> bool:
-    """Serve /metrics on the port (once a process; 0: not at all); whether it serves."""
+    """Serve /metrics on the port (once a process; 0: not at all); whether it serves. A port
+    another process holds is logged, and this process counts all the same."""
     if not port:
         return False
     with _lock:
         if role in _served or _served:
             return True
         instruments()  # made now: a scrape before the first transition sees every counter
-        server, thread = prometheus_client.start_http_server(port, address, registry())
-        _served[role] = (server, thread)
+        try:
+            _served[role] = prometheus_client.start_http_server(port, address, registry())
+        except OSError as exc:  # the port taken: counted all the same, served by nobody
+            _served[role] = None
+            log.error("%s cannot serve /metrics on %s:%d: %s", role, address, port, exc)
+            return False
     log.info("%s serves Prometheus metrics on http://%s:%d/metrics", role, address, port)
     return True
