@@ -87,7 +87,8 @@ def metrics_port(env: FsmEnv, port: int) -> Iterator[None]:
 def watched(
     env_factory: Callable[..., FsmEnv], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Watched]:
-    env = env_factory("prom", transition_mode="celery", agent_liveness_seconds=2.0)
+    # agents report every 5 s: live while they run, dead ten seconds after they are killed
+    env = env_factory("prom", transition_mode="celery", agent_liveness_seconds=10.0)
     ports = {job: free_port() for job in JOBS}
     with metrics_port(env, ports["fsm-beat"]):
         env.start_beat()
