@@ -107,7 +107,8 @@ class Inbox:
                 else:
                     self._apply(conn, row, message, item, writes)
             self._entry.finish_txn(conn, rows, writes)
-        self._rt.observer.acks_applied(writes, parsed)
+        if self._rt.observer is not None:
+            self._rt.observer.acks_applied(writes, parsed)
         return writes.next()
 
     def reject(self, raw: str, reason: RejectReason, detail: str) -> None:
@@ -119,7 +120,8 @@ class Inbox:
         writes.reject(reason, detail, raw, **where)
         with self._rt.db.begin() as conn:
             writes.write(conn)
-        self._rt.observer.committed(writes)
+        if self._rt.observer is not None:
+            self._rt.observer.committed(writes)
 
     def _parse(self, raw: str, writes: Writes) -> AnyAgentMessage | None:
         message = intake.parse(raw, self._rt.settings.max_payload_bytes)

@@ -101,7 +101,8 @@ class Poster(Protocol):
 
 class Observer(Protocol):
     """Told what each transaction did, once it committed (fsm_celery.metrics counts it);
-    called on the hot path, so it must be cheap, and never raises."""
+    called on the hot path, so it must be cheap, and never raises. A process that counts
+    nothing has none (Runtime.observer None: not even a call is made)."""
 
     def committed(self, writes: Writes, /) -> None:
         """The transaction's transitions (writes.log), history and rejections."""
@@ -114,19 +115,3 @@ class Observer(Protocol):
     def event(self, outcome: str, /) -> None:
         """An outside event was sent: applied, kept, duplicate or refused."""
         ...
-
-
-class NoObserver:
-    """The Observer of a process that counts nothing (no FSM_METRICS_PORT)."""
-
-    def committed(self, writes: Writes, /) -> None:
-        pass
-
-    def acks_applied(self, writes: Writes, applied: Sequence[tuple[Any, Inbound]], /) -> None:
-        pass
-
-    def event(self, outcome: str, /) -> None:
-        pass
-
-
-NO_OBSERVER = NoObserver()

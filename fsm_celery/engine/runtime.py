@@ -19,7 +19,7 @@ from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.fanout_validator import tree_problems
 from fsm_celery.core.steps import Next
 from fsm_celery.core.transition import Limits
-from fsm_celery.engine.ports import NO_OBSERVER, Caller, Dispatcher, Observer
+from fsm_celery.engine.ports import Caller, Dispatcher, Observer
 from fsm_celery.exceptions import DefinitionError, UnknownMachineType
 from fsm_celery.store import queries as q
 from fsm_celery.store import reads
@@ -109,7 +109,7 @@ class Runtime:
     clock: Callable[[], datetime] = utcnow
     away: tuple[type[Exception], ...] = ()  # the dispatcher's errors when its transport is away
     caller: Caller | None = None  # makes tool states' calls (None: this process enters none)
-    observer: Observer = NO_OBSERVER  # told what each transaction did (fsm_celery.metrics)
+    observer: Observer | None = None  # told what each transaction did (fsm_celery.metrics)
     catalog: Catalog = field(init=False)
     limits: Limits = field(init=False)
     transient: tuple[type[Exception], ...] = field(init=False)  # tried again once they pass
@@ -141,7 +141,8 @@ class Runtime:
             self.dispatcher.announce(out.events)
         if out.calls:
             self._call(out.calls)
-        self.observer.committed(writes)
+        if self.observer is not None:
+            self.observer.committed(writes)
 
     def _call(self, calls: Next) -> None:
         """Have the tool states' calls made; committed all the same when that fails: those

@@ -54,13 +54,16 @@ class Signals(MovingUseCase):
     ) -> Signalled:
         """Send the machine an outside event (see the module's docstring)."""
         writes = Writes(self._rt.clock())
+        observer = self._rt.observer
         try:
             with self._rt.transaction(writes) as conn:
                 done = self.send_txn(conn, writes, machine_id, name, payload, sender, via, key)
         except (EventRefused, InvalidEvent):
-            self._rt.observer.event("refused")
+            if observer is not None:
+                observer.event("refused")
             raise
-        self._rt.observer.event(done.outcome)
+        if observer is not None:
+            observer.event(done.outcome)
         return replace(done, next=writes.next())
 
     def send_txn(

@@ -19,7 +19,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from fsm_celery.channel.redis import connect
 from fsm_celery.client import Client
 from fsm_celery.config import Settings
-from fsm_celery.engine.ports import NoObserver
 from fsm_celery.http.auth import Auth, unauthorized
 from fsm_celery.http.fleet import Fleet, exposition, fleet
 from fsm_celery.metrics.observer import Counting
@@ -56,7 +55,7 @@ def count_requests(client: Client, settings: Settings) -> None:
     """Count what the dashboard's commands and events do (its engine's Observer), unless the
     engine counts already."""
     runtime = client.engine.runtime
-    if isinstance(runtime.observer, NoObserver):
+    if runtime.observer is None:
         runtime.observer = Counting(settings.transition_mode.value)
 
 

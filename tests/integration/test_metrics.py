@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from fsm_celery.core.messages import ack_stream
-from tests.support.credentials import VIEWER_TOKEN
+from tests.support.credentials import ADMIN_TOKEN, VIEWER_TOKEN
 from tests.support.processes import LOGS, FsmEnv
 from tests.support.scrape import Samples, free_port, names, scrape, total, wait_for
 
@@ -125,7 +125,24 @@ def test_an_sdk_agent_counts_the_tasks_it_answered(
 
 @pytest.fixture(scope="module")
 def dashboard(celery_env: FsmEnv) -> str:
-    _, base = on_port(celery_env, 0, metrics_token=METRICS_TOKEN).start_dashboard()
+    """The dashboard's /metrics, once machines wait: at an approval gate, at a fan-out whose
+    children's agent types have no agent, and one with an outside event kept for it (sent
+    through the dashboard's own API)."""
+    env = celery_env
+    _, base = on_port(env, 0, metrics_token=METRICS_TOKEN).start_dashboard()
+    agent_id = env.wait_for_agents(1)[0]["id"]
+    gated = env.client.start_machine("test_gate", {}, agent_id=agent_id)
+    env.wait_for_gate(gated, "REVIEW")
+    fanned = env.client.start_machine("test_fan_parallel", {"repo": "metrics"})
+    env.wait_for_state(fanned, "BUILD")
+    waiting = env.client.start_machine("test_wait", {}, agent_id=NOBODY)
+    sent = httpx.post(
+        f"{base}/api/machines/{waiting}/events/pr_merged",
+        json={"payload": {"merged": True}},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=10,
+    )
+    assert sent.status_code == 200, sent.text
     return f"{base}/metrics"
 
 
@@ -144,7 +161,11 @@ def test_the_dashboard_serves_the_fleets_gauges_to_a_viewer(
     assert total(samples, "fsm_scrape_errors") == 0
     queue = celery_env.settings.queue
     assert ("fsm_celery_queue_length", frozenset({("queue", queue)})) in samples
+    assert total(samples, "fsm_approvals_waiting", machine_type="test_gate") >= 1
+    assert total(samples, "fsm_events_total", outcome="kept") >= 1
+    assert total(samples, "fsm_events_kept") >= 1
     expected = {
+        "fsm_approvals_past_sla",
         "fsm_machines_overdue",
         "fsm_oldest_overdue_seconds",
         "fsm_acks_pending",
@@ -156,6 +177,20 @@ def test_the_dashboard_serves_the_fleets_gauges_to_a_viewer(
         "fsm_usage_cost_total",
     }
     assert sorted(expected - names(samples)) == []
+
+
+def test_the_dashboard_shows_work_waiting_for_a_type_without_agents(
+    dashboard: str, celery_env: FsmEnv
+) -> None:
+    samples = wait_for(
+        dashboard,
+        lambda s: (
+            total(s, "fsm_fanouts_open", machine_type="test_fan_parallel") >= 1
+            and total(s, "fsm_work_waiting", agent_type="writer") >= 1
+        ),
+        headers=VIEWER,
+    )
+    assert total(samples, "fsm_agents_live", agent_type="writer") == 0  # an alert's very case
 
 
 def test_the_dashboards_metrics_need_a_token(dashboard: str) -> None:
