@@ -386,10 +386,18 @@ def _driver_message(exc: BaseException) -> str:
     return text[0] if text else ""
 
 
+WATCHING = (
+    "watching it: Prometheus alert rules and a scrape config in deploy/prometheus/, a Grafana "
+    "dashboard in deploy/grafana/, what to do when an alert fires in docs/operations.md"
+)
+
+
 def run(settings: Settings, out: Callable[[str], None]) -> bool:
-    """Print one line per check; whether every check passed."""
+    """Print one line per check, then where the alerts and their runbook are; whether every
+    check passed."""
     ok = True
     for result in Doctor(settings).checks():
         out(result.line())
         ok = ok and result.ok
+    out(WATCHING)
     return ok

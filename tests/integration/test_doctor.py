@@ -32,8 +32,10 @@ def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
         DOCTOR, env={**env.env, **overrides}, capture_output=True, text=True, timeout=60
     )
     assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    *checks, watching = done.stdout.splitlines()
+    assert "deploy/" in watching and "docs/operations.md" in watching, done.stdout
     lines = {}
-    for line in done.stdout.splitlines():
+    for line in checks:
         name = line[2:].split(":", 1)[0]
         lines[name] = line
     assert set(lines) == {

@@ -61,6 +61,7 @@ ALLOWED = frozenset(
     | {"pip", "pipx", "uv", "git", "pytest", "ruff", "mypy", "apt-get", "brew", "systemctl"}
     | {"docker", "docker-compose", "redis-cli", "redis-server", "psql", "createuser"}
     | {"createdb", "initdb", "pg_ctl", "postgres", "pgbouncer", "node"}
+    | {"promtool", "prometheus"}
 )
 PYTHONS = frozenset({"python", "python3"})
 SAMPLE_ID = "6b0d1c9e-2f4a-4c39-9d5e-8a7b6c5d4e3f"
