@@ -14,6 +14,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -25,11 +26,14 @@ from sqlalchemy import Connection, Engine
 from fsm_celery.acks.dead import DEAD_STREAM
 from fsm_celery.acks.streams import GROUP
 from fsm_celery.config import Settings
+from fsm_celery.core.definition import MachineDefinition
+from fsm_celery.core.kinds import state_kind
 from fsm_celery.core.messages import AGENT_ACK_STREAM, ack_stream
 from fsm_celery.http import fleet_queries as fq
 from fsm_celery.metrics.catalog import BY_NAME
 from fsm_celery.store import agents as agent_store
 from fsm_celery.store import partitions, reads, rollup
+from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ class Fleet:
         self, settings: Settings, db: Engine, client: redis.Redis, broker: redis.Redis
     ) -> None:
         self.settings, self.db, self.client, self.broker = settings, db, client, broker
+        self._definitions: dict[tuple[str, int], MachineDefinition] = {}
 
     def describe(self) -> Iterable[Metric]:
         return []  # computed at scrape time: nothing to check at registration
@@ -132,7 +137,7 @@ class Fleet:
     def _agents(self, conn: Connection, now: datetime, known: set[str], families: Families) -> None:
         since = now - timedelta(seconds=self.settings.agent_liveness_seconds)
         alive = agent_store.alive_agents_by_type_txn(conn, since)
-        in_flight, queued = fq.work_waiting_txn(conn)
+        in_flight, queued = fq.work_waiting_txn(conn, partial(self._agents_work, conn))
         limits = fq.slot_limits_txn(conn)
         types = known | set(alive) | set(in_flight) | set(queued) | set(limits)
         _add(families, "fsm_agents_live", {(t,): alive.get(t, 0) for t in types})
@@ -140,6 +145,17 @@ class Fleet:
         _add(families, "fsm_work_waiting", waiting)
         free = {(t,): max(0, n - in_flight.get(t, 0)) for t, n in limits.items()}
         _add(families, "fsm_agent_slots_free", free)
+
+    def _agents_work(self, conn: Connection, machine_type: str, version: int, state: str) -> bool:
+        """Whether an agent works the state (not a gate, a wait, a tool call or a fan-out),
+        by its definition's version, parsed once per process."""
+        key = (machine_type, version)
+        found = self._definitions.get(key)
+        if found is None:
+            root = q.definition_txn(conn, _root(machine_type), version)
+            found = self._definitions[key] = root.at(machine_type)
+        states = found.states_by_name
+        return state in states and state_kind(states[state]) == "agent"
 
     def _gates(self, conn: Connection, now: datetime, types: Zeros, families: Families) -> None:
         fraction = self.settings.approval_sla_fraction

@@ -4,7 +4,7 @@ scrape stays cheap whatever piles up: a count that reaches MOST says "MOST or mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -73,9 +73,13 @@ def events_kept_txn(conn: Connection) -> int:
     return int(conn.execute(select(func.count()).select_from(inner)).scalar_one())
 
 
-def work_waiting_txn(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
+def work_waiting_txn(
+    conn: Connection, agents_work: Callable[[str, int, str], bool]
+) -> tuple[dict[str, int], dict[str, int]]:
     """By agent type: attempts dispatched and not answered (slots' in-flight count: a parent
-    waiting for its children holds none), and machines queued for a slot."""
+    waiting for its children holds none), and machines queued for a slot. Only states an agent
+    works count (`agents_work(type, version, state)`): a machine at an approval gate, waiting
+    for an event or for a tool's call waits on no agent."""
     c = machines.c
     waiting_for_children = exists().where(
         and_(fan_outs.c.parent_id == c.id, fan_outs.c.closed_at.is_(None))
@@ -87,11 +91,20 @@ def work_waiting_txn(conn: Connection) -> tuple[dict[str, int], dict[str, int]]:
         c.deadline_at.is_not(None),
         ~waiting_for_children,
     )
-    queued = and_(c.status == "running", c.queued_at.is_not(None))
-    return (
-        _counted_by(conn, c.agent_type, in_flight, machines),
-        _counted_by(conn, c.agent_type, queued, machines),
+    inner = (
+        select(c.type, c.definition_version, c.current_state, c.agent_type)
+        .where(in_flight)
+        .limit(MOST)
+        .subquery()
     )
+    grouped = select(*inner.c, func.count()).group_by(*inner.c)
+    dispatched: dict[str, int] = {}
+    for row in conn.execute(grouped):
+        machine_type, version, state, agent_type, n = tuple(row)
+        if agents_work(str(machine_type), int(version), str(state)):
+            dispatched[str(agent_type)] = dispatched.get(str(agent_type), 0) + int(n)
+    queued = and_(c.status == "running", c.queued_at.is_not(None))
+    return dispatched, _counted_by(conn, c.agent_type, queued, machines)
 
 
 def slot_limits_txn(conn: Connection) -> dict[str, int]:
