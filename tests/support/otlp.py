@@ -19,6 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from tests.support.receiver import serving
+
 
 @dataclass(frozen=True)
 class Span:
@@ -138,11 +140,5 @@ def serve() -> Iterator[OtlpReceiver]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    found.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=found.server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as found.server:
         yield found
-    finally:
-        found.server.shutdown()
-        found.server.server_close()

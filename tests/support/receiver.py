@@ -44,17 +44,24 @@ def serve() -> Iterator[Receiver]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    found.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=found.server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as found.server:
         yield found
-    finally:
-        found.server.shutdown()
-        found.server.server_close()
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     with serve() as found:
         yield found
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
+    """An HTTP server of the handler on a free port of 127.0.0.1, on a thread of its own,
+    until the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
