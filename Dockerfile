@@ -6,5 +6,5 @@ WORKDIR /app
 COPY pyproject.toml README.md celeryconfig.py ./
 COPY fsm_celery ./fsm_celery
 COPY definitions ./definitions
-RUN pip install --no-cache-dir ".[mcp]"
+RUN pip install --no-cache-dir ".[mcp,otel]"
 CMD ["fsm-celery", "--help"]
