@@ -43,6 +43,7 @@ NO_TASK = "this session holds no task: call next_task"
 ANSWERED = "answered: call next_task for the next one"
 TASK_URI = "fsm-celery://task/{part}"  # the held task's context, contract, history, definition
 PARTS = ("context", "contract", "history", "definition")
+FORGET_AFTER = 600.0  # seconds a cancelled task is kept to tell its session, at the least
 
 WaitSeconds = Annotated[float, Field(ge=0, le=WAIT_MOST, description="seconds to wait for a task")]
 Text = Annotated[str, Field(max_length=2000)]
@@ -66,6 +67,7 @@ class Held:
     task: Task
     answered: threading.Event = field(default_factory=threading.Event)
     outcome: tuple[str, Any] = ("ack", {})
+    dropped: float | None = None  # monotonic time the SDK dropped it (cancelled), if it did
 
     def answer(self, kind: str, value: Any) -> None:
         self.outcome = (kind, value)
@@ -85,6 +87,7 @@ class HandOff:
             self.waiting.put(held)
             while not held.answered.wait(0.1):
                 if task.cancelled:
+                    held.dropped = time.monotonic()
                     raise NoAck  # dropped by the SDK: nothing is sent
         kind, value = held.outcome
         if kind == "fail":
@@ -155,7 +158,14 @@ class Sessions:
         return held, None if held is not None else NO_TASK
 
     def hold(self, session: str, held: Held) -> None:
+        """The session holds the task now; the tasks of sessions gone quiet for FORGET_AFTER
+        since theirs was cancelled are forgotten (an HTTP session that ended without a word
+        would keep its entry for as long as the door runs)."""
+        now = time.monotonic()
         with self.lock:
+            gone = [s for s, h in self.held.items() if h.dropped and now - h.dropped > FORGET_AFTER]
+            for quiet in gone:
+                del self.held[quiet]
             self.held[session] = held
 
     def release(self, session: str, held: Held) -> bool:
