@@ -17,7 +17,7 @@ import pytest
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from fsm_celery.http import api, github, pages
+from fsm_celery.http import api, github, metrics, pages
 from tests.support.credentials import ADMIN_TOKEN, VIEWER_TOKEN
 from tests.support.processes import FsmEnv
 
@@ -80,7 +80,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "force": {"state": "TWO"},
     "login": {"token": ADMIN_TOKEN, "name": "fuzz", "next": "/"},
 }
-ROUTES = [*api.router.routes, *pages.router.routes, *github.router.routes]
+ROUTES = [*api.router.routes, *pages.router.routes, *github.router.routes, *metrics.router.routes]
 
 
 def _api_routes(routes: Any) -> list[APIRoute]:
