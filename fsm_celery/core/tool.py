@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jinja2 import Undefined
 from pydantic import BaseModel, ConfigDict, Field
 
 from fsm_celery.core.prompt import TEMPLATES, PromptError, render
@@ -48,7 +49,6 @@ class Outcome:
 
     output: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
-    elapsed_ms: int = 0
 
     @property
     def success(self) -> bool:
@@ -88,15 +88,9 @@ def _expression(source: str, context: Mapping[str, Any], where: str) -> Any:
         value = TEMPLATES.compile_expression(source, undefined_to_none=False)(dict(context))
     except Exception as exc:  # anything an expression can raise fails the attempt only
         raise PromptError(f"argument {where}: {type(exc).__name__}: {exc}") from exc
-    if _undefined(value):
+    if isinstance(value, Undefined):
         raise PromptError(f"argument {where}: {source.strip()!r} is undefined")
     return _plain(value)
-
-
-def _undefined(value: Any) -> bool:
-    from jinja2 import Undefined
-
-    return isinstance(value, Undefined)
 
 
 def _plain(value: Any) -> Any:
@@ -114,27 +108,26 @@ def outcome(
     structured: Mapping[str, Any] | None,
     texts: Sequence[str],
     is_error: bool,
-    elapsed_ms: int,
 ) -> Outcome:
     """The attempt's output (or error) from a tool's result (see the module's docstring)."""
     text = "\n".join(texts)
     if is_error:
         error = _cut(f"the tool failed: {text or 'no message'}")
-        return Outcome(error=error, elapsed_ms=elapsed_ms)
+        return Outcome(error=error)
     if structured is not None:
-        return Outcome(output=dict(structured), elapsed_ms=elapsed_ms)
+        return Outcome(output=dict(structured))
     try:
         parsed = json.loads(text)
     except ValueError:
         parsed = None
     if isinstance(parsed, dict):
-        return Outcome(output=parsed, elapsed_ms=elapsed_ms)
-    return Outcome(output={"text": text}, elapsed_ms=elapsed_ms)
+        return Outcome(output=parsed)
+    return Outcome(output={"text": text})
 
 
-def failed(error: str, elapsed_ms: int = 0) -> Outcome:
+def failed(error: str) -> Outcome:
     """A call that did not come to a result (the server away, the tool unknown, a timeout)."""
-    return Outcome(error=_cut(error), elapsed_ms=elapsed_ms)
+    return Outcome(error=_cut(error))
 
 
 def actor(call: ToolCall) -> str:

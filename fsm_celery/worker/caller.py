@@ -17,7 +17,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -56,7 +55,6 @@ class Caller:
         """What the pending call came to (its output, or its failure named); None when the
         attempt's deadline passed first: the scan times it out, as any other attempt (a
         timeout, which the state's retry_on tells from a failure)."""
-        started = time.monotonic()
         spec = self._servers.get(pending.call.server)
         if spec is None:
             known = ", ".join(sorted(self._servers)) or "none"
@@ -75,10 +73,7 @@ class Caller:
                 work.cancel()
                 found = tool.failed(f"{type(exc).__name__}: {exc}")
             answered(found.error if found is not None else "no result before the deadline")
-        if found is None:
-            return None
-        elapsed = int((time.monotonic() - started) * 1000)
-        return tool.Outcome(found.output, found.error, elapsed)
+        return found
 
     def close(self) -> None:
         """Close every connection (stdio servers stopped) and the loop."""
@@ -125,12 +120,11 @@ class Caller:
 
     async def _ask(self, link: _Link, pending: Pending) -> tool.Outcome:
         session = await link.session()
-        schema = link.output_schemas.get(pending.call.name)
-        if pending.call.name not in link.output_schemas:
+        if pending.call.name not in link.output_schemas:  # listed once, or when it is new
             await link.list_tools()
-            if pending.call.name not in link.output_schemas:
-                return tool.failed(f"{tool.actor(pending.call)}: the server has no such tool")
-            schema = link.output_schemas[pending.call.name]
+        if pending.call.name not in link.output_schemas:
+            return tool.failed(f"{tool.actor(pending.call)}: the server has no such tool")
+        schema = link.output_schemas[pending.call.name]
         result = await session.call_tool(pending.call.name, pending.arguments)
         if not isinstance(result, types.CallToolResult):
             return tool.failed(f"{tool.actor(pending.call)}: not a tool result: {type(result)}")
@@ -146,7 +140,7 @@ class Caller:
                 f"{tool.actor(pending.call)}: its result is {size} bytes, over "
                 f"FSM_MAX_PAYLOAD_BYTES ({self._max_bytes})"
             )
-        found = tool.outcome(result.structured_content, texts, bool(result.is_error), 0)
+        found = tool.outcome(result.structured_content, texts, bool(result.is_error))
         if found.success and schema is not None and not pending.declares_contract:
             problems = flaws(schema, found.output)
             if problems:

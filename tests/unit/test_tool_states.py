@@ -72,10 +72,10 @@ def test_a_sandboxed_expression_cannot_allocate_without_bound() -> None:
 
 
 def test_a_result_becomes_structured_json_or_text_and_an_error_result_is_a_failure() -> None:
-    assert tool.outcome({"passed": True}, ["ignored"], False, 5).output == {"passed": True}
-    assert tool.outcome(None, ['{"passed": false}'], False, 5).output == {"passed": False}
-    assert tool.outcome(None, ["all good", "twice"], False, 5).output == {"text": "all good\ntwice"}
-    failed = tool.outcome(None, ["boom"], True, 5)
+    assert tool.outcome({"passed": True}, ["ignored"], False).output == {"passed": True}
+    assert tool.outcome(None, ['{"passed": false}'], False).output == {"passed": False}
+    assert tool.outcome(None, ["all good", "twice"], False).output == {"text": "all good\ntwice"}
+    failed = tool.outcome(None, ["boom"], True)
     assert not failed.success and failed.error == "the tool failed: boom"
     assert tool.actor(CALL) == "mcp:ci/run_tests"
 
