@@ -118,10 +118,8 @@ class Inbox:
         message = intake.parse(raw, self._rt.settings.max_payload_bytes)
         where = {} if isinstance(message, Refused) else intake.where(message)
         writes.reject(reason, detail, raw, **where)
-        with self._rt.db.begin() as conn:
+        with self._rt.transaction(writes) as conn:  # counted as every transaction is
             writes.write(conn)
-        if self._rt.observer is not None:
-            self._rt.observer.committed(writes)
 
     def _parse(self, raw: str, writes: Writes) -> AnyAgentMessage | None:
         message = intake.parse(raw, self._rt.settings.max_payload_bytes)
