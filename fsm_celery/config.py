@@ -121,6 +121,10 @@ class Settings(AgentSettings, ObservabilitySettings):
     task (added to a transition's latency at most)."""
     stream_claim_idle_seconds: float = Field(default=30.0, gt=0)
     """After how long a bridge takes over the ack stream entries another left pending (it died)."""
+    relay_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    """In the celery mode, how long an ack relayed to a worker may go unapplied before a bridge
+    relays it again (a task the broker lost costs this, not its state's deadline); each time
+    twice as long, up to ten minutes. A copy applied already is refused as stale."""
     agent_liveness_seconds: float = Field(default=15.0, gt=0)
     """An agent that has not reported for this long gets no new machines."""
     visibility_timeout_seconds: int = Field(default=60, ge=5)

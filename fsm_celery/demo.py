@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.table import Table
 
 from fsm_celery import wiring
-from fsm_celery.acks.bridge import Bridge
+from fsm_celery.acks.bridge import Bridge, applied_here
 from fsm_celery.acks.memory import MemoryConsumer
 from fsm_celery.agent.llm import LlmHandler
 from fsm_celery.agent.mock import MockScript
@@ -97,7 +97,9 @@ def run_demo(
         # the ack bridge, as in production in the inline mode, reading from memory
         acks = MemoryConsumer()
         bridge = Bridge(
-            [acks], wiring.inline_applier(settings, engine), Policy(settings.dead_letter_after)
+            [acks],
+            applied_here(wiring.inline_applier(settings, engine)),
+            Policy(settings.dead_letter_after),
         )
         serving = threading.Event()
         bridging = threading.Thread(target=bridge.run, args=(serving,), daemon=True)

@@ -14,7 +14,7 @@ from functools import partial
 from uuid import UUID
 
 from fsm_celery.acks import relay
-from fsm_celery.acks.bridge import Bridge, Handle
+from fsm_celery.acks.bridge import Bridge, Handle, applied_here
 from fsm_celery.acks.consumer import Consumer, Envelope
 from fsm_celery.acks.dead import DeadLetters
 from fsm_celery.acks.pubsub import PubSubConsumer
@@ -111,7 +111,7 @@ def handle_acks(settings: Settings) -> Handle:
     """What the bridge does with each batch it reads, by the settings' transition mode: apply
     it (inline), or relay it to fsm.apply_acks tasks (celery)."""
     if settings.transition_mode is TransitionMode.INLINE:
-        return inline_applier(settings, machine_engine(settings, pre_ping=False))
+        return applied_here(inline_applier(settings, machine_engine(settings, pre_ping=False)))
     route = None
     if settings.queues:  # each ack on its machine's queue: its type read once per machine
         db = database.connect(settings.database_url, prepare=settings.database_prepare)
@@ -138,6 +138,7 @@ def ack_bridge(settings: Settings, *, pubsub: bool) -> Bridge:
             claim_idle_ms=int(settings.stream_claim_idle_seconds * 1000),
             maxlen=settings.ack_stream_maxlen,
             linger=linger,
+            relay_after_ms=None if inline else int(settings.relay_timeout_seconds * 1000),
         )
     ]
     if pubsub and settings.accept_shared_acks:

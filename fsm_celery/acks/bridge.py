@@ -1,5 +1,5 @@
 """The ack bridge's loop: each consumer read on a thread of its own, each batch handled, and
-each message finished, tried again or parked (acks/dead.py says which).
+each message finished, handed on, tried again or parked (acks/dead.py says which).
 
 A batch in hand is never given up because the database or Redis went away: it is handled
 again, with a growing delay, until that works (nothing is read again, and no try is counted).
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import redis
 
@@ -22,9 +23,25 @@ from fsm_celery.metrics.instruments import count
 
 log = logging.getLogger(__name__)
 
-Handle = Callable[[list[Envelope]], list[Envelope]]
-"""What the bridge does with a batch (apply it here, or relay it to workers): it returns the
-messages it could neither apply nor record, and raises only transient errors."""
+
+class Handled(NamedTuple):
+    """What became of a batch: the messages neither applied nor recorded (to try again or
+    park), and those handed on to workers, which settle them once applied (acks/settle.py);
+    the others were applied or recorded here."""
+
+    failed: list[Envelope]
+    handed_on: list[Envelope]
+
+
+Handle = Callable[[list[Envelope]], Handled]
+"""What the bridge does with a batch (apply it here, or relay it to workers); it raises only
+transient errors."""
+
+
+def applied_here(apply: Callable[[list[Envelope]], list[Envelope]]) -> Handle:
+    """A handler that applies each batch itself (the inline mode, the demo): it hands nothing
+    on; `apply` returns the messages it could neither apply nor record."""
+    return lambda batch: Handled(apply(batch), [])
 
 
 class Reconnect:
@@ -92,9 +109,11 @@ class Bridge:
 
     def _handle(self, consumer: Consumer, batch: list[Envelope], stop: threading.Event) -> None:
         crashed, todo = self.policy.crashed(batch)
-        failed = handle_until_done(self.handle, todo, stop) if todo else []
-        kept = {id(d) for d in failed}
+        failed, handed_on = handle_until_done(self.handle, todo, stop) if todo else ([], [])
+        kept = {id(d) for d in failed} | {id(d) for d in handed_on}
         consumer.finish([d for d in todo if id(d) not in kept])
+        if handed_on:
+            consumer.hand_on(handed_on)
         count("fsm_bridge_messages_total", "finished", by=len(todo) - len(failed))
         if crashed:
             consumer.park(crashed, Policy.CRASHED)
@@ -109,9 +128,7 @@ class Bridge:
                 count("fsm_bridge_messages_total", "retried", by=len(again))
 
 
-def handle_until_done(
-    handle: Handle, batch: list[Envelope], stop: threading.Event
-) -> list[Envelope]:
+def handle_until_done(handle: Handle, batch: list[Envelope], stop: threading.Event) -> Handled:
     """Handle the batch, trying again with a growing delay while the database or Redis is away
     (the batch stays in hand: nothing is read again, nothing counts as a failed try)."""
     delay = Reconnect()

@@ -6,6 +6,8 @@ a stream entry's deliveries, a Celery task's retries). The bridge's loop (acks/b
 reads a batch, has it handled, and tells the consumer what became of each message:
 
 - `finish`: applied, or recorded as rejected; the consumer forgets it (XACK and XDEL);
+- `hand_on`: relayed to a worker, which settles it once applied (the celery mode): a stream
+  entry stays pending until then, and is relayed again if it is not settled in time;
 - `retry`: neither; the consumer hands it out again, with one more try;
 - `park`: given up on; the consumer puts it in the dead-letter stream, with the reason
   (acks/dead.py decides when), and forgets it.
@@ -44,6 +46,10 @@ class Consumer(Protocol):
 
     def finish(self, envelopes: list[Envelope]) -> None:
         """These were applied or recorded: forget them."""
+
+    def hand_on(self, envelopes: list[Envelope]) -> None:
+        """These were relayed to workers: a consumer whose messages a worker can settle keeps
+        them until it does (acks/settle.py); any other forgets them, as finished."""
 
     def retry(self, envelopes: list[Envelope]) -> None:
         """These could not be applied: hand them out again."""

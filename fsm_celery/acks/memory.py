@@ -42,6 +42,9 @@ class MemoryConsumer:
     def finish(self, envelopes: list[Envelope]) -> None:
         self.finished += envelopes
 
+    def hand_on(self, envelopes: list[Envelope]) -> None:
+        self.finish(envelopes)  # nothing a worker could settle: handed on is done with
+
     def retry(self, envelopes: list[Envelope]) -> None:
         with self._ready:
             self._queue.extendleft(d._replace(tries=d.tries + 1) for d in reversed(envelopes))

@@ -66,6 +66,9 @@ class PubSubConsumer:
     def finish(self, envelopes: list[Envelope]) -> None:
         """Nothing to do: a published message is not kept."""
 
+    def hand_on(self, envelopes: list[Envelope]) -> None:
+        self.finish(envelopes)  # nothing a worker could settle: handed on is done with
+
     def retry(self, envelopes: list[Envelope]) -> None:
         """Never asked: a published message cannot be handed out again (redelivers)."""
 

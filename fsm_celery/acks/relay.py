@@ -8,10 +8,13 @@ of the agent registry), so that Flower lists the machines' work and not every ag
 every few seconds. While the database is away they are relayed with the acks instead, so
 that nothing waits on them.
 
-Once Relay returns, the broker holds the batch (late acks keep it there until a worker applied
-it), so the bridge finishes the stream entries. A failed publish raises a transient error: the
-bridge keeps the batch and tries again (a part already published is applied once anyway: its
-acks are then refused as stale).
+Once Relay returns, the broker holds the batch, but the stream entries stay pending: the worker
+settles them once its transaction has applied or recorded them (acks/settle.py). kombu's Redis
+transport takes a task in two commands (BRPOP, then its record as unacknowledged), so a Redis
+failover between them loses the task: an entry a worker has not settled in
+FSM_RELAY_TIMEOUT_SECONDS is relayed again by a bridge (acks/streams.py), a copy applied already
+being refused as stale. A failed publish raises a transient error: the bridge keeps the batch
+and tries again (a part already published is applied once anyway).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import Engine
 
+from fsm_celery.acks.bridge import Handled
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.store.queries import type_of_machines_txn
@@ -37,7 +41,8 @@ STATUS_BYTES = 4096  # an agent_status is far smaller: anything larger is relaye
 
 log = logging.getLogger(__name__)
 
-# [message, sender's id or None, source, stored at (unix seconds) or None] per message (JSON)
+# [message, sender's id or None, source, stored at (unix seconds) or None, stream entry id or
+# None, tries] per message (JSON): the entry id is what the worker settles once it applied it
 Wire = list[list[str | float | None]]
 
 
@@ -59,11 +64,11 @@ class Relay:
         self.app, self.queue, self.max_bytes, self.route = app, queue, max_bytes, route
         self.statuses = statuses
 
-    def __call__(self, batch: list[Envelope]) -> list[Envelope]:
+    def __call__(self, batch: list[Envelope]) -> Handled:
         failed, batch = self._apply_statuses(batch)
         if batch:
             self._publish(batch)
-        return failed
+        return Handled(failed, batch)
 
     def _apply_statuses(self, batch: list[Envelope]) -> tuple[list[Envelope], list[Envelope]]:
         """Apply the batch's status reports here; those that failed, and what is to relay."""
@@ -87,7 +92,7 @@ class Relay:
                     with relaying(chunk):  # traced: under the agent's span that sent an ack
                         self.app.send_task(
                             APPLY_ACKS,
-                            (wire(chunk),),
+                            (wire(chunk, tries=1),),
                             queue=queue,
                             argsrepr=acks_repr(chunk),
                             producer=producer,
@@ -148,13 +153,25 @@ class Routes:
         return {i: self._known[i] for i in ids if i in self._known}
 
 
-def wire(batch: list[Envelope]) -> Wire:
-    """The messages as fsm.apply_acks takes them (JSON: the sender's id as text; the task's
-    `unwire` reads them back)."""
+def wire(batch: list[Envelope], tries: int | None = None) -> Wire:
+    """The messages as fsm.apply_acks takes them (JSON: the sender's id and the entry's as text;
+    the task's `unwire` reads them back), each at its tries, or at `tries` if given (a relay
+    is a copy's first)."""
     return [
-        [d.item.raw, str(d.item.agent) if d.item.agent else None, d.source, d.item.stored_at]
+        [
+            d.item.raw,
+            str(d.item.agent) if d.item.agent else None,
+            d.source,
+            d.item.stored_at,
+            _text(d.key) if d.key is not None else None,
+            d.tries if tries is None else tries,
+        ]
         for d in batch
     ]
+
+
+def _text(key: object) -> str:
+    return key.decode() if isinstance(key, bytes) else str(key)
 
 
 def chunks(batch: list[Envelope], max_bytes: int) -> list[list[Envelope]]:

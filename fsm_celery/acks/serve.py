@@ -55,7 +55,7 @@ def _serve_metrics(settings: Settings) -> None:
         instruments.use_multiprocess()
         instruments.serve(settings.metrics_port, settings.metrics_address, "ack bridge")
         instruments.count("fsm_redis_reconnects_total", "bridge", by=0)  # seen at 0
-        for outcome in ("finished", "retried", "parked"):
+        for outcome in ("finished", "retried", "parked", "relayed_again"):
             instruments.count("fsm_bridge_messages_total", outcome, by=0)
 
 

@@ -7,11 +7,16 @@ it may write: the engine takes the sender from the stream's name, never from the
 seed's shared stream carries no identity; it is read only while FSM_ACCEPT_SHARED_ACKS allows it.
 
 Entries are read through a consumer group and acknowledged (XACK, then XDEL) only once the
-transaction that applied them has committed, in the same round trip as the next read: a bridge
-that dies leaves them pending; it reads its own pending entries first when it serves again, and
-other bridges claim what a dead one left (XAUTOCLAIM). Redis counts each hand-out of an entry
-(its deliveries): that count is the message's tries for the dead-letter policy. Nothing one
-message does can stall the others:
+transaction that applied them has committed. In the inline mode that is the bridge's, and it
+acknowledges them in the same round trip as the next read: a bridge that dies leaves them
+pending; it reads its own pending entries first when it serves again, and other bridges claim
+what a dead one left (XAUTOCLAIM). In the celery mode it is the worker's that ran the entries'
+fsm.apply_acks task, which settles them (acks/settle.py): the bridge leaves what it relayed
+pending, and relays again an entry not settled in FSM_RELAY_TIMEOUT_SECONDS, twice as long
+after each relay (overdue_acks.lua: whichever bridge, dead or alive, relayed it). Redis counts
+each hand-out of an entry (its deliveries): that count is the message's tries for the
+dead-letter policy (in the celery mode, its relays). Nothing one message does can stall the
+others:
 - a read is bounded in entries and in bytes of every field, inside Redis (read_acks.lua): an
   entry over the payload limit never leaves Redis (it is parked by its id and size), and an
   idle bridge is woken by a notification that names the stream, never by the entry
@@ -43,6 +48,7 @@ from fsm_celery.acks.wakeup import Wakeup
 from fsm_celery.channel.acl import glob_escape
 from fsm_celery.core.messages import AGENT_ACK_STREAM
 from fsm_celery.engine.ports import Inbound
+from fsm_celery.metrics.instruments import count
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +58,10 @@ READ_BUDGET = 16 * 1024 * 1024  # bytes of entries one read may load in Redis (+
 STREAM_CAP = 16 * 1024 * 1024  # a larger ack stream (or 4 entries at the limit) is dropped unread
 ENTRY_NAMES = 1024  # bytes an entry may hold beyond its message: field names, small extras
 MAINTAIN_SECONDS = 2.0  # how often new agent streams are looked for and long ones trimmed
+RELAY_CAP_MS = 600_000  # the longest a relayed entry waits for its worker, however often relayed
+OVERDUE_LOOKED = 1000  # pending entries of a stream one look for overdue ones reads
 _READ = (Path(__file__).parent / "read_acks.lua").read_text()
+_OVERDUE = (Path(__file__).parent / "overdue_acks.lua").read_text()
 
 
 class StreamConsumer:
@@ -71,15 +80,20 @@ class StreamConsumer:
         claim_idle_ms: int = 30_000,
         maxlen: int = 100_000,
         linger: float = 0.0,
+        relay_after_ms: int | None = None,
     ) -> None:
+        """With `relay_after_ms` (the celery mode), what is handed on stays pending until a
+        worker settles it, and is handed out again when overdue; without, what is read is
+        finished here."""
         self.client, self.prefix, self.dead = client, prefix, dead
         self.shared = prefix + "stream:state:ack" if shared else None
         self.batch, self.max_bytes, self.claim_idle_ms = batch, max_bytes, claim_idle_ms
-        self.maxlen, self.linger = maxlen, linger
+        self.maxlen, self.linger, self.relay_after_ms = maxlen, linger, relay_after_ms
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
         self.streams: list[str] = []
         self._agents: dict[str, uuid.UUID | None] = {}  # stream -> the agent that writes it
         self._read = client.register_script(_READ)
+        self._overdue = client.register_script(_OVERDUE)
         self._wakeup = Wakeup(client, prefix)
         self._turn = 0
         self._next_claim = 0.0
@@ -89,7 +103,7 @@ class StreamConsumer:
 
     def open(self) -> None:
         self._next_upkeep = 0.0
-        self._pending = True
+        self._pending = self._reads_pending  # in the celery mode they wait for their workers
         self._wakeup.close()  # a Redis started again forgot its notification flags
         log.info("ack bridge reading the ack streams as %s", self.consumer)
 
@@ -104,15 +118,27 @@ class StreamConsumer:
             if "NOGROUP" not in str(exc):
                 raise
             self._regroup()  # a stream or its group vanished (FLUSHALL): set them up again
-            self._pending = True  # what the failed read had delivered is pending: read it
+            self._pending = self._reads_pending  # what the failed read delivered is pending
             return []
 
     def finish(self, envelopes: list[Envelope]) -> None:
         self._done += [(d.source, d.key) for d in envelopes]
 
+    def hand_on(self, envelopes: list[Envelope]) -> None:
+        if not self._reads_pending:
+            return  # pending until the worker that applies them settles them (acks/settle.py)
+        self.finish(envelopes)
+
     def retry(self, envelopes: list[Envelope]) -> None:
-        if envelopes:
+        if envelopes and self._reads_pending:
             self._pending = True  # read them again (from this consumer's pending entries)
+        # in the celery mode they are pending, handed out again once overdue
+
+    @property
+    def _reads_pending(self) -> bool:
+        """Whether this consumer's pending entries are its own to read again (the inline mode),
+        rather than relayed entries waiting for their workers (the celery mode)."""
+        return self.relay_after_ms is None
 
     def park(self, envelopes: list[Envelope], why: str | None = None) -> None:
         if not envelopes:
@@ -136,9 +162,13 @@ class StreamConsumer:
             entries = self._fetch("0")
             self._pending = bool(entries)
             return entries
-        if self._claim():
+        if self._reads_pending and self._claim():
             self._pending = True
             return []
+        if not self._reads_pending:
+            overdue = self._take_overdue()
+            if overdue:
+                return overdue
         entries = self._fetch(">")
         if not entries:
             self._wakeup.wait(0.5)
@@ -203,6 +233,30 @@ class StreamConsumer:
         stored = int(entry_id.split(b"-", 1)[0]) / 1000  # the entry id's time, in ms
         item = Inbound(clip(raw, self.max_bytes), self._agents[stream], stored)
         return Envelope(item, stream, deliveries, entry_id)
+
+    def _take_overdue(self) -> list[Envelope]:
+        """In the celery mode, every half relay timeout: the entries relayed and not settled
+        in time, from whichever bridge, taken over to be relayed again (overdue_acks.lua)."""
+        now = time.monotonic()
+        if now < self._next_claim or self.relay_after_ms is None:
+            return []
+        self._next_claim = now + self.relay_after_ms / 2000
+        self._turn = self._turn % len(self.streams) + 1
+        limits = (self.relay_after_ms, RELAY_CAP_MS, self.batch, READ_BUDGET)
+        args = (GROUP, self.consumer, *limits, self._turn, OVERDUE_LOOKED)
+        try:
+            found = self._overdue(keys=self.streams, args=args)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._regroup()
+            return []
+        entries = [self._entry(*found[i : i + 4]) for i in range(0, len(found), 4)]
+        taken = [entry for entry in entries if entry is not None]
+        if taken:
+            log.warning("%d ack(s) relayed and not applied in time: relayed again", len(taken))
+            count("fsm_bridge_messages_total", "relayed_again", by=len(taken))
+        return taken
 
     def _claim(self) -> bool:
         """Take over entries another consumer left pending (it died); whether any were."""

@@ -104,7 +104,8 @@ METRICS: tuple[Metric, ...] = (
         C,
         ("outcome",),
         "Agents' messages an ack bridge read, by what became of them: finished (applied, "
-        "relayed to an fsm.apply_acks task, or recorded as rejected), retried, parked.",
+        "relayed to an fsm.apply_acks task, or recorded as rejected), retried, parked; and "
+        "relayed_again: relayed, and not settled by a worker in FSM_RELAY_TIMEOUT_SECONDS.",
         served_by="bridge",
     ),
     Metric("fsm_unprocessable_total", C, (), "Messages recorded as unprocessable."),

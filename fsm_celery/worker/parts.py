@@ -17,6 +17,7 @@ from uuid import UUID
 
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import DeadLetters
+from fsm_celery.acks.settle import Settler
 from fsm_celery.channel.transient import TRANSIENT
 from fsm_celery.config import Settings
 from fsm_celery.core import tool
@@ -58,7 +59,7 @@ class Worker:
         perhaps held by a thread the fork left behind)."""
         self._engine: MachineEngine | None = self._given
         self._batches: Applier[Envelope] | None = None
-        self._dead: DeadLetters | None = None
+        self._settler: Settler | None = None
         self._caller: Calls | None = None
         # fsm.apply_acks's: the batches of the tasks that run meanwhile in this process's
         # threads, applied in one transaction (see fsm_celery.worker.combine)
@@ -75,12 +76,15 @@ class Worker:
         return self._engine
 
     def _apply(self, batch: list[Envelope]) -> list[Envelope]:
-        """Apply a batch, handing on every state it decided on; those neither applied nor
-        recorded."""
+        """Apply a batch, handing on every state it decided on, and settle on their streams the
+        messages it applied or recorded; those neither applied nor recorded."""
         if self._batches is None:
             inbox = self.engine.inbox
             self._batches = Applier(inbox.apply, inbox.reject, self.enqueue, TRANSIENT)
-        return self._batches(batch)
+        failed = self._batches(batch)
+        kept = {id(d) for d in failed}
+        self.settler.settle([d for d in batch if id(d) not in kept])
+        return failed
 
     def _enter(self, steps: list[Step]) -> list[Step]:
         """Enter the steps in one transaction, handing on what follows; all of them left to
@@ -107,10 +111,13 @@ class Worker:
         return self._caller
 
     @property
-    def dead_letters(self) -> DeadLetters:
-        if self._dead is None:
-            self._dead = self._build_dead()
-        return self._dead
+    def settler(self) -> Settler:
+        """Settles and parks the stream entries of the acks this worker applied."""
+        if self._settler is None:
+            with self._building:
+                if self._settler is None:
+                    self._settler = Settler(self._build_dead())
+        return self._settler
 
 
 class Calls(Protocol):

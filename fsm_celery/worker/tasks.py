@@ -7,8 +7,9 @@ engine's periodic work. What the tasks run on is a Worker's parts (worker/parts.
 by the worker's composition root (fsm_celery.celery, through fsm_celery.wiring).
 
 In the worker, a message that can be neither applied nor recorded is tried again alone, a
-second later, until the dead-letter policy gives up on it (acks/dead.py): the task's retries
-are its tries.
+second later, until the dead-letter policy gives up on it (acks/dead.py). Its tries travel with
+it: a retry for the database being away is no try of the message, and a copy the bridge relayed
+again starts its own count (the bridge counts the relays: acks/streams.py).
 """
 
 from __future__ import annotations
@@ -78,27 +79,29 @@ def apply_acks(task: Task, messages: Wire) -> int:
     """
     run = parts()
     batch = unwire(messages, tries=task.request.retries + 1)
-    failed = run.applier(batch)
+    failed = run.applier(batch)  # what it applied or recorded is settled on its streams
     parked, again = run.policy.sort(failed)
     if parked:
-        dead = run.dead_letters
-        pipe = dead.client.pipeline(transaction=False)
-        dead.park(pipe, parked)
-        pipe.execute()
+        run.settler.park(parked)
     if again:
+        again = [d._replace(tries=d.tries + 1) for d in again]
         raise task.retry(args=(wire(again),), countdown=1, argsrepr=acks_repr(again))
     return len(batch)
 
 
 def unwire(messages: Wire, tries: int) -> list[Envelope]:
-    """The messages an fsm.apply_acks task carries (acks/relay.py's `wire`; a task sent before
-    the source travelled with them carries [message, sender]: its source is then "relayed")."""
+    """The messages an fsm.apply_acks task carries (acks/relay.py's `wire`). A task sent by an
+    earlier version carries fewer fields: without the source (its source is then "relayed"),
+    the time stored, the entry (nothing to settle: the bridge did) or the tries (then `tries`,
+    the task's runs)."""
     batch = []
-    for raw, agent, *source in messages:
-        at = source[1] if len(source) > 1 else None  # when its stream stored it
-        stored = float(at) if isinstance(at, int | float) else None
+    for raw, agent, *more in messages:
+        source, at, entry, tried = [*more, None, None, None, None][:4]
+        stored = float(at) if isinstance(at, int | float) else None  # when its stream stored it
         item = Inbound(str(raw), UUID(str(agent)) if agent else None, stored)
-        batch.append(Envelope(item, str(source[0]) if source else "relayed", tries))
+        count = int(tried) if isinstance(tried, int | float) else tries
+        key = str(entry) if entry is not None else None
+        batch.append(Envelope(item, str(source) if source else "relayed", count, key))
     return batch
 
 

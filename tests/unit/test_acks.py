@@ -14,7 +14,7 @@ import kombu.exceptions
 import pytest
 import redis
 
-from fsm_celery.acks.bridge import Bridge, Reconnect, handle_until_done
+from fsm_celery.acks.bridge import Bridge, Handled, Reconnect, applied_here, handle_until_done
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.memory import MemoryConsumer
 from fsm_celery.acks.relay import ACKS_SHOWN, acks_repr, chunks, wire
@@ -121,7 +121,7 @@ def _serve(
     consumer: MemoryConsumer, inbox: Inbox, policy: Policy, until: Callable[[], bool]
 ) -> None:
     """Run the bridge's loop over the consumer until the condition holds."""
-    bridge = Bridge([consumer], _applier(inbox, []), policy)
+    bridge = Bridge([consumer], applied_here(_applier(inbox, [])), policy)
     stop = threading.Event()
     thread = threading.Thread(target=bridge.run, args=(stop,), daemon=True)
     thread.start()
@@ -185,13 +185,13 @@ def test_the_policy_gives_up_by_tries() -> None:
 def test_a_batch_in_hand_is_handled_again_while_the_database_is_away() -> None:
     calls: list[int] = []
 
-    def handle(batch: list[Envelope]) -> list[Envelope]:
+    def handle(batch: list[Envelope]) -> Handled:
         calls.append(len(batch))
         if len(calls) < 3:
             raise redis.ConnectionError("away")
-        return []
+        return Handled([], [])
 
-    assert handle_until_done(handle, _envelopes("a"), threading.Event()) == []
+    assert handle_until_done(handle, _envelopes("a"), threading.Event()) == ([], [])
     assert calls == [1, 1, 1]
 
 
@@ -207,15 +207,20 @@ def _ack(machine: str, state: str = "S0", attempt: int = 1) -> Envelope:
     return Envelope(Inbound(json.dumps(raw)), "stream:state:ack")
 
 
-def test_the_relay_carries_each_message_with_its_sender_and_source() -> None:
+def test_the_relay_carries_each_message_with_its_sender_source_entry_and_tries() -> None:
     agent = uuid.uuid4()
-    batch = [Envelope(Inbound("m1", agent), f"stream:state:ack:{agent}"), _ack("x")]
-    carried = unwire(json.loads(json.dumps(wire(batch))), tries=2)
-    assert carried == [d._replace(tries=2) for d in batch]
+    stream = f"stream:state:ack:{agent}"
+    batch = [Envelope(Inbound("m1", agent, 17.5), stream, 4, b"1-2"), _ack("x")]
+    carried = unwire(json.loads(json.dumps(wire(batch))), tries=9)
+    assert carried == [batch[0]._replace(key="1-2"), batch[1]]
+    relayed = unwire(json.loads(json.dumps(wire(batch, tries=1))), tries=9)
+    assert [d.tries for d in relayed] == [1, 1]  # a relay is a copy's first try
 
 
-def test_a_task_sent_before_the_source_travelled_is_still_applied() -> None:
+def test_a_task_sent_by_an_earlier_version_is_still_applied() -> None:
     assert unwire([["m", None]], tries=1) == [Envelope(Inbound("m"), "relayed", 1)]
+    old = unwire([["m", None, "s", 3.0]], tries=2)  # no entry: the bridge settled it
+    assert old == [Envelope(Inbound("m", None, 3.0), "s", 2, None)]
 
 
 def test_a_batch_is_split_by_bytes_and_a_message_over_the_limit_travels_alone() -> None:
