@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -91,7 +91,9 @@ class Schedules:
                 return None
         try:
             with conn.begin_nested():  # a failure of this schedule leaves the others' ticks
-                step = self._admin.start_txn(conn, writes, row.machine_type, row.context)
+                started = self._admin.start_txn(
+                    conn, writes, row.machine_type, row.context, key=tick_key(row, tick)
+                )
         except sqlalchemy.exc.OperationalError:
             raise
         except (FsmError, sqlalchemy.exc.SQLAlchemyError) as exc:
@@ -100,8 +102,8 @@ class Schedules:
             )
             store.record_tick_txn(conn, row.id, tick, "failed", detail=str(exc)[:1000])
             return None
-        store.record_tick_txn(conn, row.id, tick, "started", machine_id=step.machine_id)
-        return [step]
+        store.record_tick_txn(conn, row.id, tick, "started", machine_id=started.machine_id)
+        return started.next
 
     def all(self) -> list[ScheduleInfo]:
         with self._rt.db.connect() as conn:
@@ -151,14 +153,16 @@ class Schedules:
         now = writes.now
         with self._rt.transaction(writes) as conn:
             row = self._find(conn, ref)
-            step = self._admin.start_txn(conn, writes, row.machine_type, row.context)
+            key = tick_key(row, now)
+            started = self._admin.start_txn(conn, writes, row.machine_type, row.context, key=key)
+            mid = started.machine_id
             store.claim_tick_txn(conn, row.id, now, "started")
-            store.record_tick_txn(conn, row.id, now, "started", step.machine_id, "triggered", actor)
-            store.update_schedule_txn(conn, row.id, last_machine_id=step.machine_id)
+            store.record_tick_txn(conn, row.id, now, "started", mid, "triggered", actor)
+            store.update_schedule_txn(conn, row.id, last_machine_id=mid)
             store.schedule_event_txn(
-                conn, row.id, "trigger", actor, reason, {"machine_id": str(step.machine_id)}
+                conn, row.id, "trigger", actor, reason, {"machine_id": str(mid)}
             )
-        return [step]
+        return started.next
 
     def _find(self, conn: Connection, ref: str) -> AnyRow:
         """The schedule named TYPE/NAME, or TYPE when the type has one schedule."""
@@ -176,6 +180,15 @@ class Schedules:
         if row is None:
             raise ScheduleNotFound(ref, _choices(conn, machine_type, None))
         return row
+
+
+def tick_key(row: AnyRow, tick: datetime) -> str:
+    """The start key of the machine a schedule's run starts, `schedule:TYPE/NAME:<tick, UTC,
+    ISO 8601>` (a trigger's tick: when it ran): visible on the machine, and a start given the
+    same key finds that machine."""
+    if tick.tzinfo is None:  # SQLite hands back naive datetimes, stored in UTC
+        tick = tick.replace(tzinfo=UTC)
+    return f"schedule:{row.machine_type}/{row.name}:{tick.astimezone(UTC).isoformat()}"
 
 
 def _check_actor(actor: str) -> None:
