@@ -20,6 +20,7 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.schedule import Overlap, due, next_tick
+from fsm_celery.core.start_key import Started
 from fsm_celery.core.steps import Next
 from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.core.transition import MachineStatus
@@ -75,14 +76,17 @@ class Schedules:
                 if store.claim_tick_txn(conn, row.id, tick, "started"):
                     started = self._tick(conn, writes, row, tick)
                     if started is not None:
-                        next_states += started
-                        update["last_machine_id"] = started[0].machine_id
+                        next_states += started.next
+                        update["last_machine_id"] = started.machine_id
                 store.update_schedule_txn(conn, row.id, **update)
             store.touch_txn(conn, "schedules", now)
         return len(rows), next_states
 
-    def _tick(self, conn: Connection, writes: Writes, row: AnyRow, tick: datetime) -> Next | None:
-        """Start the tick's machine (None: skipped, or failed; the run row says which)."""
+    def _tick(
+        self, conn: Connection, writes: Writes, row: AnyRow, tick: datetime
+    ) -> Started | None:
+        """Start the tick's machine, or find the one its key holds (None: skipped, or failed;
+        the run row says which)."""
         if row.overlap == Overlap.SKIP and row.last_machine_id is not None:
             status = store.machine_status_txn(conn, row.last_machine_id)
             if status in UNFINISHED:
@@ -103,7 +107,7 @@ class Schedules:
             store.record_tick_txn(conn, row.id, tick, "failed", detail=str(exc)[:1000])
             return None
         store.record_tick_txn(conn, row.id, tick, "started", machine_id=started.machine_id)
-        return started.next
+        return started
 
     def all(self) -> list[ScheduleInfo]:
         with self._rt.db.connect() as conn:
