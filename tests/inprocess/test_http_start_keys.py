@@ -100,3 +100,10 @@ def test_a_bad_key_or_two_keys_are_a_400_and_start_nothing(
         body["key"] = body_key
     _error(_post(http, body, header), 400, says)
     assert _count(env, "test_linear") == before
+
+
+def test_a_key_taken_through_another_door_is_the_same_start(http: Any, env: FsmEnv) -> None:
+    mid = env.client.start_machine("test_pair", {"via": "python"}, key="doors-1")
+    again = _post(http, {"type": "test_pair", "context": {"via": "python"}}, "doors-1")
+    assert again.status_code == 200, again.text
+    assert again.json()["machine"]["id"] == str(mid)

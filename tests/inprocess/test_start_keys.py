@@ -185,3 +185,13 @@ def test_a_github_delivery_keys_the_machine_it_starts(any_db: Fsm) -> None:
         "test_linear", {"githubIssue": 726}, None, 726, key="github:72d3162e-cc78-11e3"
     )
     assert (found.machine_id, found.found) == (done.machine_id, True)
+
+
+def test_a_key_lives_as_long_as_its_machine(any_db: Fsm) -> None:
+    first = any_db.engine.admin.start("test_linear", {}, key="with-its-machine")
+    with any_db.engine.db.begin() as conn:
+        conn.execute(transitions.delete().where(transitions.c.machine_id == first.machine_id))
+        conn.execute(machines.delete().where(machines.c.id == first.machine_id))
+    assert _count(any_db, start_keys) == 0
+    again = any_db.engine.admin.start("test_linear", {}, key="with-its-machine")
+    assert not again.found and again.machine_id != first.machine_id
