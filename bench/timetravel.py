@@ -37,7 +37,7 @@ def _percentile(values: list[float], share: float) -> float:
 def drive(env: Any, steps: int, keys: int) -> Any:
     """Start a bench_loop machine and ack `steps` of its state_tasks, in this process."""
     engine = env.client.engine
-    [first] = engine.admin.start("bench_loop", {"goal": "time travel"})
+    [first] = engine.admin.start("bench_loop", {"goal": "time travel"}).next
     engine.entry.enter(first.machine_id, first.attempt)
     client = redis.Redis.from_url(REDIS_URL)
     stream = task_stream("bench", env.settings.channel_prefix)

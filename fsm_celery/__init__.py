@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         DefinitionError,
         FsmError,
         MachineNotFound,
+        StartKeyReused,
         UnknownMachineType,
     )
     from fsm_celery.records import MachineInfo, TransitionRecord, TreeNode
@@ -43,6 +44,7 @@ _HOME = {
     "MachineNotFound": "fsm_celery.exceptions",
     "MachineStatus": "fsm_celery.core.transition",
     "Settings": "fsm_celery.config",
+    "StartKeyReused": "fsm_celery.exceptions",
     "TransitionRecord": "fsm_celery.records",
     "TreeNode": "fsm_celery.records",
     "UnknownMachineType": "fsm_celery.exceptions",
@@ -65,6 +67,7 @@ __all__ = [
     "MachineNotFound",
     "MachineStatus",
     "Settings",
+    "StartKeyReused",
     "TransitionRecord",
     "TreeNode",
     "UnknownMachineType",

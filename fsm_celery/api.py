@@ -26,9 +26,12 @@ def start_machine(
     context: Mapping[str, Any] | None = None,
     agent_id: UUID | str | None = None,
     github_issue: int | None = None,
+    key: str | None = None,
 ) -> UUID:
-    """Start a machine; returns its id."""
-    return default_client().start_machine(machine_type, context, agent_id, github_issue)
+    """Start a machine; returns its id. With a key, a start repeated with it returns the id of
+    the machine the first made (and starts nothing); one that asks another type or context is
+    refused (StartKeyReused)."""
+    return default_client().start_machine(machine_type, context, agent_id, github_issue, key)
 
 
 def get_machine(machine_id: UUID | str) -> MachineInfo:

@@ -21,6 +21,8 @@ FsmError                      root of everything this package raises
     ├── InvalidContext        the context given at start is not a JSON object
     │   └── ContextMismatch   … or does not match its definition's context_schema
     ├── InvalidAgentId        the agent id given at start is not a UUID
+    ├── InvalidStartKey       a start's key is empty, over 200 characters, or not printable
+    ├── StartKeyReused        a start's key holds a machine of another type or context
     ├── CommandRefused        an admin command does not apply to the machine as it is
     │   ├── GateClosed        a decision came for a gate that is not open (or not this one)
     │   └── EventRefused      an event for a machine that waits for nothing more, or too many
@@ -226,6 +228,34 @@ class InvalidAgentId(MachineError):
     def __init__(self, agent_id: object) -> None:
         self.agent_id = agent_id
         super().__init__(f"agent id must be a UUID, got {agent_id!r}")
+
+
+class InvalidStartKey(MachineError):
+    """The key given to start a machine is not one a start can hold."""
+
+    def __init__(self, key: object, detail: str) -> None:
+        self.key = key
+        self.detail = detail
+        shown = key if not isinstance(key, str) or len(key) <= 60 else key[:60] + "…"
+        super().__init__(f"start key {shown!r}: {detail}")
+
+
+class StartKeyReused(MachineError):
+    """A start repeated with a key asks for another machine than the one the key started:
+    another type, context, agent or GitHub issue (`differs` names which)."""
+
+    def __init__(
+        self, key: str, machine_id: str, machine_type: str, differs: Sequence[str]
+    ) -> None:
+        self.key = key
+        self.machine_id = machine_id
+        self.machine_type = machine_type
+        self.differs = tuple(differs)
+        super().__init__(
+            f"start key {key!r} holds machine {machine_id} (a {machine_type}), started with "
+            f"another {' and another '.join(self.differs)}: a start repeated with its key must "
+            "ask the same; give another key for another start"
+        )
 
 
 class CommandRefused(MachineError):

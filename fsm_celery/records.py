@@ -69,11 +69,15 @@ class MachineInfo:
     # a fork: the machine and the step it was started from (its earlier steps are that one's)
     forked_from: UUID | None = None
     forked_at: int | None = None
+    # the key it was started with (an idempotent start; read for one machine, not in lists)
+    key: str | None = None
 
     @classmethod
-    def from_row(cls, row: AnyRow, queue_position: int | None = None) -> MachineInfo:
+    def from_row(
+        cls, row: AnyRow, queue_position: int | None = None, key: str | None = None
+    ) -> MachineInfo:
         columns = {name: getattr(row, name) for name in cls.__dataclass_fields__ if name in _ROW}
-        return cls(**columns, queue_position=queue_position)
+        return cls(**columns, queue_position=queue_position, key=key)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(asdict(self)) | {"commands": self.commands}

@@ -47,6 +47,7 @@ SHOWN = (
     "queue_position",
     "forked_from",
     "forked_at",
+    "key",
 )
 SHORT_ID = 8  # hex digits of an id a tree shows (as the dashboard; the CLI takes the prefix)
 

@@ -30,11 +30,29 @@ BIGINT_MAX = 2**63 - 1
 @click.option("--context", default="{}", callback=json_object, help="Initial context (JSON).")
 @click.option("--agent-id", type=click.UUID, default=None, help="UUID of the agent that serves it.")
 @click.option("--github-issue", type=int, default=None)
+@click.option(
+    "--key",
+    default=None,
+    help="Idempotency key (1-200 printable characters): started again with it, the same "
+    "machine is printed and nothing new starts.",
+)
 def start(
-    machine_type: str, context: dict[str, Any], agent_id: uuid.UUID | None, github_issue: int | None
+    machine_type: str,
+    context: dict[str, Any],
+    agent_id: uuid.UUID | None,
+    github_issue: int | None,
+    key: str | None,
 ) -> None:
-    """Start a machine of MACHINE_TYPE and print its id."""
-    click.echo(client().start_machine(machine_type, context, agent_id, github_issue))
+    """Start a machine of MACHINE_TYPE and print its id; with --key, a start repeated with
+    the key prints the machine the first one made, and stderr says which: started or found."""
+    started = client().start(machine_type, context, agent_id, github_issue, key)
+    click.echo(started.machine_id)
+    if key is None:
+        return
+    if started.found:
+        click.echo(f"found: key {key!r} started this machine before; nothing new", err=True)
+    else:
+        click.echo(f"started: key {key!r} now holds this machine", err=True)
 
 
 @click.command()

@@ -13,6 +13,7 @@ from uuid import UUID
 
 from fsm_celery.client.base import ClientBase, check_actor, dicts
 from fsm_celery.core.admin import Action, Command
+from fsm_celery.core.start_key import Started
 from fsm_celery.core.usage import Budget
 from fsm_celery.exceptions import FsmError
 from fsm_celery.records import BulkResult, FanOutProgress, MachineInfo, TreeNode
@@ -32,11 +33,29 @@ class Machines(ClientBase):
         context: Mapping[str, Any] | None = None,
         agent_id: UUID | str | None = None,
         github_issue: int | None = None,
+        key: str | None = None,
     ) -> UUID:
-        """Start a machine of the type; returns its id once its first state is enqueued."""
-        first = self.engine.admin.start(machine_type, context, agent_id, github_issue)
-        self._hand_on(first)
-        return first[0].machine_id
+        """Start a machine of the type; returns its id once its first state is enqueued.
+
+        With a key (1 to 200 printable characters), a start repeated with it returns the id
+        of the machine the first made, whatever its status now, and starts nothing; one that
+        asks another type, context, agent or issue raises StartKeyReused. `start` tells which
+        of the two happened."""
+        return self.start(machine_type, context, agent_id, github_issue, key).machine_id
+
+    def start(
+        self,
+        machine_type: str,
+        context: Mapping[str, Any] | None = None,
+        agent_id: UUID | str | None = None,
+        github_issue: int | None = None,
+        key: str | None = None,
+    ) -> Started:
+        """start_machine's outcome: the machine's id, and whether the key's machine was found
+        (`found`) rather than started now."""
+        started = self.engine.admin.start(machine_type, context, agent_id, github_issue, key)
+        self._hand_on(started.next)
+        return started
 
     def pause(self, machine_id: UUID | str, actor: str, reason: str = "") -> MachineInfo:
         """Stop dispatching: acks for the running attempt will be refused."""

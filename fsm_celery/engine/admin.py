@@ -7,7 +7,8 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from datetime import datetime
+from typing import Any, TypeGuard
 from uuid import UUID
 
 from sqlalchemy import Connection
@@ -16,6 +17,13 @@ from fsm_celery.core.admin import Action, Command, decide_command
 from fsm_celery.core.context import context_problem
 from fsm_celery.core.definition import MachineDefinition
 from fsm_celery.core.messages import INT32_MAX, unstorable
+from fsm_celery.core.start_key import (
+    KeyedStart,
+    Started,
+    checked_key,
+    context_digest,
+    differences,
+)
 from fsm_celery.core.steps import Next, Step
 from fsm_celery.core.transition import (
     LOOP_COUNT,
@@ -34,9 +42,11 @@ from fsm_celery.exceptions import (
     InvalidAgentId,
     InvalidContext,
     MachineNotFound,
+    StartKeyReused,
     Unstorable,
 )
 from fsm_celery.store import queries as q
+from fsm_celery.store import start_keys as keys
 from fsm_celery.store.rows import NewMachine
 from fsm_celery.store.writes import Rows, Writes, snapshot, start_record
 
@@ -48,13 +58,13 @@ class Admin(MovingUseCase):
         context: Mapping[str, Any] | None = None,
         agent_id: UUID | str | None = None,
         github_issue: int | None = None,
-    ) -> Next:
-        """Create a running machine in its initial state; its one Step is that state, to enter
-        (the machine's id is the step's)."""
+        key: str | None = None,
+    ) -> Started:
+        """Create a running machine in its initial state, whose one step is that state, to
+        enter; or, when a start with the key made one already, that machine and no step."""
         writes = Writes(self._rt.clock())
         with self._rt.transaction(writes) as conn:
-            step = self.start_txn(conn, writes, machine_type, context, agent_id, github_issue)
-        return [step]
+            return self.start_txn(conn, writes, machine_type, context, agent_id, github_issue, key)
 
     def start_txn(
         self,
@@ -64,40 +74,50 @@ class Admin(MovingUseCase):
         context: Mapping[str, Any] | None = None,
         agent_id: UUID | str | None = None,
         github_issue: int | None = None,
-    ) -> Step:
+        key: str | None = None,
+    ) -> Started:
         """start, in the caller's transaction (a schedule's tick is recorded in the same): the
-        machine is written at once, its start event queued on writes."""
+        machine is written at once, its start event queued on writes.
+
+        With a key, the start is idempotent: the key, taken in this transaction, holds what
+        the start asked; a start repeated with it finds the machine the first made, whatever
+        that machine's status, and enters nothing; one that asks another type, context, agent
+        or issue is refused (StartKeyReused) and writes nothing. Everything is checked before
+        the key is taken, except against the definition when the key is held: a repeat keeps
+        its answer after the definition changed."""
+        given = None if key is None else checked_key(key)
         context = checked_context(context, self._rt.settings.max_context_bytes)
         agent = _agent_uuid(agent_id)
-        now = writes.now
-        machine_id = uuid.uuid4()
-        issue = github_issue if github_issue is not None else context.get("githubIssue")
+        asked = None
+        if given is not None:
+            asked = KeyedStart(given, machine_type, context_digest(context), agent, github_issue)
+            found = _found_txn(conn, asked)
+            if found is not None:
+                return found
         version, definition = self._rt.catalog.latest(conn, machine_type)
         _check_schema(definition, context)
-        machine = NewMachine(
-            id=machine_id,
-            type=machine_type,
-            agent_type=definition.agent_type_of(definition.state(definition.initial_state)),
-            current_state=definition.initial_state,
-            context=initial_context(definition, context),
-            status=MachineStatus.RUNNING.value,
-            github_issue=issue if _fits_int32(issue) else None,
-            created_at=now,
-            updated_at=now,
-            definition_version=version,
-            agent_id=agent,
-            agent_pinned=agent is not None,
-            budget_tokens=definition.budget.tokens if definition.budget else None,
-            budget_cost=definition.budget.cost if definition.budget else None,
-            attempt=1,
-            state_retries=0,
-            dispatch_due_at=now,
+        machine_id = uuid.uuid4()
+        if asked is not None and not keys.claim_txn(conn, asked, machine_id, writes.now):
+            found = _found_txn(conn, asked)  # taken while this waited: that start's machine
+            assert found is not None  # a key is deleted only with its machine
+            return found
+        issue = github_issue if github_issue is not None else context.get("githubIssue")
+        machine = _new_machine(
+            machine_id,
+            machine_type,
+            version,
+            definition,
+            context,
+            agent,
+            issue if _fits_int32(issue) else None,
+            writes.now,
         )
         started = start_record(machine)
         q.insert_machine_txn(conn, machine)
         q.insert_transitions_txn(conn, [started])
         writes.announce(started, machine, machine.status)
-        return Step(machine_id, 1, 0.0, definition.initial_state, machine_type)
+        step = Step(machine_id, 1, 0.0, definition.initial_state, machine_type)
+        return Started(machine_id, step)
 
     def command(self, machine_id: UUID, command: Command) -> Next:
         """Apply an operator's command; raises CommandRefused when it does not apply."""
@@ -160,6 +180,52 @@ class Admin(MovingUseCase):
         return writes.next()
 
 
+def _new_machine(
+    machine_id: UUID,
+    machine_type: str,
+    version: int,
+    definition: MachineDefinition,
+    context: dict[str, Any],
+    agent: UUID | None,
+    issue: int | None,
+    now: datetime,
+) -> NewMachine:
+    """The row of a machine just started: running, its initial state due to be entered now."""
+    budget = definition.budget
+    return NewMachine(
+        id=machine_id,
+        type=machine_type,
+        agent_type=definition.agent_type_of(definition.state(definition.initial_state)),
+        current_state=definition.initial_state,
+        context=initial_context(definition, context),
+        status=MachineStatus.RUNNING.value,
+        github_issue=issue,
+        created_at=now,
+        updated_at=now,
+        definition_version=version,
+        agent_id=agent,
+        agent_pinned=agent is not None,
+        budget_tokens=budget.tokens if budget else None,
+        budget_cost=budget.cost if budget else None,
+        attempt=1,
+        state_retries=0,
+        dispatch_due_at=now,
+    )
+
+
+def _found_txn(conn: Connection, asked: KeyedStart) -> Started | None:
+    """The machine of the start that holds the key, if one does and asked the same; refused
+    (StartKeyReused) when it asked otherwise; None when no start holds the key."""
+    held = keys.held_txn(conn, asked.key)
+    if held is None:
+        return None
+    first, machine_id = held
+    differs = differences(first, asked)
+    if differs:
+        raise StartKeyReused(asked.key, str(machine_id), first.machine_type, differs)
+    return Started(machine_id, None)
+
+
 def _cancel_reason(command: Command) -> str:
     """What an agent is told of the command that took its attempt away."""
     why = f"{command.action.value} by {command.actor}"
@@ -207,7 +273,7 @@ def _agent_uuid(agent_id: UUID | str | None) -> UUID | None:
         raise InvalidAgentId(agent_id) from None
 
 
-def _fits_int32(value: object) -> bool:
+def _fits_int32(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT32_MAX
 
 

@@ -157,6 +157,10 @@ class GitHub:
     def _start_txn(
         self, conn: Connection, writes: Writes, delivery: str, wanted: Trigger
     ) -> Delivered:
+        """Start the machine the delivery asks for, keyed `github:<delivery id>`: the delivery's
+        row dedupes the webhook; the key shows on the machine which delivery started it, and a
+        start given that key finds the machine."""
+        key = f"github:{delivery}"
         store.lock_issue_txn(conn, wanted.repository, wanted.issue)
         running = store.running_for_issue_txn(
             conn, wanted.machine_type, wanted.repository, wanted.issue
@@ -167,16 +171,15 @@ class GitHub:
             )
             return Delivered("running", running, f"{wanted.machine_type} runs for it")
         try:  # refused before anything of the machine is written
-            step = self._admin.start_txn(
-                conn, writes, wanted.machine_type, wanted.context, None, wanted.issue
+            started = self._admin.start_txn(
+                conn, writes, wanted.machine_type, wanted.context, None, wanted.issue, key
             )
         except InvalidContext as exc:
             store.record_delivery_txn(conn, delivery, "refused", wanted.repository, wanted.issue)
             return Delivered("refused", detail=str(exc))
-        store.record_delivery_txn(
-            conn, delivery, "started", wanted.repository, wanted.issue, step.machine_id
-        )
-        return Delivered("started", step.machine_id, wanted.machine_type, [step])
+        mid = started.machine_id
+        store.record_delivery_txn(conn, delivery, "started", wanted.repository, wanted.issue, mid)
+        return Delivered("started", mid, wanted.machine_type, started.next)
 
     def _once(
         self,

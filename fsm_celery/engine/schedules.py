@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -20,6 +20,7 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 
 from fsm_celery.core.schedule import Overlap, due, next_tick
+from fsm_celery.core.start_key import Started
 from fsm_celery.core.steps import Next
 from fsm_celery.core.timeline import ACTOR_CHARS
 from fsm_celery.core.transition import MachineStatus
@@ -75,14 +76,17 @@ class Schedules:
                 if store.claim_tick_txn(conn, row.id, tick, "started"):
                     started = self._tick(conn, writes, row, tick)
                     if started is not None:
-                        next_states += started
-                        update["last_machine_id"] = started[0].machine_id
+                        next_states += started.next
+                        update["last_machine_id"] = started.machine_id
                 store.update_schedule_txn(conn, row.id, **update)
             store.touch_txn(conn, "schedules", now)
         return len(rows), next_states
 
-    def _tick(self, conn: Connection, writes: Writes, row: AnyRow, tick: datetime) -> Next | None:
-        """Start the tick's machine (None: skipped, or failed; the run row says which)."""
+    def _tick(
+        self, conn: Connection, writes: Writes, row: AnyRow, tick: datetime
+    ) -> Started | None:
+        """Start the tick's machine, or find the one its key holds (None: skipped, or failed;
+        the run row says which)."""
         if row.overlap == Overlap.SKIP and row.last_machine_id is not None:
             status = store.machine_status_txn(conn, row.last_machine_id)
             if status in UNFINISHED:
@@ -91,7 +95,9 @@ class Schedules:
                 return None
         try:
             with conn.begin_nested():  # a failure of this schedule leaves the others' ticks
-                step = self._admin.start_txn(conn, writes, row.machine_type, row.context)
+                started = self._admin.start_txn(
+                    conn, writes, row.machine_type, row.context, key=tick_key(row, tick)
+                )
         except sqlalchemy.exc.OperationalError:
             raise
         except (FsmError, sqlalchemy.exc.SQLAlchemyError) as exc:
@@ -100,8 +106,8 @@ class Schedules:
             )
             store.record_tick_txn(conn, row.id, tick, "failed", detail=str(exc)[:1000])
             return None
-        store.record_tick_txn(conn, row.id, tick, "started", machine_id=step.machine_id)
-        return [step]
+        store.record_tick_txn(conn, row.id, tick, "started", machine_id=started.machine_id)
+        return started
 
     def all(self) -> list[ScheduleInfo]:
         with self._rt.db.connect() as conn:
@@ -151,14 +157,16 @@ class Schedules:
         now = writes.now
         with self._rt.transaction(writes) as conn:
             row = self._find(conn, ref)
-            step = self._admin.start_txn(conn, writes, row.machine_type, row.context)
+            key = tick_key(row, now)
+            started = self._admin.start_txn(conn, writes, row.machine_type, row.context, key=key)
+            mid = started.machine_id
             store.claim_tick_txn(conn, row.id, now, "started")
-            store.record_tick_txn(conn, row.id, now, "started", step.machine_id, "triggered", actor)
-            store.update_schedule_txn(conn, row.id, last_machine_id=step.machine_id)
+            store.record_tick_txn(conn, row.id, now, "started", mid, "triggered", actor)
+            store.update_schedule_txn(conn, row.id, last_machine_id=mid)
             store.schedule_event_txn(
-                conn, row.id, "trigger", actor, reason, {"machine_id": str(step.machine_id)}
+                conn, row.id, "trigger", actor, reason, {"machine_id": str(mid)}
             )
-        return [step]
+        return started.next
 
     def _find(self, conn: Connection, ref: str) -> AnyRow:
         """The schedule named TYPE/NAME, or TYPE when the type has one schedule."""
@@ -176,6 +184,15 @@ class Schedules:
         if row is None:
             raise ScheduleNotFound(ref, _choices(conn, machine_type, None))
         return row
+
+
+def tick_key(row: AnyRow, tick: datetime) -> str:
+    """The start key of the machine a schedule's run starts, `schedule:TYPE/NAME:<tick, UTC,
+    ISO 8601>` (a trigger's tick: when it ran): visible on the machine, and a start given the
+    same key finds that machine."""
+    if tick.tzinfo is None:  # SQLite hands back naive datetimes, stored in UTC
+        tick = tick.replace(tzinfo=UTC)
+    return f"schedule:{row.machine_type}/{row.name}:{tick.astimezone(UTC).isoformat()}"
 
 
 def _check_actor(actor: str) -> None:

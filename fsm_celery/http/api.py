@@ -23,7 +23,7 @@ from fsm_celery.core.admin import Action
 from fsm_celery.core.graph import graph, to_dot
 from fsm_celery.core.signal import EVENT_PATTERN
 from fsm_celery.engine.approvals import Authority
-from fsm_celery.http import feed, signed
+from fsm_celery.http import feed, signed, starts
 from fsm_celery.http.auth import principal
 from fsm_celery.http.deps import Admin, Decider, Fsm, Viewer, actor, client, whole_machine_id
 from fsm_celery.http.examples import answer
@@ -41,7 +41,6 @@ from fsm_celery.http.models import (
     ForceRequest,
     RevokeRequest,
     RewindRequest,
-    StartRequest,
     machine_filter,
 )
 from fsm_celery.http.paging import MachinePage, StepPage, machine_page, step_page
@@ -49,6 +48,7 @@ from fsm_celery.records import definition_view, jsonable
 from fsm_celery.store.reads import MachineFilter
 
 router = APIRouter(prefix="/api", dependencies=[Depends(whole_machine_id)])
+router.include_router(starts.router)  # POST /api/machines, idempotent with a key
 Where = Annotated[MachineFilter, Depends(machine_filter)]
 Machines = Annotated[MachinePage, Depends(machine_page)]
 Steps = Annotated[StepPage, Depends(step_page)]
@@ -72,14 +72,6 @@ def list_machines(fsm: Fsm, _: Viewer, page: Machines, where: Where) -> dict[str
 def count_machines(fsm: Fsm, _: Viewer, where: Where) -> dict[str, Any]:
     by_status = fsm.count_machines(where)
     return {"total": sum(by_status.values()), "by_status": by_status}
-
-
-@router.post(
-    "/machines", status_code=201, summary="Start a machine", responses=answer("start_machine", 201)
-)
-def start_machine(fsm: Fsm, _: Admin, body: StartRequest) -> dict[str, Any]:
-    machine_id = fsm.start_machine(body.type, body.context, body.agent_id, body.github_issue)
-    return {"machine": fsm.get_machine(machine_id).to_dict()}
 
 
 @router.post(

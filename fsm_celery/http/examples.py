@@ -40,6 +40,7 @@ MACHINE: dict[str, Any] = {
     "queue_position": None,
     "forked_from": None,
     "forked_at": None,
+    "key": None,
     "commands": ["pause", "retry", "force", "budget", "cancel"],
 }
 CHILD_ID = "9a4e7d21-0c3b-4f5a-8e6d-1b2c3d4e5f60"
@@ -159,6 +160,7 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
             "type": "cto_build_project",
             "context": {"projectName": "sla-api", "githubIssue": 726},
             "github_issue": 726,
+            "key": "sla-api#726",
         }
     ],
     "CommandRequest": [COMMAND, {}],
@@ -205,7 +207,9 @@ ANSWERS: dict[str, Any] = {
     "tree": {"tree": TREE},
     "fan_outs": {"items": [FAN_OUT]},
     "count_machines": {"total": 42, "by_status": {"running": 12, "completed": 30}},
-    "start_machine": {"machine": MACHINE | {"current_state": "DESIGN", "attempt": 1}},
+    "start_machine": {
+        "machine": MACHINE | {"current_state": "DESIGN", "attempt": 1, "key": "sla-api#726"}
+    },
     "bulk": {
         "done": 1,
         "refused": 1,

@@ -73,6 +73,11 @@ class StartRequest(_Body):
     context: dict[str, Any] = Field(default_factory=dict)
     agent_id: UUID | None = None
     github_issue: Issue | None = None
+    key: str | None = Field(
+        default=None,
+        description="the start's key (or the Idempotency-Key header): 1 to 200 printable "
+        "characters; started again with it, the same machine",
+    )
 
 
 class CommandRequest(_Body):

@@ -11,6 +11,7 @@ from pydantic import AfterValidator, Field
 
 from fsm_celery.core.messages import unstorable
 from fsm_celery.core.signal import EVENT_PATTERN, MAX_PAYLOAD_BYTES
+from fsm_celery.core.start_key import KEY_CHARS
 from fsm_celery.store.rows import most
 from fsm_celery.store.tables import definitions, machine_events, machines, transitions
 
@@ -65,6 +66,14 @@ EventKey = Annotated[
     ),
 ]
 Issue = Annotated[int | None, Field(ge=0, le=most(machines.c.github_issue))]
+StartKey = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=KEY_CHARS,
+        description="the start's idempotency key: started again with it, the same machine",
+    ),
+]
 DefinitionText = Annotated[
     str | None,
     Field(min_length=1, max_length=DEFINITION_TEXT_CHARS, description="a definition's YAML"),

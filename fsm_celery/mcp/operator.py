@@ -37,6 +37,7 @@ from fsm_celery.mcp.arguments import (
     MachineId,
     MachineType,
     Reason,
+    StartKey,
     StateName,
     Step,
     Tokens,
@@ -291,11 +292,15 @@ class _Tools:
         context: JsonObject | None = None,
         agent_id: UUID | None = None,
         github_issue: Issue = None,
+        key: StartKey = None,
     ) -> dict[str, Any]:
         """Start a machine of a type with its context (checked against the type's
-        context_schema: a refusal names what is wrong, and nothing is started)."""
-        mid = self.client.start_machine(type, context or {}, agent_id, github_issue)
-        return {"machine": self.client.get_machine(mid).to_dict()}
+        context_schema: a refusal names what is wrong, and nothing is started). With a key, a
+        start repeated with it answers the machine the first made (`found`: true) and starts
+        nothing; one asking another type or context is refused."""
+        started = self.client.start(type, context or {}, agent_id, github_issue, key)
+        machine = self.client.get_machine(started.machine_id).to_dict()
+        return {"machine": machine, "found": started.found}
 
     def pause_machine(self, machine_id: MachineId, reason: Reason = "") -> dict[str, Any]:
         """Pause a machine: nothing more is dispatched; the running attempt's answer is

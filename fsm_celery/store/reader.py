@@ -18,7 +18,7 @@ from fsm_celery.store import credentials as credential_store
 from fsm_celery.store import gates as gate_store
 from fsm_celery.store import notify as notify_store
 from fsm_celery.store import queries as q
-from fsm_celery.store import reads
+from fsm_celery.store import reads, start_keys
 from fsm_celery.store import signals as signal_store
 from fsm_celery.store import slots as slot_store
 from fsm_celery.store.queries import AnyRow
@@ -46,8 +46,9 @@ class Reader:
         with self.db.connect() as conn:
             return _machine_id_txn(conn, value)
 
-    def machine(self, value: UUID | str) -> tuple[AnyRow, int | None]:
-        """The machine's row, and its place in its agent type's queue when it waits for a slot."""
+    def machine(self, value: UUID | str) -> tuple[AnyRow, int | None, str | None]:
+        """The machine's row, its place in its agent type's queue when it waits for a slot, and
+        the key it was started with."""
         with self.db.connect() as conn:
             row = q.get_machine_txn(conn, _machine_id_txn(conn, value))
             if row is None:
@@ -55,7 +56,8 @@ class Reader:
             position = None
             if row.queued_at is not None and row.status == "running":
                 position = slot_store.queue_position_txn(conn, row)
-        return row, position
+            key = start_keys.key_of_txn(conn, row.id)
+        return row, position, key
 
     def find_machines(self, where: MachineFilter, limit: int, after: Cursor | None = None) -> Rows:
         """A page of the machines the filter selects, newest first, after the cursor."""

@@ -111,7 +111,7 @@ class Fsm:
     def start(self, machine_type: str, context: dict[str, Any] | None = None, **kw: Any) -> UUID:
         """Start a machine and enter its first state, as the client and its task do (and the
         first states of the children it starts, as their fsm.enter_state tasks do)."""
-        [first] = self.engine.admin.start(machine_type, context, **kw)
+        [first] = self.engine.admin.start(machine_type, context, **kw).next
         started = self.engine.entry.enter(first.machine_id, first.attempt)
         while started:
             assert all(step.delay == 0 for step in started)

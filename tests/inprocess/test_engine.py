@@ -109,7 +109,7 @@ def test_a_retry_waits_out_its_backoff_before_it_is_entered(fsm: Fsm) -> None:
 
 def test_the_scan_enters_a_state_whose_enter_task_was_lost(fsm: Fsm) -> None:
     agent = fsm.agent("tester")
-    [first] = fsm.engine.admin.start("test_linear")  # and its enter_state task never ran
+    [first] = fsm.engine.admin.start("test_linear").next  # and its enter_state task never ran
     assert fsm.scan() == [] and agent.tasks() == []  # within the grace: a task is on its way
     fsm.clock.advance(fsm.settings.dispatch_grace_seconds + 0.1)
     assert fsm.scan() == []

@@ -96,7 +96,7 @@ def test_a_redis_that_cannot_take_the_events_fails_no_transition(
     client = dispatcher._client  # type: ignore[attr-defined]
     dispatcher._client = redis.Redis(port=1, socket_connect_timeout=0.2)  # type: ignore[attr-defined]
     try:
-        [first] = fsm.engine.admin.start("test_linear")  # a start sends nothing but its event
+        [first] = fsm.engine.admin.start("test_linear").next  # a start sends nothing but its event
     finally:
         dispatcher._client = client  # type: ignore[attr-defined]
     assert fsm.machine(first.machine_id).status == "running"

@@ -73,7 +73,7 @@ def test_parallel_branches_go_to_their_own_agent_types_and_join_once(fsm: Fsm) -
 
 
 def test_in_the_celery_shape_every_child_and_the_join_are_handed_on(fsm: Fsm) -> None:
-    [first] = fsm.engine.admin.start("test_fan_parallel", {})
+    [first] = fsm.engine.admin.start("test_fan_parallel", {}).next
     started = fsm.engine.entry.enter(first.machine_id, first.attempt)
     assert sorted(s.machine_type for s in started) == [
         "test_fan_parallel.BUILD.docs",
@@ -91,7 +91,7 @@ def test_children_entered_together_skip_one_held_elsewhere_and_enter_it_alone(fs
     """A transaction entering several children never waits for one while holding another (a
     join holding their parent may be locking them all): it enters those free, commits, and then
     waits for the held one in a transaction of its own."""
-    [first] = fsm.engine.admin.start("test_fan_parallel", {})
+    [first] = fsm.engine.admin.start("test_fan_parallel", {}).next
     steps = [(s.machine_id, s.attempt) for s in fsm.engine.entry.enter(*first[:2])]
     free, held = sorted(steps)  # the held one the later in the lock order
     with fsm.engine.db.connect() as holder, holder.begin() as tx:

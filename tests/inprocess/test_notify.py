@@ -45,7 +45,7 @@ def _load(engine: MachineEngine, notify: dict[str, Any] | None) -> None:
 
 
 def _finish(fsm: Fsm, engine: MachineEngine, context: dict[str, Any] | None = None) -> Any:
-    [first] = engine.admin.start("notified", context or {"deploymentUrl": "https://x.test"})
+    [first] = engine.admin.start("notified", context or {"deploymentUrl": "https://x.test"}).next
     engine.entry.enter(first.machine_id, first.attempt)
     task = fsm.agent("tester").tasks()[-1]
     inline_inbox(engine).apply([_inbound(ack(task))])
@@ -125,7 +125,7 @@ def test_a_definition_notifies_only_the_endings_it_names(fsm: Fsm, receiver: Rec
     engine = _engine(fsm)
     _load(engine, {"url": receiver.url, "on": ["failed", "cancelled"]})
     _finish(fsm, engine)  # completed: not named
-    [second] = engine.admin.start("notified", {})
+    [second] = engine.admin.start("notified", {}).next
     engine.admin.command(second.machine_id, Command(Action.CANCEL, "ops", "not needed"))
     assert engine.notifier.send_due() == (1, 0)
     [(headers, body)] = receiver.received

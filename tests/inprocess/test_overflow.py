@@ -80,7 +80,7 @@ def test_an_entry_tried_again_after_its_write_failed_sends_its_state_task_once(f
     """fsm.enter_state sends, then writes and commits; a commit that fails (PostgreSQL
     restarting) has the task run again, which records the dispatch its failed try sent."""
     agent = fsm.agent("tester")
-    [first] = fsm.engine.admin.start("test_pair", {})
+    [first] = fsm.engine.admin.start("test_pair", {}).next
     with fsm.engine.db.begin() as conn:
         conn.exec_driver_sql(
             "CREATE FUNCTION refuse_entry() RETURNS trigger AS $$ BEGIN "

@@ -43,7 +43,7 @@ def test_a_machines_timer_row_follows_its_deadline_and_goes_when_it_stops_runnin
 ) -> None:
     fsm: Fsm = request.getfixturevalue(database)
     agent = fsm.agent("tester")
-    [first] = fsm.engine.admin.start("test_linear")
+    [first] = fsm.engine.admin.start("test_linear").next
     mid = first.machine_id
     deadline, due = on_machine(fsm, mid)
     assert deadline is None and due is not None  # stored due for dispatch

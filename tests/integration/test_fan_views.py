@@ -42,7 +42,7 @@ def http(env: FsmEnv) -> Iterator[Any]:
 def start(env: FsmEnv, machine_type: str, context: dict[str, Any] | None = None) -> UUID:
     """Start a machine and enter its first state, and its children's, as the worker would."""
     engine = env.client.engine
-    [first] = engine.admin.start(machine_type, context)
+    [first] = engine.admin.start(machine_type, context).next
     steps = engine.entry.enter(first.machine_id, first.attempt)
     while steps:
         steps = [s for step in steps for s in engine.entry.enter(step.machine_id, step.attempt)]

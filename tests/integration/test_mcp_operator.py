@@ -335,3 +335,20 @@ def test_http_lists_each_tokens_own_tools_and_acts_as_it(http_door: str) -> None
         return await call(session, "cancel_machine", machine_id=started["machine"]["id"])
 
     assert over_http(http_door, ADMIN_TOKEN, start)["machine"]["status"] == "cancelled"
+
+
+def test_start_machine_with_a_key_answers_the_same_machine_and_refuses_another_start(
+    door: FsmEnv,
+) -> None:
+    async def work(session: ClientSession) -> tuple[dict[str, Any], dict[str, Any], str]:
+        asked = {"type": "test_linear", "context": {"n": 2}, "key": "mcp-order-2"}
+        first = await call(session, "start_machine", **asked)
+        again = await call(session, "start_machine", **asked)
+        other = await refusal(session, "start_machine", **(asked | {"type": "test_pair"}))
+        return first, again, other
+
+    first, again, other = over_stdio(door, ADMIN_TOKEN, work)
+    assert (first["found"], again["found"]) == (False, True)
+    assert again["machine"]["id"] == first["machine"]["id"]
+    assert again["machine"]["key"] == "mcp-order-2"
+    assert f"holds machine {first['machine']['id']} (a test_linear)" in other

@@ -14,7 +14,7 @@ from fsm_celery.records import FAN_OUT_ROW, NODE_ROW, ROW_FIELDS, MachineInfo
 from fsm_celery.store.rows import most
 from fsm_celery.store.tables import fan_outs, machines, transitions
 
-ASKED_OF_MACHINE = {"queue_position"}  # read for one machine, not a column
+ASKED_OF_MACHINE = {"queue_position", "key"}  # read for one machine, not its columns
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
+from fsm_celery.store import start_keys  # noqa: F401 (its table, declared on metadata)
 from fsm_celery.store.partitions import include_name
 from fsm_celery.store.tables import metadata
 
