@@ -12,6 +12,7 @@ from fsm_celery.redis_address import is_sentinel, parse_sentinel
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2")
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")  # RabbitMQ, as Celery's broker only
 
 
 def database_url(url: str) -> str:
@@ -63,8 +64,15 @@ def _redis_url(url: str) -> str:
     return redis_url(url, REDIS_SCHEMES, "FSM_REDIS_URL")
 
 
+def is_amqp(url: str) -> bool:
+    """Whether a broker URL names RabbitMQ (amqp://, amqps://, pyamqp://)."""
+    return url.partition("://")[0] in AMQP_SCHEMES
+
+
 def _broker_url(url: str) -> str:
-    return redis_url(url, (*REDIS_SCHEMES, "memory"), "FSM_BROKER_URL")
+    if is_amqp(url):
+        return url
+    return redis_url(url, (*REDIS_SCHEMES, *AMQP_SCHEMES, "memory"), "FSM_BROKER_URL")
 
 
 def _http_url(url: str) -> str:

@@ -41,6 +41,7 @@ def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
     assert set(lines) == {
         "database",
         "redis",
+        "broker",
         "definitions",
         "workers",
         "queues",
