@@ -250,6 +250,12 @@ class Settings(AgentSettings, ObservabilitySettings):
                 )
         return value
 
+    @field_validator("broker_url", mode="before")
+    @classmethod
+    def _broker_url(cls, value: object) -> object:
+        """Empty is unset (compose passes `${FSM_BROKER_URL:-}` to every service)."""
+        return None if value == "" else value
+
     @field_validator("history_archive")
     @classmethod
     def _history_archive(cls, value: str) -> str:

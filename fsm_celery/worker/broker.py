@@ -18,10 +18,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import kombu.connection
+import kombu.entity
 from celery import bootsteps
-from kombu import Connection, Exchange, Queue
 
 from fsm_celery.config import Settings
+
+# kombu's classes, untyped
+Connection: Any = kombu.connection.Connection
+Exchange: Any = kombu.entity.Exchange
+Queue: Any = kombu.entity.Queue
+NOT_FOUND = 404  # AMQP's reply code to a passive declare of a queue that is not there
 
 # How often RabbitMQ hands a task out before it dead-letters it. A killed worker gives back
 # every task it held (late acks: up to its prefetch, 32), each delivery counted; an fsm task
@@ -37,7 +44,7 @@ PRIORITIES = ("", "3", "6", "9")  # kombu's default priority steps (0 is the bar
 DIRECT = Exchange("", type="direct")  # the nameless exchange: it routes by queue name alone
 
 
-def task_queue(settings: Settings, name: str) -> Queue:
+def task_queue(settings: Settings, name: str) -> Any:
     """A queue of the fsm tasks: on RabbitMQ a quorum queue with its limit and dead letters."""
     if not settings.broker_is_amqp:
         return Queue(name, DIRECT, routing_key=name)
@@ -54,7 +61,7 @@ def task_queue(settings: Settings, name: str) -> Queue:
     return Queue(name, DIRECT, routing_key=name, durable=True, queue_arguments=arguments)
 
 
-def dead_letter_queue(name: str) -> Queue:
+def dead_letter_queue(name: str) -> Any:
     """Where RabbitMQ puts the queue's tasks past their delivery limit (nobody consumes it)."""
     dead = name + DEAD
     return Queue(dead, DIRECT, routing_key=dead, durable=True, queue_arguments=_QUORUM)
@@ -111,15 +118,15 @@ class AmqpQueues:
         self.url, self.timeout = url, timeout
 
     def __call__(self, names: Sequence[str]) -> dict[str, int]:
-        from amqp.exceptions import NotFound
-
         found: dict[str, int] = {}
         with Connection(self.url, connect_timeout=self.timeout) as conn:
             for name in names:
                 channel = conn.channel()  # a queue not there closes its channel
                 try:
                     found[name] = int(channel.queue_declare(name, passive=True).message_count)
-                except NotFound:
+                except conn.channel_errors as exc:
+                    if getattr(exc, "reply_code", None) != NOT_FOUND:
+                        raise
                     found[name] = 0
                 else:
                     channel.close()

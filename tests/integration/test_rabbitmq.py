@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from fsm_celery.channel.redis import connect
+from fsm_celery.http.fleet import fleet
 from fsm_celery.worker.broker import DEAD
 from tests.integration.test_flower import AUTH, tasks_of
 from tests.support.agents import ScriptedAgent
@@ -24,7 +26,7 @@ from tests.support.databases import create_template
 from tests.support.faults import assert_each_finished_exactly_once, start_many, wait_for_progress
 from tests.support.messages import Reply
 from tests.support.processes import FsmEnv, make_env
-from tests.support.rabbitmq import RabbitMQ, on_rabbitmq
+from tests.support.rabbitmq import RabbitMQ, celery_app, on_rabbitmq
 from tests.support.services import Postgres, Services
 
 # Machines in flight when a fault comes: each fault finds states entered, acks on their way
@@ -180,3 +182,20 @@ def test_doctor_names_rabbitmq_and_counts_its_queues(amqp: Deployment) -> None:
     port = amqp.rabbit.port
     assert line.startswith(f"✔ broker: RabbitMQ at amqp://guest:***@127.0.0.1:{port}//"), line
     assert f"{amqp.env.settings.queue} 0" in line, line
+
+
+def test_the_dashboards_queue_lengths_are_read_from_rabbitmq(amqp: Deployment) -> None:
+    """fsm_celery_queue_length counts RabbitMQ's ready messages (a queue not declared: 0)."""
+    settings = amqp.env.settings.model_copy(update={"queue": f"{amqp.env.settings.queue}-idle"})
+    app = celery_app(settings)  # a queue no worker consumes, so that what is sent stays there
+    with app.producer_or_acquire() as producer:
+        for _ in range(3):
+            app.send_task("fsm.enter_state", (str(uuid.uuid4()), 0), producer=producer)
+    collector = fleet(settings, amqp.env.client.engine.db, connect)
+    lengths = {
+        sample.labels["queue"]: sample.value
+        for family in collector.collect()
+        for sample in family.samples
+        if sample.name == "fsm_celery_queue_length"
+    }
+    assert lengths == {settings.queue: 3, settings.housekeeping_queue: 0}

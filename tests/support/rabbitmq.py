@@ -117,7 +117,8 @@ class RabbitMQ:
             assert self.process is not None
             if self.process.poll() is not None:
                 tail = (self.directory / "server.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}:\n{tail}")
+                code = self.process.returncode
+                raise RuntimeError(f"rabbitmq-server exited with {code}:\n{tail}")
             if self._answers():
                 return
             if time.monotonic() > deadline:
