@@ -51,7 +51,10 @@ def _with_scheme(url: str, schemes: tuple[str, ...], name: str) -> str:
 
 
 def mask(url: str) -> str:
-    """The URL with its password replaced by ***."""
+    """The URL with its password replaced by *** (each URL's, in a failover list of amqp://
+    URLs separated by `;`, as Celery takes several RabbitMQ nodes)."""
+    if is_amqp(url) and ";" in url:
+        return ";".join(mask(part) for part in url.split(";"))
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -67,3 +67,11 @@ def test_rabbitmq_is_a_broker_url_and_redis_stays_the_agents(url: str) -> None:
     assert settings.redis_url == "redis://cache:6379/0"
     with pytest.raises(ValidationError, match="expected redis://"):
         Settings(redis_url=url)  # the agents' channel is Redis only
+
+
+def test_a_failover_list_of_rabbitmq_nodes_is_a_broker_url_masked_node_by_node() -> None:
+    nodes = ";".join(f"amqp://fsm:hunter2@rabbit{n}:5672/fsm" for n in (1, 2, 3))
+    settings = Settings(broker_url=nodes)
+    assert settings.broker_is_amqp
+    assert settings.celery_broker_url == nodes
+    assert mask(nodes) == ";".join(f"amqp://fsm:***@rabbit{n}:5672/fsm" for n in (1, 2, 3))
