@@ -58,10 +58,16 @@ class RabbitMQ:
     process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls, directory: Path) -> RabbitMQ:
+    def start(cls, directory: Path, name: str = "", cookie: str = "") -> RabbitMQ:
+        """A node (name: its own unless given; cookie: the Erlang cookie nodes of one cluster
+        share, else one of its own)."""
         directory.mkdir(parents=True, exist_ok=True)
-        name = f"fsm-test-{worker_name()}-{os.getpid()}@localhost"
+        name = name or f"fsm-test-{worker_name()}-{os.getpid()}@localhost"
         node = cls(directory, name, free_port(), free_port())
+        if cookie:
+            path = directory / ".erlang.cookie"
+            path.write_text(cookie)
+            path.chmod(0o400)
         (directory / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = {HOST}:{node.port}\n"
             "log.console = false\nlog.file.level = warning\n"
@@ -167,6 +173,18 @@ class RabbitMQ:
                 return int(conn.channel().queue_declare(name, passive=True).message_count)
             except NotFound:
                 return 0
+
+    def ctl(self, *args: str) -> str:
+        """rabbitmqctl on this node; its output."""
+        done = subprocess.run(
+            [_ctl(), "-n", self.name, *args],
+            env=self._environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return done.stdout
 
     def queue_type(self, name: str) -> str:
         """A declared queue's type as RabbitMQ reports it (rabbitmqctl): quorum, classic."""
