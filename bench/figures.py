@@ -142,11 +142,24 @@ def _throughput(f: dict[str, Any]) -> tuple[str, str]:
         low, high = f["x_prefork_chain_spread"]
         spread = f" ({number(low)}{DASH}{number(high)}{TIMES} round by round)"
     on = ", Celery on RabbitMQ" if f.get("broker") == "amqp" else ""
+    chain = " on RabbitMQ" if on else ""
     return (
         f"throughput, {f['mode']} mode{on}, {number(f['machines'])} machines",
         f"{number(f['transitions_per_s'])} transitions/s{median}; "
-        f"{number(f['x_prefork_chain'])}{TIMES} the plain Celery chain on a prefork worker"
-        f"{spread}",
+        f"{number(f['x_prefork_chain'])}{TIMES} the plain Celery chain{chain} on a prefork worker"
+        f"{spread}{_against_redis(f)}",
+    )
+
+
+def _against_redis(f: dict[str, Any]) -> str:
+    """A RabbitMQ row's comparison with Celery on Redis, measured in the same rounds."""
+    if "x_redis" not in f:
+        return ""
+    low, high = f["x_redis_spread"]
+    return (
+        f"; {number(f['x_redis'])}{TIMES} Celery on Redis in the same rounds "
+        f"({number(f['redis_transitions_per_s'])} transitions/s; {number(low)}{DASH}"
+        f"{number(high)}{TIMES} round by round)"
     )
 
 

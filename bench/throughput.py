@@ -287,6 +287,23 @@ def _round(
     return runs, chains
 
 
+def against_redis(rounds: list[Round], mode: str, machines: int) -> dict[str, Any]:
+    """RabbitMQ's rate over Redis's, round by round (the median and spread), and Redis's."""
+
+    def rate(rnd: Round) -> float:
+        found = next(r for r in rnd.runs if (r["mode"], r["machines"]) == (mode, machines))
+        return float(found["sustained_per_s"])
+
+    on = {name: [r for r in rounds if r.broker == name] for name in ("amqp", "redis")}
+    pairs = list(zip(on["amqp"], on["redis"], strict=True))  # of each round
+    ratios = [rate(amqp) / rate(redis) for amqp, redis in pairs]
+    return {
+        "redis_transitions_per_s": round(statistics.median(rate(r) for _, r in pairs), 1),
+        "x_redis": round(statistics.median(ratios), 2),
+        "x_redis_spread": [round(min(ratios), 2), round(max(ratios), 2)],
+    }
+
+
 @dataclass
 class Round:
     """One round of the benchmark: every run of the project, then the baselines."""
@@ -318,6 +335,7 @@ def _report(args: argparse.Namespace, rounds: list[Round]) -> None:
         figures = row([r for r in rounds if r.broker == broker], mode, machines)
         if broker != "redis":
             figures["broker"] = broker
+            figures.update(against_redis(rounds, mode, machines) if "redis" in args.brokers else {})
             mode = f"{mode} (Celery on RabbitMQ)"
         low, high = figures["spread_per_s"]
         x_low, x_high = figures["x_prefork_chain_spread"]

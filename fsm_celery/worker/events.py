@@ -37,7 +37,7 @@ _MARK = "_fsm_lingers"
 def apply() -> None:
     """Let each worker's consumer flush its task events at most every EVENTS_LINGER, on a
     connection without publisher confirms."""
-    _events_unconfirmed()
+    unconfirmed_events()
     flush: Any = celery_consumer.Consumer._flush_events
     if getattr(flush, _MARK, False):
         return
@@ -67,7 +67,7 @@ def _state(consumer: Any) -> dict[str, Any]:
     return state
 
 
-def _events_unconfirmed() -> None:
+def unconfirmed_events() -> None:
     """The consumer's connection for writing (its events' only) without publisher confirms."""
     connect: Any = celery_consumer.Consumer.connection_for_write
     if getattr(connect, _MARK, False):
