@@ -24,6 +24,8 @@ Reliability choices:
   scans and workers can run at once and none applies a timeout twice. A short retry delay
   (at most half the visibility timeout) is also sent as an enter_state countdown, so that it
   is not late by a scan interval; the scan enters the state if that task is lost.
+- RabbitMQ instead of Redis (FSM_BROKER_URL amqp://): quorum queues and publisher confirms
+  (fsm_celery/worker/broker.py); no countdowns there, the scan enters a state whose retry is due.
 - visibility_timeout (60 s): how long Redis waits before redelivering an unacknowledged message,
   the state entries a killed worker held among them. Every task runs for milliseconds, so a short
   one brings them back soon; a task redelivered while it still runs is harmless.
@@ -34,10 +36,10 @@ Reliability choices:
 
 from __future__ import annotations
 
-from kombu import Exchange, Queue
 from pydantic import ValidationError
 
 from fsm_celery.config import get_settings
+from fsm_celery.worker.broker import all_queues, task_queue
 
 try:
     _settings = get_settings()
@@ -69,10 +71,11 @@ HOUSEKEEPING = (
 )
 # FSM_QUEUES gives machine types queues of their own (fsm_celery.worker.tasks routes each task
 # by its machine's type): a worker without -Q consumes them all, `-Q fsm.research` just that one.
-task_queues = [
-    Queue(name, Exchange("", type="direct"), routing_key=name)
-    for name in (*_settings.work_queues, _settings.housekeeping_queue)
-]
+# On RabbitMQ (FSM_BROKER_URL amqp://) each is a quorum queue, with its delivery limit and
+# dead-letter queue (fsm_celery/worker/broker.py); Celery then turns global QoS off for them
+# (worker_detect_quorum_queues), the prefetch below counting per consumer.
+task_queues = [task_queue(_settings, name) for name in all_queues(_settings)]
+worker_detect_quorum_queues = True
 task_routes = {name: {"queue": _settings.housekeeping_queue} for name in HOUSEKEEPING}
 task_serializer = "json"
 accept_content = ["json"]

@@ -11,6 +11,11 @@ import os
 import redis
 from celery import Celery
 
+from fsm_celery.worker.events import unconfirmed_events
+
+# On RabbitMQ (confirm_publish) a thread worker's task events would hang it without this
+# (fsm_celery/worker/events.py); on Redis it changes nothing.
+unconfirmed_events()
 app = Celery("bench_chain")
 app.config_from_object("celeryconfig")
 _done = redis.Redis.from_url(os.environ["FSM_REDIS_URL"])

@@ -199,8 +199,7 @@ def record_current(benchmark: str, run_figures: dict[str, Any], conditions: str)
     """Record this run as the current one of its row of the documents' table
     (bench/results/current/, committed; `make figures` then regenerates the table).
     conditions says what else ran on the machine: on a shared one the figures move a lot."""
-    mode = run_figures.get("mode")
-    name = f"{benchmark}-{mode}" if mode else benchmark
+    name = figures.row_name(benchmark, run_figures)
     record = {
         "schema": figures.SCHEMA,
         "benchmark": benchmark,

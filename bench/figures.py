@@ -63,6 +63,7 @@ FIGURE_KEYS: dict[str, tuple[str, ...]] = {
 ROWS = (
     "throughput-inline",
     "throughput-celery",
+    "throughput-celery-amqp",
     "fanout",
     "latency-inline",
     "latency-celery",
@@ -93,11 +94,18 @@ def check(name: str, record: Mapping[str, Any]) -> None:
     missing = [key for key in FIGURE_KEYS[benchmark] if figures.get(key) is None]
     if missing:
         raise FigureError(f"{name}.json: {benchmark} figures lack {', '.join(missing)}")
-    expected = f"{benchmark}-{figures['mode']}" if "mode" in FIGURE_KEYS[benchmark] else benchmark
+    expected = row_name(benchmark, figures)
     if name != expected:
         raise FigureError(f"{name}.json holds the {expected} figures")
     if not isinstance(record["machine"], dict) or not record["machine"].get("cpus"):
         raise FigureError(f"{name}.json: the machine's cpus are missing")
+
+
+def row_name(benchmark: str, figures: Mapping[str, Any]) -> str:
+    """The file (and row) of a benchmark's figures: by mode, and by broker when Celery's is not
+    Redis (bench/throughput.py --brokers amqp)."""
+    parts = [benchmark, figures.get("mode") if "mode" in FIGURE_KEYS[benchmark] else None]
+    return "-".join(str(p) for p in (*parts, figures.get("broker")) if p)
 
 
 def load(directory: Path = CURRENT) -> list[dict[str, Any]]:
@@ -133,11 +141,25 @@ def _throughput(f: dict[str, Any]) -> tuple[str, str]:
     if "x_prefork_chain_spread" in f:  # recorded since issue 26: ratios round by round
         low, high = f["x_prefork_chain_spread"]
         spread = f" ({number(low)}{DASH}{number(high)}{TIMES} round by round)"
+    on = ", Celery on RabbitMQ" if f.get("broker") == "amqp" else ""
+    chain = " on RabbitMQ" if on else ""
     return (
-        f"throughput, {f['mode']} mode, {number(f['machines'])} machines",
+        f"throughput, {f['mode']} mode{on}, {number(f['machines'])} machines",
         f"{number(f['transitions_per_s'])} transitions/s{median}; "
-        f"{number(f['x_prefork_chain'])}{TIMES} the plain Celery chain on a prefork worker"
-        f"{spread}",
+        f"{number(f['x_prefork_chain'])}{TIMES} the plain Celery chain{chain} on a prefork worker"
+        f"{spread}{_against_redis(f)}",
+    )
+
+
+def _against_redis(f: dict[str, Any]) -> str:
+    """A RabbitMQ row's comparison with Celery on Redis, measured in the same rounds."""
+    if "x_redis" not in f:
+        return ""
+    low, high = f["x_redis_spread"]
+    return (
+        f"; {number(f['x_redis'])}{TIMES} Celery on Redis in the same rounds "
+        f"({number(f['redis_transitions_per_s'])} transitions/s; {number(low)}{DASH}"
+        f"{number(high)}{TIMES} round by round)"
     )
 
 

@@ -3,7 +3,13 @@ sustained over a steady state, CPU per transition by process, and two baselines 
 same run.
 
     .venv/bin/python -m bench.throughput [--machines 1 100 1000 10000] [--seconds 10]
-        [--modes celery inline] [--runs 3] [--record CONDITIONS]
+        [--modes celery inline] [--brokers redis amqp] [--rabbitmq-url URL] [--runs 3]
+        [--record CONDITIONS]
+
+--brokers amqp runs Celery's tasks on RabbitMQ (quorum queues, publisher confirms: what
+FSM_BROKER_URL=amqp://... deploys), the agents staying on Redis: a RabbitMQ node of the
+bench's own (tests/support/rabbitmq.py) unless --rabbitmq-url names one; its baselines' chains
+then run on RabbitMQ too.
 
 The machines (bench_loop: two states in a loop) are stored due for dispatch and entered by the
 scan before the agent starts; then every ack moves one on, for as long as it measures.
@@ -18,13 +24,17 @@ round (a run against the chain of its own round) before the median of those.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+import psutil
 from sqlalchemy import create_engine, text
 
 from bench.common import (
@@ -45,6 +55,7 @@ from bench.common import (
     wait,
     write_result,
 )
+from tests.support.rabbitmq import RabbitMQ, celery_app
 
 
 def run_engine(
@@ -56,11 +67,14 @@ def run_engine(
     mode: str = "celery",
     pool: str = "threads",
     workers: int = 2,
+    broker: Broker | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """Our figure: machines looping through two states for as long as it measures; transitions
     per second over `seconds` of steady state, after two seconds of warm-up (`settings`: the
-    deployment's, pg_url among them: bench.deployment)."""
+    deployment's, pg_url among them: bench.deployment; `broker`: RabbitMQ's, else Redis)."""
+    if broker is not None:
+        settings["broker_url"] = broker.url
     env = deployment(f"tp{machines}_{mode}", transition_mode=mode, **settings)
     try:
         if prefill is not None:
@@ -74,7 +88,8 @@ def run_engine(
         store_machines(env, "bench_loop", "S0", machines, agent_id)
         dispatched(env, agent_id, machines)
         agent = spawn_fast_agent(env, agent_id)
-        meter = CpuMeter.of(env, {"agent": [agent.pid]})
+        measured = {"agent": [agent.pid], **(broker.processes() if broker else {})}
+        meter = CpuMeter.of(env, measured)
         wait(lambda: transitions(env, after) >= 1, 60, "the first transition")
         time.sleep(2.0)
         t0, n0, wal0 = time.monotonic(), transitions(env, after), wal_position(env)
@@ -87,6 +102,7 @@ def run_engine(
         done = n1 - n0
         return {
             "mode": mode,
+            "broker": "amqp" if broker else "redis",
             "machines": machines,
             "seconds": round(t1 - t0, 2),
             "transitions": done,
@@ -129,9 +145,10 @@ def run_chain_baseline(
     concurrency: int = 16,
     pool: str = "threads",
     workers: int = 2,
+    broker: Broker | None = None,
 ) -> dict[str, Any]:
     """Plain Celery: no-op tasks, each enqueuing the next, on the same broker and settings."""
-    env = deployment("chain")
+    env = deployment("chain", **({"broker_url": broker.url} if broker else {}))
     try:
         argv = plain_worker_argv("bench.chain_app", env.settings.queue, concurrency, pool)
         for n in range(workers):
@@ -140,9 +157,11 @@ def run_chain_baseline(
 
         counter = f"bench:chain:{uuid.uuid4().hex}"
         time.sleep(4)  # let the worker come up (it logs nothing at warning level)
+        # This process's app sends to Redis; on RabbitMQ, an app declaring the queues alike.
+        sender = celery_app(env.settings) if broker else step.app
         t0 = time.monotonic()
         for chain in range(chains):
-            step.apply_async((chain, steps, counter), queue=env.settings.queue)
+            sender.send_task(step.name, (chain, steps, counter), queue=env.settings.queue)
         wait(lambda: int(_done.get(counter) or 0) >= chains, 600, "the chains")
         elapsed = time.monotonic() - t0
         return {
@@ -221,6 +240,70 @@ def row(rounds: list[Round], mode: str, machines: int) -> dict[str, Any]:
     }
 
 
+class Broker:
+    """RabbitMQ for Celery's tasks: a node of the bench's own, or the one at a URL given."""
+
+    def __init__(self, url: str | None) -> None:
+        self._folder = Path(tempfile.mkdtemp(prefix="fsm-bench-rabbitmq-")) if not url else None
+        self.node = RabbitMQ.start(self._folder) if self._folder else None
+        self.url = self.node.url if self.node else str(url)
+
+    def processes(self) -> dict[str, list[int]]:
+        """Its processes, for the CPU they use (none known of a node at a URL)."""
+        if self.node is None or self.node.process is None:
+            return {}
+        root = psutil.Process(self.node.process.pid)
+        return {"rabbitmq": [root.pid, *(p.pid for p in root.children(recursive=True))]}
+
+    def stop(self) -> None:
+        if self.node is not None and self._folder is not None:
+            self.node.stop()
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+
+BROKERS_HELP = (
+    "Celery's broker for the project and its chains, each in every round: redis (FSM_REDIS_URL), "
+    "amqp (RabbitMQ)"
+)
+
+
+def _round(
+    args: argparse.Namespace, workers: dict[str, Any], broker: Broker | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One round's runs of the project and its chains, on the broker (else Redis)."""
+    runs = [
+        run_engine(
+            n, bridges=args.bridges, seconds=args.seconds, mode=mode, broker=broker, **workers
+        )
+        for mode in args.modes
+        for n in args.machines
+    ]
+    # The chain on the same workers, and on Celery's defaults (one prefork worker, 2
+    # processes here: one per core), which is what a plain Celery deployment runs.
+    chains = [
+        run_chain_baseline(broker=broker, **workers),
+        run_chain_baseline(concurrency=2, pool="prefork", workers=1, broker=broker),
+    ]
+    return runs, chains
+
+
+def against_redis(rounds: list[Round], mode: str, machines: int) -> dict[str, Any]:
+    """RabbitMQ's rate over Redis's, round by round (the median and spread), and Redis's."""
+
+    def rate(rnd: Round) -> float:
+        found = next(r for r in rnd.runs if (r["mode"], r["machines"]) == (mode, machines))
+        return float(found["sustained_per_s"])
+
+    on = {name: [r for r in rounds if r.broker == name] for name in ("amqp", "redis")}
+    pairs = list(zip(on["amqp"], on["redis"], strict=True))  # of each round
+    ratios = [rate(amqp) / rate(redis) for amqp, redis in pairs]
+    return {
+        "redis_transitions_per_s": round(statistics.median(rate(r) for _, r in pairs), 1),
+        "x_redis": round(statistics.median(ratios), 2),
+        "x_redis_spread": [round(min(ratios), 2), round(max(ratios), 2)],
+    }
+
+
 @dataclass
 class Round:
     """One round of the benchmark: every run of the project, then the baselines."""
@@ -228,6 +311,43 @@ class Round:
     runs: list[dict[str, Any]]
     chains: list[dict[str, Any]]  # on the project's workers, then on one prefork worker
     txn: dict[str, Any]
+    broker: str = "redis"  # Celery's, for the project and its chains
+
+
+def _report(args: argparse.Namespace, rounds: list[Round]) -> None:
+    """Each round's figures, then each row's (recorded with --record)."""
+    print(f"\nworkers: {args.workers} x {args.pool} -c {args.concurrency}; {args.runs} round(s)")
+    print(
+        f"{'mode':>7} {'machines':>9} {'transitions':>12} {'sustained/s':>12}"
+        "  CPU ms per transition"
+    )
+    for number, rnd in enumerate(rounds, start=1):
+        for r in rnd.runs:
+            cpu = "  ".join(f"{k} {v}" for k, v in sorted(r["cpu_ms_per_transition"].items()))
+            figures = f"{r['machines']:>9} {r['transitions']:>12} {r['sustained_per_s']:>12}"
+            print(f"{r['mode']:>7} {figures}  {cpu}  (round {number}, {rnd.broker})")
+        for chain in rnd.chains:
+            shape = f"{chain['chains']}x{chain['steps']}"
+            print(f"plain Celery chain ({shape}, {chain['pool']}): {chain['steps_per_s']} steps/s")
+        print(f"bare transition transaction (1 connection): {rnd.txn['per_s']} tx/s")
+    for mode, broker in ((m, b) for m in args.modes for b in args.brokers):
+        machines = 1000 if 1000 in args.machines else args.machines[-1]
+        figures = row([r for r in rounds if r.broker == broker], mode, machines)
+        if broker != "redis":
+            figures["broker"] = broker
+            figures.update(against_redis(rounds, mode, machines) if "redis" in args.brokers else {})
+            mode = f"{mode} (Celery on RabbitMQ)"
+        low, high = figures["spread_per_s"]
+        x_low, x_high = figures["x_prefork_chain_spread"]
+        print(
+            f"{mode} mode at {machines} machines: {figures['transitions_per_s']} transitions/s "
+            f"(median of {args.runs}; {low}-{high}) = {figures['x_prefork_chain']}x the chain "
+            f"on 1 x prefork -c 2 ({x_low}-{x_high}x round by round), "
+            f"{figures['x_thread_chain']}x the chain on the project's workers; "
+            f"other load {figures['cpu_ms_per_transition'].get('other', 0)} ms per transition"
+        )
+        if args.record is not None:
+            print(f"recorded {record_current('throughput', figures, args.record)}")
 
 
 def main() -> None:
@@ -244,6 +364,10 @@ def main() -> None:
         "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
     )
     parser.add_argument(
+        "--brokers", nargs="+", choices=["redis", "amqp"], default=["redis"], help=BROKERS_HELP
+    )
+    parser.add_argument("--rabbitmq-url", help="a RabbitMQ to use (default: a node of its own)")
+    parser.add_argument(
         "--runs", type=int, default=3, help="rounds, each every run and the baselines (median)"
     )
     parser.add_argument("--record", metavar="CONDITIONS", help=RECORD_HELP)
@@ -251,48 +375,18 @@ def main() -> None:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     workers = {"concurrency": args.concurrency, "pool": args.pool, "workers": args.workers}
+    amqp = Broker(args.rabbitmq_url) if "amqp" in args.brokers else None
     rounds = []
-    for _ in range(args.runs):  # the project and the chains alternate: drift falls on each alike
-        runs = [
-            run_engine(n, bridges=args.bridges, seconds=args.seconds, mode=mode, **workers)
-            for mode in args.modes
-            for n in args.machines
-        ]
-        # The chain on the same workers, and on Celery's defaults (one prefork worker, 2
-        # processes here: one per core), which is what a plain Celery deployment runs.
-        chains = [
-            run_chain_baseline(**workers),
-            run_chain_baseline(concurrency=2, pool="prefork", workers=1),
-        ]
-        rounds.append(Round(runs, chains, run_transaction_baseline()))
-    print(f"\nworkers: {args.workers} x {args.pool} -c {args.concurrency}; {args.runs} round(s)")
-    print(
-        f"{'mode':>7} {'machines':>9} {'transitions':>12} {'sustained/s':>12}"
-        "  CPU ms per transition"
-    )
-    for number, rnd in enumerate(rounds, start=1):
-        for r in rnd.runs:
-            cpu = "  ".join(f"{k} {v}" for k, v in sorted(r["cpu_ms_per_transition"].items()))
-            figures = f"{r['machines']:>9} {r['transitions']:>12} {r['sustained_per_s']:>12}"
-            print(f"{r['mode']:>7} {figures}  {cpu}  (round {number})")
-        for chain in rnd.chains:
-            shape = f"{chain['chains']}x{chain['steps']}"
-            print(f"plain Celery chain ({shape}, {chain['pool']}): {chain['steps_per_s']} steps/s")
-        print(f"bare transition transaction (1 connection): {rnd.txn['per_s']} tx/s")
-    for mode in args.modes:
-        machines = 1000 if 1000 in args.machines else args.machines[-1]
-        figures = row(rounds, mode, machines)
-        low, high = figures["spread_per_s"]
-        x_low, x_high = figures["x_prefork_chain_spread"]
-        print(
-            f"{mode} mode at {machines} machines: {figures['transitions_per_s']} transitions/s "
-            f"(median of {args.runs}; {low}-{high}) = {figures['x_prefork_chain']}x the chain "
-            f"on 1 x prefork -c 2 ({x_low}-{x_high}x round by round), "
-            f"{figures['x_thread_chain']}x the chain on the project's workers; "
-            f"other load {figures['cpu_ms_per_transition'].get('other', 0)} ms per transition"
-        )
-        if args.record is not None:
-            print(f"recorded {record_current('throughput', figures, args.record)}")
+    try:
+        for _ in range(args.runs):  # the project and the chains alternate: drift falls alike
+            txn = run_transaction_baseline()
+            for name in args.brokers:
+                broker = amqp if name == "amqp" else None
+                rounds.append(Round(*_round(args, workers, broker), txn, name))
+    finally:
+        if amqp is not None:
+            amqp.stop()
+    _report(args, rounds)
     path = write_result(
         "throughput",
         {"rounds": [asdict(rnd) for rnd in rounds], "pg_url": PG_URL},

@@ -27,6 +27,10 @@ except ValidationError as exc:  # a bad FSM_* setting: one line, not a traceback
     fail(exc)
 traces.start("fsm-celery-worker")  # if OTEL_* asks for traces (docs/operations.md)
 _worker = wiring.provide_worker(_settings)
+if _settings.broker_is_amqp:  # the quorum queues' dead letters need a queue to go to
+    from fsm_celery.worker.broker import DeadLetters
+
+    app.steps["consumer"].add(DeadLetters)
 
 
 @celeryd_init.connect

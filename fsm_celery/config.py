@@ -82,7 +82,9 @@ class Settings(AgentSettings, ObservabilitySettings):
     redis_replica_timeout_ms: int = Field(default=500, ge=1, le=60_000)
     """How long a write waits for FSM_REDIS_REPLICAS before it is sent again."""
     broker_url: urls.BrokerUrl | None = None
-    """Celery's broker, when it is not FSM_REDIS_URL."""
+    """Celery's broker, when it is not FSM_REDIS_URL: another Redis (redis://, behind Sentinel
+    too), or RabbitMQ (amqp://USER:PASSWORD@HOST:5672/VHOST, amqps:// for TLS), whose queues are
+    then quorum queues with publisher confirms; the agents keep FSM_REDIS_URL (docs/scaling.md)."""
     channel_prefix: str = ""
     """Prefixes every Redis key and channel (deployments sharing one)."""
     queue: str = "fsm"
@@ -128,7 +130,8 @@ class Settings(AgentSettings, ObservabilitySettings):
     agent_liveness_seconds: float = Field(default=15.0, gt=0)
     """An agent that has not reported for this long gets no new machines."""
     visibility_timeout_seconds: int = Field(default=60, ge=5)
-    """How long Redis waits before redelivering an unacknowledged Celery task."""
+    """How long Redis waits before redelivering an unacknowledged Celery task (a Redis broker's
+    only: RabbitMQ redelivers as soon as the worker's connection is gone)."""
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     """The largest agent message accepted."""
     ack_batch_size: int = Field(default=500, gt=0)
@@ -251,6 +254,12 @@ class Settings(AgentSettings, ObservabilitySettings):
                 )
         return value
 
+    @field_validator("broker_url", mode="before")
+    @classmethod
+    def _broker_url(cls, value: object) -> object:
+        """Empty is unset (compose passes `${FSM_BROKER_URL:-}` to every service)."""
+        return None if value == "" else value
+
     @field_validator("history_archive")
     @classmethod
     def _history_archive(cls, value: str) -> str:
@@ -328,9 +337,17 @@ class Settings(AgentSettings, ObservabilitySettings):
         return url
 
     @property
+    def broker_is_amqp(self) -> bool:
+        """Whether Celery's broker is RabbitMQ (FSM_BROKER_URL amqp://)."""
+        return self.broker_url is not None and urls.is_amqp(self.broker_url)
+
+    @property
     def celery_transport_options(self) -> dict[str, Any]:
-        """Celery's broker_transport_options: the visibility timeout, and behind Sentinel the
-        master's name and the sentinels' login."""
+        """Celery's broker_transport_options: on RabbitMQ, publisher confirms (a task counts as
+        sent once the quorum queue's majority has it); on Redis the visibility timeout, and
+        behind Sentinel the master's name and the sentinels' login."""
+        if self.broker_is_amqp:
+            return {"confirm_publish": True}
         options: dict[str, Any] = {"visibility_timeout": self.visibility_timeout_seconds}
         url = self.broker_url or self.redis_url
         if is_sentinel(url):

@@ -63,6 +63,7 @@ class Doctor:
         checks: list[tuple[str, Callable[[], Finding], str]] = [
             ("database", self.database, "check FSM_DATABASE_URL and that PostgreSQL runs"),
             ("redis", self.redis, "check FSM_REDIS_URL and that Redis runs"),
+            ("broker", self.broker, "check FSM_BROKER_URL (else FSM_REDIS_URL) and its server"),
             ("definitions", self.definitions, "run: fsm-celery definitions load"),
             ("workers", self.workers, "start one: celery -A fsm_celery worker"),
             ("queues", self.queues, "start a worker on each: celery -A fsm_celery worker -Q Q"),
@@ -146,6 +147,21 @@ class Doctor:
                 "set maxmemory-policy noeviction (redis.conf or CONFIG SET)",
             )
         return good("reachable, maxmemory-policy noeviction")
+
+    def broker(self) -> Finding:
+        """Celery's broker, whichever it is (Redis or RabbitMQ): named, reached, the tasks
+        waiting in the deployment's queues counted."""
+        from fsm_celery.channel.redis import connect
+        from fsm_celery.urls import mask
+        from fsm_celery.worker.broker import all_queues, broker_name, queue_lengths
+
+        name = broker_name(self.settings)
+        if name == "memory":
+            return good("memory (in one process only: the embedded mode)")
+        lengths = queue_lengths(self.settings, connect)(all_queues(self.settings))
+        waiting = ", ".join(f"{queue} {count}" for queue, count in lengths.items())
+        where = mask(self.settings.celery_broker_url)
+        return good(f"{name} at {where}, reachable; tasks waiting: {waiting}")
 
     def definitions(self) -> Finding:
         from fsm_celery.store import queries as q
@@ -358,8 +374,10 @@ def _fix_for(exc: Exception, fix: str) -> str:
 
     if isinstance(exc, sqlalchemy.exc.OperationalError):
         return "check FSM_DATABASE_URL and that PostgreSQL runs"
-    if isinstance(exc, redis.ConnectionError | kombu.exceptions.OperationalError):
-        return "check FSM_REDIS_URL (FSM_BROKER_URL) and that Redis runs"
+    if isinstance(exc, redis.ConnectionError):
+        return "check FSM_REDIS_URL and that Redis runs"
+    if isinstance(exc, kombu.exceptions.OperationalError):
+        return "check FSM_BROKER_URL (else FSM_REDIS_URL) and that the broker runs"
     return fix
 
 

@@ -12,6 +12,7 @@ from fsm_celery.redis_address import is_sentinel, parse_sentinel
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2")
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")  # RabbitMQ, as Celery's broker only
 
 
 def database_url(url: str) -> str:
@@ -50,7 +51,10 @@ def _with_scheme(url: str, schemes: tuple[str, ...], name: str) -> str:
 
 
 def mask(url: str) -> str:
-    """The URL with its password replaced by ***."""
+    """The URL with its password replaced by *** (each URL's, in a failover list of amqp://
+    URLs separated by `;`, as Celery takes several RabbitMQ nodes)."""
+    if is_amqp(url) and ";" in url:
+        return ";".join(mask(part) for part in url.split(";"))
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -63,8 +67,15 @@ def _redis_url(url: str) -> str:
     return redis_url(url, REDIS_SCHEMES, "FSM_REDIS_URL")
 
 
+def is_amqp(url: str) -> bool:
+    """Whether a broker URL names RabbitMQ (amqp://, amqps://, pyamqp://)."""
+    return url.partition("://")[0] in AMQP_SCHEMES
+
+
 def _broker_url(url: str) -> str:
-    return redis_url(url, (*REDIS_SCHEMES, "memory"), "FSM_BROKER_URL")
+    if is_amqp(url):
+        return url
+    return redis_url(url, (*REDIS_SCHEMES, *AMQP_SCHEMES, "memory"), "FSM_BROKER_URL")
 
 
 def _http_url(url: str) -> str:

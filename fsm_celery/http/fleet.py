@@ -1,6 +1,7 @@
 """The dashboard's GET /metrics: the fleet-wide gauges, computed when Prometheus scrapes, from
 PostgreSQL (the folded statistics and indexed, bounded counts: fleet_queries) and Redis (the
-ack streams' consumer group, the dead-letter stream, the Celery queues).
+ack streams' consumer group, the dead-letter stream) and Celery's broker (its queues, on Redis
+or RabbitMQ).
 
 One scrape reads each source once; a source that fails leaves its gauges out (and its error in
 the log) rather than failing the scrape, so Prometheus still sees what it can, and
@@ -35,12 +36,11 @@ from fsm_celery.store import agents as agent_store
 from fsm_celery.store import partitions, reads, rollup
 from fsm_celery.store import queries as q
 from fsm_celery.store import schedules as schedule_store
+from fsm_celery.worker.broker import QueueLengths, all_queues, queue_lengths
 
 log = logging.getLogger(__name__)
 
 STREAMS_READ = 1000  # agents' ack streams looked at in one scrape, at most
-KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: a queue's key for priority n
-PRIORITIES = ("", "3", "6", "9")  # kombu's default priority steps (0 is the bare name)
 
 Family = GaugeMetricFamily | CounterMetricFamily
 Families = dict[str, Family]
@@ -69,7 +69,7 @@ class Fleet:
     own registry, never the process's: a scrape of it reads the fleet, nothing else)."""
 
     def __init__(
-        self, settings: Settings, db: Engine, client: redis.Redis, broker: redis.Redis
+        self, settings: Settings, db: Engine, client: redis.Redis, broker: QueueLengths
     ) -> None:
         self.settings, self.db, self.client, self.broker = settings, db, client, broker
         self._definitions: dict[tuple[str, int], MachineDefinition] = {}
@@ -212,15 +212,8 @@ class Fleet:
     def _queues(self, families: Families) -> None:
         """The Celery queues' lengths (tasks waiting for a worker: fsm.apply_acks batches and
         fsm.enter_state steps pile up here while no worker runs)."""
-        names = [*self.settings.work_queues, self.settings.housekeeping_queue]
-        pipe = self.broker.pipeline(transaction=False)
-        for name in names:
-            for step in PRIORITIES:
-                pipe.llen(name + (KOMBU_PRIORITY_SEP + step if step else ""))
-        lengths = pipe.execute()
-        per = len(PRIORITIES)
-        totals = {(n,): float(sum(lengths[i * per : (i + 1) * per])) for i, n in enumerate(names)}
-        _add(families, "fsm_celery_queue_length", totals)
+        lengths = self.broker(all_queues(self.settings))  # Redis's lists or RabbitMQ's queues
+        _add(families, "fsm_celery_queue_length", {(n,): float(c) for n, c in lengths.items()})
 
 
 def backlog(client: redis.Redis, stream: str, group: str) -> tuple[int, float | None]:
@@ -285,4 +278,4 @@ def exposition(collector: Fleet) -> bytes:
 
 def fleet(settings: Settings, db: Engine, connect: Callable[[str], redis.Redis]) -> Fleet:
     """The fleet's collector on the deployment's database, Redis and Celery broker."""
-    return Fleet(settings, db, connect(settings.redis_url), connect(settings.celery_broker_url))
+    return Fleet(settings, db, connect(settings.redis_url), queue_lengths(settings, connect))

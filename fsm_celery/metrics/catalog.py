@@ -296,7 +296,7 @@ METRICS: tuple[Metric, ...] = (
         ("queue",),
         "Tasks waiting in each Celery queue of the deployment (FSM_QUEUE, FSM_QUEUES's, the "
         "housekeeping queue): apply_acks batches and enter_state steps pile up here while no "
-        "worker consumes (on a Redis broker).",
+        "worker consumes (on a Redis or a RabbitMQ broker).",
         F,
         "dashboard",
     ),

@@ -22,13 +22,14 @@ class Enqueue:
 
     A countdown longer than half the broker's visibility timeout would be redelivered while it
     waits; those steps are left to the scan, which enters every state whose dispatch is due.
+    On RabbitMQ every delayed step is (worker/broker.py says why).
     """
 
     def __init__(self, settings: Settings, celery: Celery = app) -> None:
         self.app = celery
         self._settings = settings
         self._queues: dict[str, str] = {}  # by the machine's type (FSM_QUEUES), once each
-        self.longest = settings.visibility_timeout_seconds / 2
+        self.longest = 0.0 if settings.broker_is_amqp else settings.visibility_timeout_seconds / 2
 
     def __call__(self, next_states: Next) -> None:
         steps = [step for step in next_states if step.delay <= self.longest]

@@ -13,6 +13,14 @@ sends its events in one message every 20 ms, and an idle one at once. Flower rea
 The flush still runs on the loop's thread only (call_soon and the timer's callbacks both run
 there), and the buffer's own bound (`event_dispatcher.buffer_limit`) still flushes a full buffer
 at once, from whichever thread filled it.
+
+On RabbitMQ the events' connection publishes without confirms (FSM_BROKER_URL's tasks keep
+theirs). Celery registers that connection with the loop, which reads it (for heartbeats) while
+a pool thread flushing a full buffer waits on it for its confirm: when the loop read the
+confirm first, the thread waited forever holding the dispatcher's lock, and the loop, flushing
+next, waited for the lock; the worker received nothing until RabbitMQ dropped the connection
+minutes later (seen in tests/integration/test_rabbitmq.py). An event lost is a line Flower does
+not show; a task is never sent on that connection.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ _MARK = "_fsm_lingers"
 
 
 def apply() -> None:
-    """Let each worker's consumer flush its task events at most every EVENTS_LINGER."""
+    """Let each worker's consumer flush its task events at most every EVENTS_LINGER, on a
+    connection without publisher confirms."""
+    unconfirmed_events()
     flush: Any = celery_consumer.Consumer._flush_events
     if getattr(flush, _MARK, False):
         return
@@ -55,3 +65,20 @@ def _state(consumer: Any) -> dict[str, Any]:
     """When the consumer last flushed, and whether a flush is put off."""
     state: dict[str, Any] = consumer.__dict__.setdefault(_MARK, {"last": 0.0, "armed": False})
     return state
+
+
+def unconfirmed_events() -> None:
+    """The consumer's connection for writing (its events' only) without publisher confirms."""
+    connect: Any = celery_consumer.Consumer.connection_for_write
+    if getattr(connect, _MARK, False):
+        return
+
+    def unconfirmed(consumer: Any, url: str | None = None, heartbeat: float | None = None) -> Any:
+        options = {"confirm_publish": False}
+        conn = consumer.app.connection_for_write(
+            url=url, heartbeat=heartbeat, transport_options=options
+        )
+        return consumer.ensure_connected(conn)
+
+    setattr(unconfirmed, _MARK, True)
+    celery_consumer.Consumer.connection_for_write = unconfirmed

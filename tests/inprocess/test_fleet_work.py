@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from fsm_celery.http.fleet import Fleet
+from fsm_celery.worker.broker import RedisQueues
 from tests.inprocess.conftest import Fsm, ack
 
 CONTEXT = {"projectName": "p", "githubIssue": 1, "key": "k"}
 
 
 def work_waiting(fsm: Fsm) -> dict[str, float]:
-    fleet = Fleet(fsm.settings, fsm.engine.db, fsm.redis, fsm.redis)
+    fleet = Fleet(fsm.settings, fsm.engine.db, fsm.redis, RedisQueues(fsm.redis))
     found: dict[str, float] = {}
     for family in fleet.collect():
         for sample in family.samples:

@@ -41,6 +41,7 @@ def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
     assert set(lines) == {
         "database",
         "redis",
+        "broker",
         "definitions",
         "workers",
         "queues",
@@ -82,6 +83,9 @@ def test_each_check_fails_with_its_fix_then_all_pass(
         )
         assert lines["redis"].startswith("✘ redis: maxmemory-policy is allkeys-lru")
         assert "noeviction" in lines["redis"]
+        queue = env.settings.queue  # Celery's broker is FSM_REDIS_URL: named, its queues counted
+        assert lines["broker"].startswith(f"✔ broker: Redis at {server.url}, reachable;")
+        assert f"{queue} 0, {queue}.housekeeping 0" in lines["broker"], lines["broker"]
         assert lines["definitions"].startswith("✘ definitions: cto_infrastructure_check")
         assert lines["definitions"].endswith("run: fsm-celery definitions load")
         assert lines["workers"].startswith("✘ workers: none answered")

@@ -291,3 +291,35 @@ def published_host(port: str | int | dict[str, Any]) -> str:
         return str(port.get("host_ip", ""))
     match = _PORT.fullmatch(str(port))
     return (match["host"] or "") if match else ""
+
+
+def test_rabbitmq_runs_only_with_its_profile_and_publishes_no_port(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    rabbitmq = services["rabbitmq"]
+    assert rabbitmq["profiles"] == ["rabbitmq"]
+    assert rabbitmq["image"].startswith("rabbitmq:3.13")  # quorum queues, at-least-once DLX
+    assert ports(rabbitmq) == []  # only the services on the compose network reach it
+    assert sole_reference(environment(rabbitmq)["RABBITMQ_DEFAULT_PASS"]) == "RABBITMQ_PASSWORD"
+    assert "rabbitmqdata:/var/lib/rabbitmq" in rabbitmq["volumes"]  # the queues survive it
+
+
+def test_every_celery_process_takes_the_broker_url_empty_meaning_redis(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    given = {
+        name
+        for name, service in services.items()
+        if environment(service).get("FSM_BROKER_URL") == "${FSM_BROKER_URL:-}"
+    }
+    assert {"worker", "beat", "ack-bridge", "flower", "dashboard", "migrate"} <= given
+    assert Settings(broker_url="").broker_url is None  # unset: Celery's broker is FSM_REDIS_URL
+    on_rabbitmq = Settings(broker_url="amqp://fsm:pw@rabbitmq:5672/fsm")
+    assert on_rabbitmq.broker_is_amqp
+    assert on_rabbitmq.celery_transport_options == {"confirm_publish": True}
+
+
+def test_env_example_shows_the_rabbitmq_profiles_lines() -> None:
+    text = ENV_EXAMPLE.read_text()
+    assert "# RABBITMQ_PASSWORD=" in text
+    assert "# FSM_BROKER_URL=amqp://fsm:RABBITMQ_PASSWORD@rabbitmq:5672/fsm" in text

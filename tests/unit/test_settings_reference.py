@@ -43,7 +43,7 @@ def test_database_urls_use_the_installed_driver(given: str, used: str) -> None:
         ("database_url", "not a url", "expected postgresql://"),
         ("database_url", "mysql://u:hunter2@db/x", "mysql://u:***@db/x is not a database URL"),
         ("redis_url", "http://127.0.0.1:6379", "expected redis://, rediss://, unix://"),
-        ("broker_url", "amqp://guest@rabbit//", "FSM_BROKER_URL"),
+        ("broker_url", "http://guest@rabbit//", "FSM_BROKER_URL"),
     ],
 )
 def test_a_url_of_the_wrong_kind_is_refused_with_what_is_expected(
@@ -57,3 +57,21 @@ def test_a_url_of_the_wrong_kind_is_refused_with_what_is_expected(
 def test_mask_hides_only_the_password() -> None:
     assert mask("rediss://fsm:s3cret@cache:6380/2") == "rediss://fsm:***@cache:6380/2"
     assert mask("redis://cache:6379/0") == "redis://cache:6379/0"
+
+
+@pytest.mark.parametrize("url", ["amqp://fsm:pw@rabbit:5672/fsm", "amqps://fsm:pw@rabbit/fsm"])
+def test_rabbitmq_is_a_broker_url_and_redis_stays_the_agents(url: str) -> None:
+    settings = Settings(broker_url=url, redis_url="redis://cache:6379/0")
+    assert settings.celery_broker_url == url
+    assert settings.broker_is_amqp
+    assert settings.redis_url == "redis://cache:6379/0"
+    with pytest.raises(ValidationError, match="expected redis://"):
+        Settings(redis_url=url)  # the agents' channel is Redis only
+
+
+def test_a_failover_list_of_rabbitmq_nodes_is_a_broker_url_masked_node_by_node() -> None:
+    nodes = ";".join(f"amqp://fsm:hunter2@rabbit{n}:5672/fsm" for n in (1, 2, 3))
+    settings = Settings(broker_url=nodes)
+    assert settings.broker_is_amqp
+    assert settings.celery_broker_url == nodes
+    assert mask(nodes) == ";".join(f"amqp://fsm:***@rabbit{n}:5672/fsm" for n in (1, 2, 3))
