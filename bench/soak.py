@@ -111,6 +111,7 @@ class Soak:
         records = fetch(self.stack.env.client.engine.db)
         checks = run_checks(records, self.journal)
         memory = sampler.report()
+        checks.append(exits_check(self.stack))
         checks.append(memory_check(memory))
         return self._report(began, time.monotonic() - t0, drained, records, checks, memory)
 
@@ -232,6 +233,15 @@ class Soak:
             "memory": memory,
             "passed": all(check.passed for check in checks),
         }
+
+
+def exits_check(stack: Stack) -> Check:
+    """No process of the product exited by itself (the soak started each again)."""
+    check = Check("no process exited by itself")
+    for role in stack.roles:
+        check.checked += 1 + role.kills + len(role.exits)  # each copy of the role that ran
+        check.failures.extend(f"{role.name}: {gone}" for gone in role.exits)
+    return check
 
 
 def memory_check(memory: dict[str, dict[str, object]]) -> Check:

@@ -5,8 +5,10 @@ A process is sampled as a tree (a supervised worker is a shell loop and Celery's
 it; a bridge, its processes), one series per process started: a killed and restarted copy
 begins a series of its own. "Flat" is judged on series long enough to say: the median of their
 last third against the median of their first third, within GROWTH (a fraction) or SLACK_MB,
-whichever is larger; the first samples (the process importing and warming its caches) are part
-of the first third, so a process that only warms up is flat and one that keeps growing is not.
+whichever is larger. A series judged spans MIN_SPAN_S at least, so that its first third (the
+process importing, connecting and warming its caches, a minute or two) is mostly past the
+warm-up: a process that only warms up is flat and one that keeps growing is not. Shorter
+series (a smoke run's, a restarted copy's) are reported with their figures and not judged.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ GROWTH = 0.10  # of the first third's median
 SLACK_MB = 10.0
 MIN_SAMPLES = 9  # three a third, at least
 MIN_SHARE = 1 / 3  # of the run's samples: a shorter series is reported, not judged
+MIN_SPAN_S = 600.0  # seconds from a series' first sample to its last, to be judged
 
 
 def tree_mb(pid: int, kind: str = "rss", tree: bool = True) -> float | None:
@@ -52,8 +55,9 @@ class Series:
     samples: list[tuple[float, float]] = field(default_factory=list)
 
 
-def verdict(values: list[float], run_samples: int) -> dict[str, object]:
-    """The figures of one series, and whether it is flat (None: too short to judge)."""
+def verdict(values: list[float], run_samples: int, span: float = MIN_SPAN_S) -> dict[str, object]:
+    """The figures of one series sampled over `span` seconds, and whether it is flat (None:
+    too short to judge)."""
     if not values:
         return {"samples": 0, "flat": None}
     third = len(values) // 3
@@ -64,7 +68,8 @@ def verdict(values: list[float], run_samples: int) -> dict[str, object]:
         "max_mb": max(values),
         "flat": None,
     }
-    if len(values) < MIN_SAMPLES or len(values) < run_samples * MIN_SHARE:
+    too_few = len(values) < MIN_SAMPLES or len(values) < run_samples * MIN_SHARE
+    if too_few or span < MIN_SPAN_S:
         return figures
     early = statistics.median(values[:third])
     late = statistics.median(values[-third:])
@@ -117,6 +122,10 @@ class Sampler(threading.Thread):
     def report(self) -> dict[str, dict[str, object]]:
         """Every series' figures, by its name (process name # pid)."""
         return {
-            series.name: verdict([mb for _, mb in series.samples], self.rounds)
+            series.name: verdict(
+                [mb for _, mb in series.samples],
+                self.rounds,
+                series.samples[-1][0] - series.samples[0][0] if series.samples else 0.0,
+            )
             for series in self.series.values()
         }
