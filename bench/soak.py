@@ -46,6 +46,7 @@ from tests.support.credentials import TEST_SECRET
 from tests.support.processes import LOGS
 
 SOAK_LOGS = Path(os.environ.get("FSM_SOAK_LOGS", "/tmp/fsm-celery-soak-logs"))
+EXITS_CHECK, MEMORY_CHECK = "no process exited by itself", "memory flat"
 IN_FLIGHT = text("SELECT count(*) FROM state_machines WHERE status IN ('running', 'paused')")
 
 
@@ -237,7 +238,7 @@ class Soak:
 
 def exits_check(stack: Stack) -> Check:
     """No process of the product exited by itself (the soak started each again)."""
-    check = Check("no process exited by itself")
+    check = Check(EXITS_CHECK)
     for role in stack.roles:
         check.checked += 1 + role.kills + len(role.exits)  # each copy of the role that ran
         check.failures.extend(f"{role.name}: {gone}" for gone in role.exits)
@@ -246,7 +247,7 @@ def exits_check(stack: Stack) -> Check:
 
 def memory_check(memory: dict[str, dict[str, object]]) -> Check:
     """Every series long enough to judge stayed flat (bench/soak_memory.py)."""
-    check = Check("memory flat")
+    check = Check(MEMORY_CHECK)
     for name, figures in sorted(memory.items()):
         if figures["flat"] is None:
             continue

@@ -41,6 +41,7 @@ KINDS = {
 EVENT = "soak_go"
 APPROVER, SENDER, OPERATOR = "soak-approver", "soak-sender", "soak-operator"
 IN_FLIGHT = 30  # root machines running at once, at most
+REJECTED = 0.2  # the share of gates the approver rejects, drawn gate by gate
 RUNNING_ROOTS = text(
     "SELECT count(*) FROM state_machines "
     "WHERE parent_id IS NULL AND status IN ('running', 'paused')"
@@ -130,8 +131,8 @@ class Load(Actor):
 
 
 class Approver(Actor):
-    """Decides each open soak_gate gate once: approve (four in five) or reject, the choice
-    drawn once per gate and repeated if the reply was lost."""
+    """Decides each open soak_gate gate once: approve, or reject (REJECTED of the time), the
+    choice drawn once per gate and repeated if the reply was lost."""
 
     label = "approver"
     period = 0.5
@@ -142,7 +143,7 @@ class Approver(Actor):
             if key in self.journal.decisions:
                 continue
             choice = self.journal.choices.setdefault(
-                key, "approve" if self.rng.random() < 0.8 else "reject"
+                key, "reject" if self.rng.random() < REJECTED else "approve"
             )
             self.attempt(partial(self._decide, key, choice))
 
