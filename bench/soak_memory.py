@@ -44,7 +44,7 @@ def tree_mb(pid: int, kind: str = "rss", tree: bool = True) -> float | None:
         with contextlib.suppress(psutil.Error):  # it exited meanwhile
             info = member.memory_full_info() if kind == "uss" else member.memory_info()
             total += getattr(info, kind)
-    return round(total / 2**20, 1)
+    return round(total / 2**20, 1) if total else None  # 0: exiting, its memory already freed
 
 
 @dataclass

@@ -37,7 +37,7 @@ def table(report: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"{'check':<48} {'result':<6} {'checked':>7} {'failed':>6}")
     for name, check in report["checks"].items():
-        result = "pass" if check["passed"] else "FAIL"
+        result = ("pass" if check["checked"] else "n/a") if check["passed"] else "FAIL"
         lines.append(f"{name:<48} {result:<6} {check['checked']:>7} {check['failed']:>6}")
         lines.extend(f"    {failure}" for failure in check["first_failures"])
     lines.append("")
