@@ -45,7 +45,8 @@ from bench.soak_stack import BrokerUnavailable, Stack
 from tests.support.credentials import TEST_SECRET
 from tests.support.processes import LOGS
 
-SOAK_LOGS = Path(os.environ.get("FSM_SOAK_LOGS", "/tmp/fsm-celery-soak-logs"))
+DEFAULT_SOAK_LOGS = "/tmp/fsm-celery-soak-logs"
+SOAK_LOGS = Path(os.environ.get("FSM_SOAK_LOGS", DEFAULT_SOAK_LOGS))
 EXITS_CHECK, MEMORY_CHECK = "no process exited by itself", "memory flat"
 IN_FLIGHT = text("SELECT count(*) FROM state_machines WHERE status IN ('running', 'paused')")
 

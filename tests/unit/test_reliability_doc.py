@@ -56,6 +56,7 @@ def test_the_figures_the_page_quotes_are_the_codes() -> None:
     assert (args.minutes, args.drain_minutes, tuple(args.every)) == (30, 5, (low, high))
     assert "given to end once the faults stop (5)" in PROSE
     assert f"the seconds between faults ({low:g} to {high:g})" in PROSE
+    assert f"copied to `{soak.DEFAULT_SOAK_LOGS}/` (FSM_SOAK_LOGS)" in PROSE
 
 
 def test_the_amqp_broker_is_refused_with_exit_status_2_until_the_settings_take_it(
