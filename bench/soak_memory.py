@@ -28,6 +28,7 @@ SLACK_MB = 10.0
 MIN_SAMPLES = 9  # three a third, at least
 MIN_SHARE = 1 / 3  # of the run's samples: a shorter series is reported, not judged
 MIN_SPAN_S = 600.0  # seconds from a series' first sample to its last, to be judged
+TREND_POINTS = 12  # samples a series' trend shows, evenly spaced: a plateau told from a climb
 
 
 def tree_mb(pid: int, kind: str = "rss", tree: bool = True) -> float | None:
@@ -66,6 +67,11 @@ def verdict(values: list[float], run_samples: int, span: float = MIN_SPAN_S) -> 
         "first_mb": values[0],
         "last_mb": values[-1],
         "max_mb": max(values),
+        "trend_mb": [
+            values[i * (len(values) - 1) // (TREND_POINTS - 1)] for i in range(TREND_POINTS)
+        ]
+        if len(values) >= TREND_POINTS
+        else list(values),
         "flat": None,
     }
     too_few = len(values) < MIN_SAMPLES or len(values) < run_samples * MIN_SHARE

@@ -1,6 +1,7 @@
 """The soak's deployment (bench/soak.py): a PostgreSQL of its own, Redis behind Sentinel (a
 primary, a replica, three sentinels), and every long-lived process of production, started from
-the suite's support code (tests/support/) and killed and started again by the faults.
+the suite's support code (tests/support/) and killed and started again by the faults. The
+shipped definitions' schedules are paused: every machine of the run is one the soak started.
 
 Each process kind but beat runs twice: a steady copy no fault touches, whose memory over the
 whole run is what "flat" is judged on, and a faulty copy the faults kill (SIGKILL to its process
@@ -163,6 +164,9 @@ class Stack:
                 overrides["broker_url"] = stack.broker.url
             stack.env = make_env(f"soak_{mode}", postgres.url, TEMPLATE, cluster.url, **overrides)
             stack.env.client.load_definitions(str(ROOT / "bench" / "definitions"))
+            for found in stack.env.client.schedules():  # beat starts the soak's machines only
+                ref = f"{found.machine_type}/{found.name}"
+                stack.env.client.pause_schedule(ref, "soak", "the soak runs its own load")
         except BaseException:
             stack.stop()
             raise

@@ -302,3 +302,11 @@ def test_rewinds_and_forks_are_held_against_what_the_operator_did() -> None:
         f"fork {_id(8)} of {_id(4)}: no fork was asked",
     ]
     assert Counter(journal.refused) == Counter()
+
+
+def test_the_trend_shows_a_series_evenly_from_its_first_sample_to_its_last() -> None:
+    figures = verdict([float(k) for k in range(100)], 100, span=900)
+    trend = figures["trend_mb"]
+    assert isinstance(trend, list)
+    assert (len(trend), trend[0], trend[-1]) == (12, 0.0, 99.0)
+    assert trend == sorted(trend)
