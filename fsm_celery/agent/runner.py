@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import signal
 import threading
 import uuid
@@ -14,6 +15,8 @@ from fsm_celery.agent.sdk import Agent
 from fsm_celery.config import Settings
 from fsm_celery.core.loader import definition_files, load_all
 from fsm_celery.pipeline.orchestrator import PIPELINE
+
+log = logging.getLogger(__name__)
 
 AGENT_NAMESPACE = uuid.UUID("5d0f7b1c-9c39-4a8e-8c55-0f8b7f4b2a61")
 
@@ -110,7 +113,18 @@ def run(*agents: Agent) -> None:
 
 
 def run_agents(agents: list[Agent]) -> None:
-    """Run the agents until SIGTERM or SIGINT; each finishes or hands back its tasks."""
+    """Run the agents until SIGTERM or SIGINT; each finishes or hands back its tasks. An agent
+    that died of an error makes the process exit with status 1 once the others stopped (never
+    0: a supervisor restarts what failed), the others told to stop at once."""
+    failed: list[Agent] = []
+
+    def serve(agent: Agent) -> None:
+        try:
+            agent.run(install_signals=False)
+        except Exception:
+            log.exception("agent %s stopped on an error", agent.id)
+            failed.append(agent)
+            stop()
 
     def stop(*_: object) -> None:
         for agent in agents:
@@ -118,8 +132,10 @@ def run_agents(agents: list[Agent]) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    threads = [threading.Thread(target=a.run, kwargs={"install_signals": False}) for a in agents]
+    threads = [threading.Thread(target=serve, args=(a,)) for a in agents]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if failed:
+        raise SystemExit(1)

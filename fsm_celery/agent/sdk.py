@@ -230,10 +230,10 @@ class Agent:
         while not self._stop.is_set():
             try:
                 self._take(self._next_streams())
-            except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                self._ensure_groups()  # Redis lost its data: start the groups again
+            except redis.ResponseError as exc:  # Redis lost its data (FLUSHALL): a read
+                if not any(lost in str(exc) for lost in ("NOGROUP", "UNBLOCKED")):  # blocked
+                    raise  # on a stream deleted under it is UNBLOCKED; the next, NOGROUP
+                self._ensure_groups()  # start the groups again
 
     def _next_streams(self) -> dict[Any, Any]:
         """Full, the agent's own stream only, where its cancels come (a task read meanwhile

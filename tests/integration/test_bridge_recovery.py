@@ -20,6 +20,7 @@ from tests.support.services import start_redis, stop_redis
 
 LONG, SHORT = 2.5, 0.3  # the first grows the delay to seconds (0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 FIRST_DELAY = 0.1
+FIX_BUG = {"projectName": "sla-api", "githubIssue": 7}
 DELAY = re.compile(r"(\S+) (?:lost Redis .*; reconnecting|failed; restarting it) in ([\d.]+)s")
 
 
@@ -118,3 +119,32 @@ def test_the_reconnect_delay_starts_again_after_each_outage(
     # or more); started again, each consumer retries after 0.1 s first.
     firsts = _first_delays(bridge.log.read_text()[before:])
     assert firsts and set(firsts.values()) == {FIRST_DELAY}, firsts
+
+
+def test_an_agent_blocked_on_its_stream_outlives_a_flushall(
+    env_factory: Callable[..., FsmEnv], tmp_path: Path
+) -> None:
+    """FLUSHALL deletes the streams an SDK agent is blocked reading (XREADGROUP ... BLOCK):
+    Redis answers UNBLOCKED, then NOGROUP. The agent sets its groups up again and serves on:
+    it neither dies nor exits 0 (the soak, bench/soak.py, found it did)."""
+    own = Restartable(tmp_path)
+    try:
+        env = env_factory("flushed_agent", redis_url=own.url, transition_mode="inline")
+        env.start_worker()
+        env.start_bridge()
+        agent = env.start_agent("--mock", "--agent-type", "cto", "--think", "0")
+        env.wait_for_agents(1)
+        first = env.client.start_machine("cto_fix_bug", FIX_BUG)
+        assert env.wait_until_done(first, timeout=60).status == "completed"
+        client = redis.Redis.from_url(own.url)
+        deadline = time.monotonic() + 30
+        while not any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in client.client_list()):
+            assert time.monotonic() < deadline, "the agent never blocked on its stream"
+            time.sleep(0.05)
+        client.flushall()
+        env.wait_for_agents(1)  # its status reports come again
+        second = env.client.start_machine("cto_fix_bug", FIX_BUG)
+        assert env.wait_until_done(second, timeout=60).status == "completed"
+        assert agent.popen.poll() is None, f"the agent exited: see {agent.log}"
+    finally:
+        own.stop()
