@@ -12,14 +12,9 @@ the product should.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,33 +22,22 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from pydantic import ValidationError
 
-from fsm_celery.config import Settings
 from tests.support import ROOT
 from tests.support.databases import create_template
 from tests.support.processes import FsmEnv, Proc, make_env
+from tests.support.rabbitmq import RabbitMQ
 from tests.support.sentinel import SentinelCluster
-from tests.support.services import HOST, Postgres, free_port
+from tests.support.services import HOST, Postgres
 
 AGENT_SCRIPT = "tests/integration/fan_agent.py"  # answers every task at once, after THINK
 AGENT_THINK = "0.3"
 AGENT_TYPE = "soak"  # every soak definition's (bench/definitions/soak_*.yaml)
 TEMPLATE = "template_soak"
-AMQP_PROBE = "amqp://guest:guest@127.0.0.1:5672//"
-
-
-def amqp_available() -> bool:
-    """Whether this checkout's settings take a RabbitMQ broker (FSM_BROKER_URL=amqp://...)."""
-    try:
-        Settings(broker_url=AMQP_PROBE)
-    except ValidationError:
-        return False
-    return True
 
 
 class BrokerUnavailable(RuntimeError):
-    """The soak was asked for a broker this checkout cannot use yet."""
+    """The soak was asked for a fault its broker does not have."""
 
 
 @dataclass
@@ -70,61 +54,6 @@ class Role:
     exits: list[str] = field(default_factory=list)  # exits of its own: code and log
 
 
-class RabbitServer:
-    """A RabbitMQ node of the soak's own (its own node name, ports and data directory), for
-    `--broker amqp`: the hook that restarts Celery's broker. Kept ready for the branch that
-    makes FSM_BROKER_URL take amqp:// (until then the soak refuses that broker first)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.port = free_port()
-        self.node = f"soak{os.getpid()}@localhost"
-        self.process: subprocess.Popen[bytes] | None = None
-        directory.mkdir(parents=True, exist_ok=True)
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@{HOST}:{self.port}//"
-
-    def start(self) -> None:
-        binary = shutil.which("rabbitmq-server")
-        if binary is None:
-            raise BrokerUnavailable("--broker amqp needs rabbitmq-server on PATH")
-        env = {
-            **os.environ,
-            "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_NODE_IP_ADDRESS": HOST,
-            "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(free_port()),
-            "RABBITMQ_MNESIA_BASE": str(self.directory / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(self.directory / "log"),
-        }
-        with (self.directory / "rabbitmq.out").open("ab") as out:
-            self.process = subprocess.Popen(
-                [binary], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection((HOST, self.port), 1):
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.5)
-        raise BrokerUnavailable(f"rabbitmq-server did not listen on {self.port}: {self.directory}")
-
-    def restart(self) -> None:
-        """SIGKILL to the node and its Erlang VM, then start it again on the same port."""
-        self.stop(signal.SIGKILL)
-        self.start()
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
-            self.process.wait(60)
-
-
 @dataclass
 class Stack:
     """The servers, the deployment on them, and its processes by role."""
@@ -133,25 +62,21 @@ class Stack:
     postgres: Postgres
     cluster: SentinelCluster
     env: FsmEnv
-    broker: RabbitServer | None = None
+    broker: RabbitMQ | None = None
     roles: list[Role] = field(default_factory=list)
     agent_ids: dict[str, str] = field(default_factory=dict)  # role name -> its fixed id
 
     @classmethod
     def start(cls, mode: str, broker: str) -> Stack:
         """The servers and a deployment in the transition mode; no process started yet."""
-        if broker == "amqp" and not amqp_available():
-            raise BrokerUnavailable(
-                "--broker amqp is not yet available: this checkout's FSM_BROKER_URL takes "
-                "redis:// URLs only (RabbitMQ support is being built on the `rabbit` branch; "
-                "once merged, the soak's broker_restart fault restarts it)"
-            )
         directory = Path(tempfile.mkdtemp(prefix="fsm-celery-soak-"))
         postgres = Postgres(directory / "postgres").init().start()
         cluster = SentinelCluster.start(directory / "redis")
         stack = cls(directory, postgres, cluster, env=None)  # type: ignore[arg-type]
         try:
-            stack.broker = RabbitServer(directory / "rabbitmq") if broker == "amqp" else None
+            if broker == "amqp":  # Celery's broker on a RabbitMQ node of the soak's own
+                node = f"soak-{os.getpid()}@localhost"
+                stack.broker = RabbitMQ.start(directory / "rabbitmq", name=node)
             create_template(postgres.url, TEMPLATE)
             overrides: dict[str, Any] = {
                 "transition_mode": mode,
@@ -262,7 +187,7 @@ class Stack:
     def restart_broker(self) -> None:
         if self.broker is None:
             raise BrokerUnavailable("broker_restart is a fault of --broker amqp only")
-        self.broker.restart()
+        self.broker.crash()
 
     def carry_out(self, kind: str) -> None:
         """One fault of the kind (bench/soak_faults.py names them)."""

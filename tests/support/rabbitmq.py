@@ -164,6 +164,18 @@ class RabbitMQ:
         time.sleep(down)
         self.run()
 
+    def crash(self) -> None:
+        """SIGKILL the node (its shell and Erlang VM: no orderly shutdown; its queues as it
+        persisted them), then start it again on the same ports."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _listening(self.port):
+            time.sleep(0.1)
+        self.run()
+
     def queue_length(self, name: str) -> int:
         """The ready messages of a queue (0 when it is not there)."""
         from amqp.exceptions import NotFound

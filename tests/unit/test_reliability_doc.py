@@ -1,13 +1,11 @@
 """docs/reliability.md says what the soak (bench/soak.py) does: its load, faults, checks and
-figures are the code's, and a broker it cannot use yet is refused as the page says."""
+figures are the code's."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from bench import soak, soak_actors, soak_faults, soak_memory, soak_stack
+from bench import soak, soak_actors, soak_faults, soak_memory
 from bench.soak_actors import Journal
 from bench.soak_checks import Records, run_checks
 from fsm_celery.core.loader import load_file
@@ -57,26 +55,3 @@ def test_the_figures_the_page_quotes_are_the_codes() -> None:
     assert "given to end once the faults stop (5)" in PROSE
     assert f"the seconds between faults ({low:g} to {high:g})" in PROSE
     assert f"copied to `{soak.DEFAULT_SOAK_LOGS}/` (FSM_SOAK_LOGS)" in PROSE
-
-
-def test_the_amqp_broker_is_refused_with_exit_status_2_until_the_settings_take_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(soak_stack, "amqp_available", lambda: False)
-    assert soak.main(["--broker", "amqp", "--minutes", "1"]) == 2
-    refused = capsys.readouterr().err
-    assert "--broker amqp is not yet available" in refused
-    assert "FSM_BROKER_URL" in refused
-
-
-def test_whether_amqp_is_available_is_whether_the_settings_take_an_amqp_url() -> None:
-    from pydantic import ValidationError
-
-    from fsm_celery.config import Settings
-
-    try:
-        Settings(broker_url=soak_stack.AMQP_PROBE)
-        taken = True
-    except ValidationError:
-        taken = False
-    assert soak_stack.amqp_available() is taken
