@@ -25,6 +25,7 @@ from fsm_celery import wiring
 from fsm_celery.exceptions import AmbiguousMachineId, MachineNotFound
 from fsm_celery.store.tables import machines
 from tests.support.agents import ScriptedAgent
+from tests.support.databases import records_refused
 from tests.support.messages import SILENT, Reply, ack_for, heartbeat_for
 from tests.support.processes import FsmEnv
 
@@ -387,28 +388,16 @@ def test_an_agents_escape_sequences_never_reach_the_terminal(deployment: FsmEnv)
 
 def test_a_parked_message_is_shown_escaped(deployment: FsmEnv) -> None:
     marker = f"unrecordable-{uuid.uuid4().hex}"
-    with deployment.client.engine.db.begin() as conn:  # the database refuses its record
-        conn.exec_driver_sql(
-            "CREATE FUNCTION refuse_marked() RETURNS trigger AS $$ BEGIN "
-            f"IF position('{marker}' in NEW.payload) > 0 THEN RAISE EXCEPTION 'refused'; "
-            "END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+    with (
+        records_refused(deployment.client.engine.db, marker),  # it cannot even be recorded
+        ScriptedAgent(deployment, own_stream=True) as agent,
+    ):
+        agent.send('{"broken": "' + marker + ATTACK)
+        _wait(
+            lambda: any(marker in p["message"] for p in deployment.client.parked(100)),
+            "the message was not parked",
+            timeout=30,
         )
-        conn.exec_driver_sql(
-            "CREATE TRIGGER refuse_marked BEFORE INSERT ON rejected_messages "
-            "FOR EACH ROW EXECUTE FUNCTION refuse_marked()"
-        )
-    try:
-        with ScriptedAgent(deployment, own_stream=True) as agent:
-            agent.send('{"broken": "' + marker + ATTACK)
-            _wait(
-                lambda: any(marker in p["message"] for p in deployment.client.parked(100)),
-                "the message was not parked",
-                timeout=30,
-            )
-    finally:
-        with deployment.client.engine.db.begin() as conn:
-            conn.exec_driver_sql("DROP TRIGGER refuse_marked ON rejected_messages")
-            conn.exec_driver_sql("DROP FUNCTION refuse_marked()")
     parked = cli(deployment, "rejected", "--parked")
     assert parked.returncode == 0 and marker in parked.stdout
     _assert_escaped(parked.stdout)

@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.conftest import ONE_MODE
 from tests.support.agents import ScriptedAgent
+from tests.support.databases import records_refused
 from tests.support.messages import SILENT, Reply, ack_for, dispatches
 from tests.support.processes import FsmEnv
 
@@ -292,24 +293,16 @@ def test_a_message_that_cannot_even_be_recorded_is_parked_and_the_stream_moves_o
     poison: FsmEnv,
 ) -> None:
     marker = f"unrecordable-{uuid.uuid4().hex}"
-    with poison.client.engine.db.begin() as conn:  # the database itself refuses its record
-        conn.exec_driver_sql(
-            "CREATE FUNCTION refuse_marked() RETURNS trigger AS $$ BEGIN "
-            f"IF position('{marker}' in NEW.payload) > 0 THEN RAISE EXCEPTION 'refused'; "
-            "END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
-        )
-        conn.exec_driver_sql(
-            "CREATE TRIGGER refuse_marked BEFORE INSERT ON rejected_messages "
-            "FOR EACH ROW EXECUTE FUNCTION refuse_marked()"
-        )
-    try:
-        with ScriptedAgent(poison, {"FIRST": [SILENT]}, own_stream=True) as agent:
-            mid = poison.client.start_machine("test_pair", {}, agent_id=agent.id)
-            task = agent.wait_for_tasks(1)
-            agent.send('{"broken": "' + marker)  # malformed, and its rejection fails
-            agent.send(ack_for(task))  # behind it on the same stream
-            _finish(poison, [mid])
-            parked = _wait_for_parked(poison, marker)
+    with (
+        records_refused(poison.client.engine.db, marker),  # it cannot even be recorded
+        ScriptedAgent(poison, {"FIRST": [SILENT]}, own_stream=True) as agent,
+    ):
+        mid = poison.client.start_machine("test_pair", {}, agent_id=agent.id)
+        task = agent.wait_for_tasks(1)
+        agent.send('{"broken": "' + marker)  # malformed, and its rejection fails
+        agent.send(ack_for(task))  # behind it on the same stream
+        _finish(poison, [mid])
+        parked = _wait_for_parked(poison, marker)
         assert parked["reason"] == "could not be applied nor recorded 3 times"
         stream = f"{poison.settings.channel_prefix}stream:state:ack:{agent.id}"
         assert parked["source"] == stream
@@ -323,10 +316,6 @@ def test_a_message_that_cannot_even_be_recorded_is_parked_and_the_stream_moves_o
             check=True,
         )
         assert marker in shown.stdout
-    finally:
-        with poison.client.engine.db.begin() as conn:
-            conn.exec_driver_sql("DROP TRIGGER refuse_marked ON rejected_messages")
-            conn.exec_driver_sql("DROP FUNCTION refuse_marked()")
 
 
 def _wait_for_parked(env: FsmEnv, marker: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ from fsm_celery.acks.streams import GROUP
 from fsm_celery.core.messages import agent_ack_stream
 from fsm_celery.core.parking import CRASH_DELIVERIES, Policy
 from tests.support.agents import ScriptedAgent
+from tests.support.databases import records_refused
 from tests.support.messages import SILENT, ack_for
 from tests.support.processes import FsmEnv, Proc
 
@@ -131,34 +132,22 @@ def test_a_message_given_up_on_is_parked_once_however_often_it_was_relayed(
     own tries, and the first to give up parks it, once."""
     settled.ensure_worker()
     marker = f"unrecordable-{uuid.uuid4().hex}"
-    with settled.client.engine.db.begin() as conn:  # the database itself refuses its record
-        conn.exec_driver_sql(
-            "CREATE FUNCTION refuse_marked() RETURNS trigger AS $$ BEGIN "
-            f"IF position('{marker}' in NEW.payload) > 0 THEN RAISE EXCEPTION 'refused'; "
-            "END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
-        )
-        conn.exec_driver_sql(
-            "CREATE TRIGGER refuse_marked BEFORE INSERT ON rejected_messages "
-            "FOR EACH ROW EXECUTE FUNCTION refuse_marked()"
-        )
-    try:
-        with ScriptedAgent(settled, {"FIRST": [SILENT]}, own_stream=True) as agent:
-            mid = settled.client.start_machine("test_pair", {}, agent_id=agent.id)
-            task = agent.wait_for_tasks(1)
-            agent.send('{"broken": "' + marker)  # malformed, and its rejection fails
-            agent.send(ack_for(task))  # behind it on the same stream
-            settled.wait_for_state(mid, "SECOND", timeout=60)
-            parked = _wait_for_parked(settled, marker)
-            bridge = next(p for p in settled.procs if p.name == "bridge")
-            bridge.wait_for_log("relayed again")  # copies were made while it was tried
-            time.sleep(3 * RELAY_TIMEOUT)  # the copies' own tries run out meanwhile
-            assert len([p for p in settled.client.parked(1000) if marker in p["message"]]) == 1
+    with (
+        records_refused(settled.client.engine.db, marker),  # it cannot even be recorded
+        ScriptedAgent(settled, {"FIRST": [SILENT]}, own_stream=True) as agent,
+    ):
+        mid = settled.client.start_machine("test_pair", {}, agent_id=agent.id)
+        task = agent.wait_for_tasks(1)
+        agent.send('{"broken": "' + marker)  # malformed, and its rejection fails
+        agent.send(ack_for(task))  # behind it on the same stream
+        settled.wait_for_state(mid, "SECOND", timeout=60)
+        parked = _wait_for_parked(settled, marker)
+        bridge = next(p for p in settled.procs if p.name == "bridge")
+        bridge.wait_for_log("relayed again")  # copies were made while it was tried
+        time.sleep(3 * RELAY_TIMEOUT)  # the copies' own tries run out meanwhile
+        assert len([p for p in settled.client.parked(1000) if marker in p["message"]]) == 1
         assert parked["reason"] == "could not be applied nor recorded 3 times"
         _wait_settled(settled, agent_ack_stream(agent.id, settled.settings.channel_prefix))
-    finally:
-        with settled.client.engine.db.begin() as conn:
-            conn.exec_driver_sql("DROP TRIGGER refuse_marked ON rejected_messages")
-            conn.exec_driver_sql("DROP FUNCTION refuse_marked()")
 
 
 def _wait_for_parked(env: FsmEnv, marker: str, timeout: float = 30) -> dict[str, str]:

@@ -3,7 +3,10 @@ deployment, made and dropped on the suite's PostgreSQL server."""
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, text
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, create_engine, text
 
 from fsm_celery.store.db import connect, upgrade
 
@@ -32,3 +35,26 @@ def copy_database(pg_url: str, template: str, name: str) -> str:
 
 def drop_database(pg_url: str, name: str) -> None:
     admin_sql(pg_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def records_refused(db: Engine, marker: str) -> Iterator[None]:
+    """While inside, PostgreSQL refuses to record any rejected message holding `marker` (a
+    trigger raises): a message that can be neither applied nor recorded, which the acks side
+    tries again and then parks."""
+    with db.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION refuse_marked() RETURNS trigger AS $$ BEGIN "
+            f"IF position('{marker}' in NEW.payload) > 0 THEN RAISE EXCEPTION 'refused'; "
+            "END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+        )
+        conn.exec_driver_sql(
+            "CREATE TRIGGER refuse_marked BEFORE INSERT ON rejected_messages "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_marked()"
+        )
+    try:
+        yield
+    finally:
+        with db.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER refuse_marked ON rejected_messages")
+            conn.exec_driver_sql("DROP FUNCTION refuse_marked()")
