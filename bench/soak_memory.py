@@ -81,8 +81,8 @@ def verdict(values: list[float], run_samples: int, span: float = MIN_SPAN_S) -> 
     late = statistics.median(values[-third:])
     bound = max(early * GROWTH, SLACK_MB)
     figures.update(
-        first_third_median_mb=early,
-        last_third_median_mb=late,
+        first_third_median_mb=round(early, 1),
+        last_third_median_mb=round(late, 1),
         bound_mb=round(bound, 1),
         flat=late - early <= bound,
     )
