@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,6 +164,15 @@ def test_flower_lists_the_tasks_run_through_rabbitmq(amqp: Deployment) -> None:
     env = amqp.env
     _, port = env.start_flower(basic_auth=AUTH)
     with ScriptedAgent(env) as agent:
+        # Flower serves before its queue on the events exchange is bound: it sees the events
+        # from then on, which a first machine's tasks tell (the worker runs already here)
+        deadline = time.monotonic() + 60
+        while True:
+            [warm] = start_many(env, agent, 1)
+            _finish(env, [warm])
+            if tasks_of(port, str(warm), "fsm.enter_state", 1):
+                break
+            assert time.monotonic() < deadline, "Flower saw no task event"
         [mid] = start_many(env, agent, 1)
         _finish(env, [mid])
     entered = tasks_of(port, str(mid), "fsm.enter_state", 3)
