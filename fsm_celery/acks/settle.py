@@ -22,7 +22,7 @@ import redis
 
 from fsm_celery.acks.consumer import Envelope
 from fsm_celery.acks.dead import DEAD_MAXLEN, DeadLetters
-from fsm_celery.acks.streams import GROUP
+from fsm_celery.acks.streams import GROUP, acknowledge
 from fsm_celery.core.parking import reason
 from fsm_celery.metrics.instruments import count
 
@@ -42,16 +42,10 @@ class Settler:
         """Acknowledge and delete the entries these messages came from (applied or recorded;
         the transaction has committed). Redis away: they stay pending, are relayed again in
         time and refused as stale then; nothing waits for Redis here."""
-        by_stream: dict[str, list[str]] = {}
-        for envelope in envelopes:
-            if envelope.key is not None:
-                by_stream.setdefault(envelope.source, []).append(envelope.key)
-        if not by_stream:
+        entries = [(d.source, d.key) for d in envelopes if d.key is not None]
+        if not entries:
             return
-        pipe = self.client.pipeline(transaction=False)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, GROUP, *ids)
-            pipe.xdel(stream, *ids)
+        pipe = acknowledge(self.client.pipeline(transaction=False), entries)
         try:
             pipe.execute()
         except redis.RedisError as exc:

@@ -273,13 +273,7 @@ class StreamConsumer:
 
     def _acknowledge(self, pipe: Any) -> Any:
         """Add the XACK and XDEL of the entries applied since the last read to the pipeline."""
-        by_stream: dict[str, list[bytes]] = {}
-        for stream, entry_id in self._done:
-            by_stream.setdefault(stream, []).append(entry_id)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, GROUP, *ids)
-            pipe.xdel(stream, *ids)
-        return pipe
+        return acknowledge(pipe, self._done)
 
     # the streams ------------------------------------------------------------------------
 
@@ -333,6 +327,18 @@ class StreamConsumer:
                     length,
                     self.maxlen,
                 )
+
+
+def acknowledge(pipe: Any, entries: list[tuple[str, Any]]) -> Any:
+    """Add to the pipeline the XACK and XDEL of these (stream, entry id), a pair of commands
+    per stream (the bridge's after it applied them, a worker's after it did: acks/settle.py)."""
+    by_stream: dict[str, list[Any]] = {}
+    for stream, entry_id in entries:
+        by_stream.setdefault(stream, []).append(entry_id)
+    for stream, ids in by_stream.items():
+        pipe.xack(stream, GROUP, *ids)
+        pipe.xdel(stream, *ids)
+    return pipe
 
 
 def _agent_of(stream: str, prefix: str) -> uuid.UUID | None:
