@@ -72,7 +72,9 @@ def test_an_ack_whose_task_the_broker_lost_is_applied_in_seconds_not_at_the_dead
     settled: FsmEnv,
 ) -> None:
     worker = _worker(settled)
-    with ScriptedAgent(settled, {"FIRST": [SILENT]}, own_stream=True) as agent:
+    with ScriptedAgent(
+        settled, {"FIRST": [SILENT], "SECOND": [SILENT]}, own_stream=True
+    ) as agent:  # SECOND unanswered: the history ends there
         mid = settled.client.start_machine("test_pair", {}, agent_id=agent.id)
         task = agent.wait_for_tasks(1)
         worker.stop()  # nobody takes the relayed task: the test takes it, and keeps nothing
