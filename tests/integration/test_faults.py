@@ -8,10 +8,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from fsm_celery.acks.streams import GROUP
 from fsm_celery.core.messages import ack_stream
 from tests.support.agents import ScriptedAgent
-from tests.support.faults import assert_each_finished_exactly_once, start_many, wait_for_progress
+from tests.support.faults import (
+    assert_each_finished_exactly_once,
+    start_many,
+    wait_for_progress,
+    wait_settled,
+)
 from tests.support.processes import FsmEnv
 
 # The machines in flight when a worker or the bridge is killed: by then every one's first task
@@ -66,5 +70,4 @@ def test_sigkill_of_the_bridge_under_load_loses_and_doubles_no_ack(faulty: FsmEn
         infos = [faulty.wait_until_done(mid, timeout=120) for mid in ids]
     assert {info.status for info in infos} == {"completed"}
     assert_each_finished_exactly_once(faulty, ids)
-    stream = ack_stream(faulty.settings.channel_prefix)
-    assert faulty.redis.xpending(stream, GROUP)["pending"] == 0  # every entry was dealt with
+    wait_settled(faulty, ack_stream(faulty.settings.channel_prefix))  # every entry dealt with

@@ -25,6 +25,7 @@ from fsm_celery.core.messages import agent_ack_stream
 from fsm_celery.core.parking import CRASH_DELIVERIES, Policy
 from tests.support.agents import ScriptedAgent
 from tests.support.databases import records_refused
+from tests.support.faults import wait_settled
 from tests.support.messages import SILENT, ack_for
 from tests.support.processes import FsmEnv, Proc
 
@@ -61,13 +62,6 @@ def _pending(env: FsmEnv, stream: str) -> int:
     return int(env.redis.xpending(stream, GROUP)["pending"])
 
 
-def _wait_settled(env: FsmEnv, stream: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while _pending(env, stream) or env.redis.xlen(stream):
-        assert time.monotonic() < deadline, f"{_pending(env, stream)} entries still pending"
-        time.sleep(0.1)
-
-
 def test_an_ack_whose_task_the_broker_lost_is_applied_in_seconds_not_at_the_deadline(
     settled: FsmEnv,
 ) -> None:
@@ -87,7 +81,7 @@ def test_an_ack_whose_task_the_broker_lost_is_applied_in_seconds_not_at_the_dead
         settled.wait_for_state(mid, "SECOND", timeout=60)  # the state's deadline is 300 s
     history = [(r.attempt, r.event, r.to_state) for r in settled.client.history(mid)]
     assert history == [(0, "start", "FIRST"), (1, "ack", "SECOND")]  # no timeout, no retry
-    _wait_settled(settled, stream)
+    wait_settled(settled, stream)
 
 
 def test_a_worker_settles_what_it_applied_and_the_bridge_relays_nothing_again(
@@ -98,7 +92,7 @@ def test_a_worker_settles_what_it_applied_and_the_bridge_relays_nothing_again(
         ids = [settled.client.start_machine("test_pair", {}, agent_id=agent.id) for _ in range(20)]
         for mid in ids:
             assert settled.wait_until_done(mid, timeout=60).status == "completed"
-        _wait_settled(settled, agent_ack_stream(agent.id, settled.settings.channel_prefix))
+        wait_settled(settled, agent_ack_stream(agent.id, settled.settings.channel_prefix))
     for mid in ids:
         assert [r.event for r in settled.client.history(mid)] == ["start", "ack", "ack"]
 
@@ -123,7 +117,7 @@ def test_an_entry_relayed_many_times_and_never_applied_is_parked_as_such(
     )
     parked = _wait_for_parked(settled, marker)
     assert parked["reason"] == Policy.CRASHED and parked["source"] == stream
-    _wait_settled(settled, stream)
+    wait_settled(settled, stream)
 
 
 def test_a_message_given_up_on_is_parked_once_however_often_it_was_relayed(
@@ -149,7 +143,7 @@ def test_a_message_given_up_on_is_parked_once_however_often_it_was_relayed(
         time.sleep(3 * RELAY_TIMEOUT)  # the copies' own tries run out meanwhile
         assert len([p for p in settled.client.parked(1000) if marker in p["message"]]) == 1
         assert parked["reason"] == "could not be applied nor recorded 3 times"
-        _wait_settled(settled, agent_ack_stream(agent.id, settled.settings.channel_prefix))
+        wait_settled(settled, agent_ack_stream(agent.id, settled.settings.channel_prefix))
 
 
 def _wait_for_parked(env: FsmEnv, marker: str, timeout: float = 30) -> dict[str, str]:

@@ -15,6 +15,7 @@ import redis
 from fsm_celery.acks.streams import GROUP
 from fsm_celery.core.messages import ack_stream, task_stream
 from tests.support.agents import ScriptedAgent
+from tests.support.faults import wait_settled
 from tests.support.messages import SILENT, Reply, ack_for
 from tests.support.processes import FsmEnv
 
@@ -44,16 +45,6 @@ def _wait_all_in(env: FsmEnv, ids: list, state: str, timeout: float = 30) -> Non
             return
         assert time.monotonic() < deadline, f"{states.count(state)}/{len(ids)} reached {state}"
         time.sleep(0.1)
-
-
-def _wait_settled(env: FsmEnv, stream: str, timeout: float = 30) -> None:
-    """Until no entry of the stream is pending (in the celery mode the worker settles them
-    right after its commit, a moment after the machines moved)."""
-    deadline = time.monotonic() + timeout
-    while (pending := env.redis.xpending(stream, GROUP)["pending"]) != 0:
-        assert time.monotonic() < deadline, f"{pending} entries still pending"
-        time.sleep(0.1)
-    assert env.redis.xlen(stream) == 0  # settled entries are deleted too
 
 
 def test_acks_sent_while_the_bridge_is_stopped_are_applied_once_it_starts(
@@ -93,7 +84,7 @@ def test_acks_a_crashed_bridge_had_read_are_claimed_by_the_next(durable: FsmEnv)
         assert durable.redis.xpending(stream, GROUP)["pending"] == 20
         durable.start_bridge()
         _wait_all_in(durable, ids, "SECOND")
-    _wait_settled(durable, stream)
+    wait_settled(durable, stream)
     for mid in ids:
         assert [r.event for r in durable.client.history(mid)] == ["start", "ack"]
 
@@ -144,8 +135,7 @@ def test_a_message_the_database_refuses_is_rejected_and_its_batch_applied(
     poisoned_machine = durable.client.get_machine(ids[1])
     assert (poisoned_machine.current_state, poisoned_machine.attempt) == ("FIRST", 1)
     assert [r.event for r in durable.client.history(ids[1])] == ["start"]
-    stream = ack_stream(durable.settings.channel_prefix)
-    assert durable.redis.xpending(stream, GROUP)["pending"] == 0
+    wait_settled(durable, ack_stream(durable.settings.channel_prefix))
 
 
 def test_a_bridge_process_that_dies_is_started_again(durable: FsmEnv) -> None:

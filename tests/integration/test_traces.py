@@ -71,12 +71,17 @@ def _of(spans: list[Span], machine: str) -> list[Span]:
     return sorted(mine, key=lambda s: int(s.attributes["fsm.attempt"]))
 
 
-def _finished(trace: str) -> Callable[[list[Span]], bool]:
+def _finished(trace: str, parents_of: tuple[str, ...] = ()) -> Callable[[list[Span]], bool]:
+    """Whether the trace's agent spans and root arrived, and the spans named `parents_of`
+    with their three nearest ancestors."""
+
     def done(spans: list[Span]) -> bool:
         mine = [s for s in spans if s.trace_id == trace]
         handled = [s for s in mine if s.name.startswith("handle ")]
         roots = [s for s in mine if s.name == f"machine {ROOT_TYPE}"]
-        return len(handled) >= AGENT_STATES and bool(roots)
+        by_id = {s.span_id: s for s in mine}
+        orphans = [s for s in mine if s.name in parents_of and len(_ancestors(s, by_id)) < 3]
+        return len(handled) >= AGENT_STATES and bool(roots) and not orphans
 
     return done
 
@@ -146,7 +151,8 @@ def test_the_celery_tasks_of_a_machine_join_its_trace(traced: FsmEnv, otlp: Otlp
     mid = traced.client.start_machine(ROOT_TYPE, {})
     assert traced.wait_until_done(mid, timeout=60).status == "completed"
     trace = mid.hex
-    everything = otlp.wait_for(_finished(trace))
+    # each process exports its spans in its own batches: a task's run may arrive before its publish
+    everything = otlp.wait_for(_finished(trace, parents_of=("run/fsm.apply_acks",)))
     spans = [s for s in everything if s.trace_id == trace]
     attempts = {s.span_id: s for s in spans if s.name.startswith("state ")}
     # fsm.enter_state sent within the attempt it enters (a child's first, within its parent's
