@@ -41,6 +41,22 @@ def cluster(tmp_path: Path) -> Iterator[SentinelCluster]:
     found.stop()
 
 
+@pytest.fixture
+def env(
+    env_factory: Callable[..., FsmEnv], cluster: SentinelCluster, transition_mode: str
+) -> Iterator[FsmEnv]:
+    """A deployment on the cluster, its processes stopped before the cluster is (stopped after,
+    each would wait for Redis until it is killed)."""
+    found = env_factory(
+        f"failover_{transition_mode}",
+        redis_url=cluster.url,
+        transition_mode=transition_mode,
+        redis_replicas=1,
+    )
+    yield found
+    found.stop_all()
+
+
 def _rows(env: FsmEnv) -> int:
     with env.client.engine.db.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(transitions)).scalar_one())
@@ -48,16 +64,8 @@ def _rows(env: FsmEnv) -> int:
 
 @pytest.mark.parametrize("transition_mode", ["celery", "inline"])
 def test_a_primary_killed_mid_load_loses_nothing_and_doubles_nothing(
-    env_factory: Callable[..., FsmEnv],
-    cluster: SentinelCluster,
-    transition_mode: str,
+    env: FsmEnv, cluster: SentinelCluster, transition_mode: str
 ) -> None:
-    env = env_factory(
-        f"failover_{transition_mode}",
-        redis_url=cluster.url,
-        transition_mode=transition_mode,
-        redis_replicas=1,
-    )
     worker = env.start_worker(supervised=False)
     bridge = env.start_bridge()
     agent = env.start_agent(
