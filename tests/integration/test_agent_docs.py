@@ -93,7 +93,10 @@ def test_the_docs_mcp_client_works_a_bug_fix_through_the_agent_door(
     )
     try:
         mid = locked.client.start_machine("cto_fix_bug", BUG, agent_id=agent_id)
-        info = locked.wait_until_done(mid, timeout=90)
+        try:
+            info = locked.wait_until_done(mid, timeout=90)
+        except AssertionError as exc:  # what the client (and its door, on stderr) said
+            raise AssertionError(f"{exc}\nthe client said:\n{client.log.read_text()}") from None
     finally:
         client.stop()
     assert (info.status, info.agent_id) == ("completed", uuid.UUID(agent_id))

@@ -317,9 +317,21 @@ class FsmEnv:
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"machine {machine_id} still {info.status} in {info.current_state} "
-                    f"(attempt {info.attempt}) after {timeout}s"
+                    f"(attempt {info.attempt}) after {timeout}s; its last steps: "
+                    f"{self._last_steps(machine_id)}"
                 )
             time.sleep(0.05)
+
+    def _last_steps(self, machine_id: uuid.UUID, most: int = 5) -> str:
+        """The machine's last history rows, for a failure's message (why did it move back?)."""
+        rows = self.client.history(machine_id)[-most:]
+        return "; ".join(
+            f"{r.attempt} {r.event} {r.from_state}->{r.to_state}"
+            + "".join(
+                f" {k}={v!r}" for k, v in (("error", r.error_message), ("reason", r.reason)) if v
+            )
+            for r in rows
+        )
 
     def wait_for_state(self, machine_id: uuid.UUID, state: str, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
