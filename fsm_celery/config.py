@@ -136,6 +136,11 @@ class Settings(AgentSettings, ObservabilitySettings):
     """The largest agent message accepted."""
     ack_batch_size: int = Field(default=500, gt=0)
     """The most agent messages a bridge reads and applies at once."""
+    worker_rounds_at_once: int = Field(default=1, ge=1, le=64)
+    """In the celery mode, how many transactions of its tasks one worker process runs at once
+    (a group commit: tasks that queue while they run wait, and the next one takes them all). With
+    2, a task that arrives while one runs, and finds no other waiting, starts its own: lower
+    latency at part load for a little of the maximum (docs/performance-history.md)."""
     scan_interval_seconds: float = Field(default=1.0, gt=0)
     """How often beat sends the scan (timeouts, due retries, repairs)."""
     schedule_interval_seconds: float = Field(default=1.0, gt=0)

@@ -63,9 +63,12 @@ class Worker:
         self._caller: Calls | None = None
         # fsm.apply_acks's: the batches of the tasks that run meanwhile in this process's
         # threads, applied in one transaction (see fsm_celery.worker.combine)
-        self.applier: Combiner[Envelope] = Combiner(self._apply, self.settings.ack_batch_size)
+        lanes = self.settings.worker_rounds_at_once
+        self.applier: Combiner[Envelope] = Combiner(
+            self._apply, self.settings.ack_batch_size, lanes
+        )
         # fsm.enter_state's: the steps of the tasks that run meanwhile, in one transaction
-        self.entries: Combiner[Step] = Combiner(self._enter, ENTRIES_A_ROUND)
+        self.entries: Combiner[Step] = Combiner(self._enter, ENTRIES_A_ROUND, lanes)
 
     @property
     def engine(self) -> MachineEngine:

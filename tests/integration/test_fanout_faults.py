@@ -251,6 +251,7 @@ def servers(mode: str) -> Iterator[Servers]:
         stream_claim_idle_seconds=1.0,
         dispatch_grace_seconds=2.0,
         visibility_timeout_seconds=10,
+        worker_rounds_at_once=2,  # a second transaction beside a running one: joins stay once
     )
     agents = {t: str(uuid.uuid5(uuid.NAMESPACE_URL, f"fan-faults:{mode}:{t}")) for t in AGENT_TYPES}
     yield Servers(env, postgres, redis_server, agents)

@@ -146,3 +146,88 @@ def test_a_round_interrupted_leaves_with_its_thread_and_the_others_run_next() ->
     other = [2] if leader is second else [1]
     assert gate.rounds == [[0], [1], other]
     assert not combiner._queue
+
+
+def test_with_a_lane_free_a_call_runs_at_once_beside_a_running_round() -> None:
+    gate = Gate()
+    combiner = Combiner(gate, most=100, lanes=2)
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(combiner, [0])
+        assert gate.entered.wait(5)
+        assert pool.submit(combiner, [1]).result(5) == []  # the first round still holds its lane
+        assert not first.done()
+        gate.release.set()
+        assert first.result(5) == []
+    assert gate.rounds == [[0], [1]]
+
+
+def test_calls_that_queue_together_wait_for_the_running_rounds_and_run_as_one() -> None:
+    """A lane is opened for a call that arrives alone; calls that queue together (a busy
+    process) are grouped: they wait until no round runs, then run as one."""
+
+    class Gates:
+        """Rounds that each block until released, in the order they started."""
+
+        def __init__(self) -> None:
+            self.rounds: list[list[int]] = []
+            self.started = threading.Semaphore(0)
+            self.release: list[threading.Event] = []
+            self.lock = threading.Lock()
+
+        def __call__(self, items: list[int]) -> list[int]:
+            with self.lock:
+                self.rounds.append(list(items))
+                released = threading.Event()
+                self.release.append(released)
+            self.started.release()
+            assert released.wait(5)
+            return []
+
+    gates = Gates()
+    combiner = Combiner(gates, most=100, lanes=2)
+    with ThreadPoolExecutor(6) as pool:
+        running = []
+        for n in (0, 1):  # each arrives alone: each opens a lane
+            running.append(pool.submit(combiner, [n]))
+            assert gates.started.acquire(timeout=5)
+        queued = [pool.submit(combiner, [n]) for n in (2, 3, 4)]
+        while len(combiner._queue) < 3:
+            threading.Event().wait(0.001)
+        gates.release[0].set()  # a lane frees: the three, queued together, still wait
+        assert running[0].result(5) == []
+        assert not gates.started.acquire(timeout=0.2)
+        gates.release[1].set()  # no round runs: the three run as one
+        assert gates.started.acquire(timeout=5)
+        gates.release[2].set()
+        assert [f.result(5) for f in running + queued] == [[]] * 5
+    assert gates.rounds == [[0], [1], [2, 3, 4]]
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_many_threads_in_several_lanes_lose_and_double_nothing(lanes: int) -> None:
+    seen: list[int] = []
+    lock = threading.Lock()
+    running, most_running = [0], [0]
+
+    def run(items: list[int]) -> list[int]:
+        with lock:
+            seen.extend(items)
+            running[0] += 1
+            most_running[0] = max(most_running[0], running[0])
+        threading.Event().wait(0.0005)
+        with lock:
+            running[0] -= 1
+        return [i for i in items if i % 7 == 0]
+
+    combiner = Combiner(run, most=50, lanes=lanes)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda n: combiner([n, n + 10_000]), range(500)))
+    assert sorted(seen) == sorted([*range(500), *range(10_000, 10_500)])
+    for n, left in enumerate(results):
+        assert left == [i for i in (n, n + 10_000) if i % 7 == 0]
+    assert most_running[0] <= lanes
+
+
+def test_lanes_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match="lanes: at least 1, got 0"):
+        Combiner(lambda items: [], most=1, lanes=0)
