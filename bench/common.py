@@ -254,10 +254,14 @@ def spawn_fast_agent(
     rate: float = 0.0,
     log: Path | None = None,
     agent_type: str | None = None,
+    one_at_a_time: bool = False,
 ) -> subprocess.Popen[bytes]:
     """The fast agent, answering its own stream's tasks, or those of its type's stream (it is
-    then registered as of the type, whose unassigned machines accept its acks)."""
+    then registered as of the type, whose unassigned machines accept its acks); or, one at a
+    time, a task read, answered and acknowledged before the next (bench/fast_agent.py)."""
     environ = {**env.env, **({"FAST_AGENT_LOG": str(log)} if log else {})}
+    if one_at_a_time:
+        environ["FAST_AGENT_ONE_AT_A_TIME"] = "1"
     if agent_type is not None:
         env.client.register_agent(agent_id, agent_type)
         environ["FAST_AGENT_TASKS"] = agent_type

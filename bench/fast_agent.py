@@ -10,6 +10,10 @@ pipeline, the acks due by then. With FAST_AGENT_LOG set, it writes a line per ta
 and per ack sent (A), `T|A machine attempt milliseconds`, both times taken from Redis's clock
 (the stream entry ids of the task and of the ack), so the latency benchmark pairs an ack with the
 next task of its machine on one clock, however long that task then waited here.
+
+With FAST_AGENT_ONE_AT_A_TIME=1 it is the agent a team writes first with redis-py instead: it
+reads one task, answers it, acknowledges it, and reads the next, a round trip each, no pipeline
+(the shape the issue's independent driver measured the worker shapes with).
 """
 
 from __future__ import annotations
@@ -109,6 +113,20 @@ class Agent:
             self.answered = max(self.answered, int(elapsed * self.rate))
 
 
+def one_at_a_time(agent: Agent, stop: Any) -> None:
+    """Read a task, answer it, acknowledge it: three round trips a task, one task at a time."""
+    client = agent.client
+    while not stop():
+        found: Any = client.xreadgroup(
+            GROUP, agent.agent_id, {agent.tasks: ">"}, count=1, block=200
+        )
+        for entry_id, fields in found[0][1] if found else []:
+            task = json.loads(fields[b"message"])
+            if task.get("type") != "state_cancel":
+                client.xadd(agent.acks, {"message": ack_for(task)})
+            client.xack(agent.tasks, GROUP, entry_id)
+
+
 def main() -> None:
     agent_id = sys.argv[1]
     rate = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
@@ -128,6 +146,9 @@ def main() -> None:
         gc.collect()
         gc.freeze()
         gc.set_threshold(70_000, 20, 100)
+        if os.environ.get("FAST_AGENT_ONE_AT_A_TIME"):
+            one_at_a_time(agent, lambda: stop)
+            return
         while not stop:
             agent.read()
             count = agent.due()

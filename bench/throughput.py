@@ -68,6 +68,7 @@ def run_engine(
     pool: str = "threads",
     workers: int = 2,
     broker: Broker | None = None,
+    agent: str = "batch",
     **settings: Any,
 ) -> dict[str, Any]:
     """Our figure: machines looping through two states for as long as it measures; transitions
@@ -87,8 +88,8 @@ def run_engine(
         # what is measured is the machines' transitions, not how fast a client starts them.
         store_machines(env, "bench_loop", "S0", machines, agent_id)
         dispatched(env, agent_id, machines)
-        agent = spawn_fast_agent(env, agent_id)
-        measured = {"agent": [agent.pid], **(broker.processes() if broker else {})}
+        answering = spawn_fast_agent(env, agent_id, one_at_a_time=agent == "one")
+        measured = {"agent": [answering.pid], **(broker.processes() if broker else {})}
         meter = CpuMeter.of(env, measured)
         wait(lambda: transitions(env, after) >= 1, 60, "the first transition")
         time.sleep(2.0)
@@ -98,12 +99,13 @@ def run_engine(
         t1, n1 = time.monotonic(), transitions(env, after)
         cpu = meter.stop()
         wal = wal_bytes_since(env, wal0)
-        agent.terminate()
+        answering.terminate()
         done = n1 - n0
         return {
             "mode": mode,
             "broker": "amqp" if broker else "redis",
             "machines": machines,
+            "agent": agent,
             "seconds": round(t1 - t0, 2),
             "transitions": done,
             "sustained_per_s": round(done / (t1 - t0), 1),
@@ -273,7 +275,13 @@ def _round(
     """One round's runs of the project and its chains, on the broker (else Redis)."""
     runs = [
         run_engine(
-            n, bridges=args.bridges, seconds=args.seconds, mode=mode, broker=broker, **workers
+            n,
+            bridges=args.bridges,
+            seconds=args.seconds,
+            mode=mode,
+            broker=broker,
+            agent=args.agent,
+            **workers,
         )
         for mode in args.modes
         for n in args.machines
@@ -359,6 +367,13 @@ def main() -> None:
         "--concurrency", type=int, default=16, help="each worker's pool size (celeryconfig: 16)"
     )
     parser.add_argument("--bridges", type=int, default=2, help="ack bridge processes")
+    parser.add_argument(
+        "--agent",
+        choices=["batch", "one"],
+        default="batch",
+        help="the agent: a thousand tasks read and answered at once (batch), or one task "
+        "read, answered and acknowledged before the next (one: a plain redis-py agent)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="steady state measured")
     parser.add_argument(
         "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
