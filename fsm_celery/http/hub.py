@@ -88,6 +88,7 @@ class EventHub:
         self._task: asyncio.Task[None] | None = None
         self._wanted = asyncio.Event()  # set while a page listens
         self._live = asyncio.Event()  # set while subscribed
+        self._behind: set[Listener] = set()  # went on before the subscription: told to resync
         self.received = 0
 
     @property
@@ -113,13 +114,16 @@ class EventHub:
     @contextlib.asynccontextmanager
     async def listen(self, interest: Interest = Interest()) -> AsyncIterator[Listener]:
         """A page's listener, once the hub is subscribed (so that it misses nothing from then
-        on; when Redis is away, after SUBSCRIBE_WAIT, told to resync once it is back)."""
+        on; when the subscription takes longer than SUBSCRIBE_WAIT, Redis away or slow, at
+        once, and told to resync once it is subscribed)."""
         listener = Listener(interest)
         self._add(listener)
         try:
             if self._task is not None and not self._live.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._live.wait(), SUBSCRIBE_WAIT)
+                if not self._live.is_set():
+                    self._behind.add(listener)
             yield listener
         finally:
             self._remove(listener)
@@ -170,6 +174,7 @@ class EventHub:
         self._count -= 1
         if not self._count:
             self._wanted.clear()
+        self._behind.discard(listener)
         self._everything.discard(listener)
         self._starts.discard(listener)
         for machine in listener.followed:
@@ -202,10 +207,12 @@ class EventHub:
                     await pubsub.subscribe(self._channel)
                     self._live.set()
                     delay = 0.5
-                    if interrupted:  # events may have been missed meanwhile
-                        for listener in self._all():
-                            _send(listener, RESYNC)
-                        interrupted = False
+                    # events may have been missed meanwhile: by every page if the feed broke,
+                    # by those that went on before this subscription if it was only late
+                    behind, self._behind = self._behind, set()
+                    for listener in self._all() if interrupted else behind:
+                        _send(listener, RESYNC)
+                    interrupted = False
                     await self._listen(pubsub)
                     self._live.clear()
                     await pubsub.unsubscribe(self._channel)

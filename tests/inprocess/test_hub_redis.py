@@ -15,7 +15,7 @@ import redis
 
 from fsm_celery.channel.redis import connect_async
 from fsm_celery.http import hub as hub_module
-from fsm_celery.http.hub import EventHub
+from fsm_celery.http.hub import RESYNC, EventHub
 from tests.support.services import Services
 
 
@@ -62,3 +62,30 @@ def test_the_hub_listens_only_while_pages_do(
         asyncio.run(scenario())
     finally:
         admin.close()
+
+
+def test_a_page_that_went_on_before_a_late_subscription_is_told_to_resync(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscription slower than SUBSCRIBE_WAIT (here no wait at all) lets the page go on
+    without it: what was published meanwhile never reaches it, so once subscribed the hub
+    tells it to resync, and then carries what follows."""
+    channel = f"hubtest:{uuid.uuid4().hex}:events"
+    admin = redis.Redis.from_url(services.redis_url)
+    event = json.dumps({"type": "state_event", "machineId": "m1", "toState": "B"})
+
+    async def scenario() -> None:
+        hub = EventHub(services.redis_url, channel, idle_seconds=0.3)
+        hub.start()
+        async with hub.listen() as page:
+            assert not hub.subscribed  # it went on before the subscription
+            assert await asyncio.wait_for(page.queue.get(), 5) == RESYNC
+            admin.publish(channel, event)
+            assert await asyncio.wait_for(page.queue.get(), 2) == event
+        async with hub.listen() as page:  # subscribed already: nothing missed, no resync
+            admin.publish(channel, event)
+            assert await asyncio.wait_for(page.queue.get(), 2) == event
+        await hub.stop()
+
+    monkeypatch.setattr(hub_module, "SUBSCRIBE_WAIT", 0.0)
+    asyncio.run(scenario())
