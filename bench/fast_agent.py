@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import redis
@@ -113,7 +114,7 @@ class Agent:
             self.answered = max(self.answered, int(elapsed * self.rate))
 
 
-def one_at_a_time(agent: Agent, stop: Any) -> None:
+def one_at_a_time(agent: Agent, stop: Callable[[], bool]) -> None:
     """Read a task, answer it, acknowledge it: three round trips a task, one task at a time."""
     client = agent.client
     while not stop():

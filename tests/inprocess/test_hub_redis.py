@@ -88,4 +88,7 @@ def test_a_page_that_went_on_before_a_late_subscription_is_told_to_resync(
         await hub.stop()
 
     monkeypatch.setattr(hub_module, "SUBSCRIBE_WAIT", 0.0)
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        admin.close()

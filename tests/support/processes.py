@@ -324,14 +324,16 @@ class FsmEnv:
 
     def _last_steps(self, machine_id: uuid.UUID, most: int = 5) -> str:
         """The machine's last history rows, for a failure's message (why did it move back?)."""
-        rows = self.client.history(machine_id)[-most:]
-        return "; ".join(
-            f"{r.attempt} {r.event} {r.from_state}->{r.to_state}"
-            + "".join(
-                f" {k}={v!r}" for k, v in (("error", r.error_message), ("reason", r.reason)) if v
-            )
-            for r in rows
-        )
+        try:
+            rows = self.client.history(machine_id)[-most:]
+        except OperationalError as exc:  # the database is away: the timeout is the news
+            return f"unread ({type(exc).__name__})"
+        steps = []
+        for r in rows:
+            notes = (("error", r.error_message), ("reason", r.reason))
+            said = (f" {k}={v!r}" for k, v in notes if v)
+            steps.append(f"{r.attempt} {r.event} {r.from_state}->{r.to_state}" + "".join(said))
+        return "; ".join(steps)
 
     def wait_for_state(self, machine_id: uuid.UUID, state: str, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout

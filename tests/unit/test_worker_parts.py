@@ -3,7 +3,9 @@ they failed for a reason that may be one step's."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,9 +28,9 @@ class _Entry:
         return []
 
 
-def _worker(entry: _Entry) -> Worker:
+def _worker(entry: _Entry, settings: Settings | None = None) -> Worker:
     engine: Any = SimpleNamespace(entry=entry)
-    worker = Worker(Settings(), lambda: engine, lambda: pytest.fail("no dead letters"))
+    worker = Worker(settings or Settings(), lambda: engine, lambda: pytest.fail("no dead letters"))
     worker.enqueue = lambda next_states: None  # type: ignore[assignment]
     return worker
 
@@ -51,3 +53,30 @@ def test_a_transient_failure_fails_every_step() -> None:
     entry = _Entry(sqlalchemy.exc.OperationalError("SELECT", {}, Exception("gone")))
     with pytest.raises(sqlalchemy.exc.OperationalError):
         _worker(entry).entries(list(STEPS))
+
+
+def test_with_two_rounds_at_once_a_step_is_entered_beside_a_running_round() -> None:
+    """FSM_WORKER_ROUNDS_AT_ONCE=2: a step that arrives alone does not wait for the round."""
+
+    class Held(_Entry):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def enter_many(self, steps: list[Any]) -> list[Any]:
+            super().enter_many(steps)
+            if len(self.calls) == 1:
+                self.entered.set()
+                assert self.release.wait(5)
+            return []
+
+    entry = Held()
+    worker = _worker(entry, Settings(worker_rounds_at_once=2))
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(worker.entries, [STEPS[0]])
+        assert entry.entered.wait(5)
+        assert worker.entries([STEPS[1]]) == []  # while the first round still runs
+        assert not first.done()
+        entry.release.set()
+        assert first.result(5) == []
+    assert entry.calls == [[STEPS[0]], [STEPS[1]]]
