@@ -39,12 +39,14 @@ class Stats:
         self._rt = runtime
 
     def fold(self, most: int = 50) -> int:
-        """Fold the finished machines' count changes into their counters, and the attempts
+        """Fold the machines' count changes into their counters, and the attempts
         recorded since the last fold into theirs, a chunk per transaction (at most `most`
         chunks); how many attempts were folded."""
-        with self._rt.db.begin() as conn:
-            r.watermark_txn(conn)  # one fold at a time
-            r.fold_machine_counts_txn(conn)
+        for _ in range(most):  # a backlog of count changes: a chunk a transaction
+            with self._rt.db.begin() as conn:
+                r.watermark_txn(conn)  # one fold at a time
+                if r.fold_machine_counts_txn(conn) < r.COUNT_CHUNK:
+                    break
         folded = 0
         for _ in range(most):
             now = self._rt.clock()

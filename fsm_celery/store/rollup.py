@@ -35,7 +35,6 @@ from fsm_celery.core.stats import (
     saturated,
     saturated_cost,
 )
-from fsm_celery.core.transition import MachineStatus
 from fsm_celery.store import dialects
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.tables import (
@@ -52,8 +51,8 @@ from fsm_celery.store.tables import (
 HISTORY = "history"
 ROW_COST = MOST_COST / 2**63  # ~1.9e289, far past any machine's (MAX_COST: 1e12)
 ATTEMPTS = ("ack", "timeout")  # the history rows that end an agent's attempt
-FINISHED = ("completed", "failed", "cancelled")  # counted by machine_counts (migration 0011)
-LIVE = tuple(status.value for status in MachineStatus if status.value not in FINISHED)
+FINISHED = ("completed", "failed", "cancelled")  # a machine's ends (the completion rate's)
+COUNT_CHUNK = 10_000  # machine count changes folded a transaction
 # The memory the attempts' sums may take before PostgreSQL spills them to disk: its 4 MB default
 # sorts 200,000 attempts on disk for the grouping sets (twice); with this they are hashed, in
 # one pass. Per statement, in its transaction only (SET LOCAL).
@@ -289,26 +288,12 @@ def agent_usage_txn(conn: Connection) -> Sequence[AnyRow]:
 
 
 def machine_counts_txn(conn: Connection) -> list[Count]:
-    """Machines counted, and their usage summed, by type, agent type and status: the live ones
-    (running, paused) counted now, the finished ones folded (machine_counts) plus the changes
-    not folded yet; read in one snapshot, a fold that commits meanwhile is counted once."""
-    c = machines.c
-    live = conn.execute(
-        _by_status(
-            c,
-            func.count().label("total"),
-            func.sum(c.tokens_used).label("tokens"),  # numeric in PostgreSQL: no overflow
-            # a double's sum past its range is an error: each row counts for at most a share
-            # of it small enough that no count of rows reaches it
-            func.sum(case((c.cost > ROW_COST, ROW_COST), else_=c.cost)).label("cost"),
-        ).where(c.status.in_(LIVE))  # by its index: the finished ones are many
-    ).all()
-    counts = [
-        Count(r.type, r.agent_type, r.status, r.total, int(r.tokens or 0), float(r.cost or 0))
-        for r in live
-    ]
-    folded = _stored_counts(conn)
+    """Machines counted, and their usage summed, by type, agent type and status: the folded
+    counters (machine_counts) plus the changes not folded yet, live and finished machines alike
+    (migration 0025), so that a read costs the same with a million machines waiting; read in one
+    snapshot, a fold that commits meanwhile is counted once."""
     x = machine_count_changes.c
+    folded = _stored_counts(conn)
     pending = conn.execute(
         _by_status(
             x,
@@ -317,7 +302,7 @@ def machine_counts_txn(conn: Connection) -> list[Count]:
             func.sum(x.cost).label("cost"),  # each at most ROW_COST (the triggers')
         )
     ).all()
-    return counts + [n for n in _added(folded, pending).values() if n.total > 0]
+    return [n for n in _added(folded, pending).values() if n.total > 0]
 
 
 def _by_status(c: Any, *sums: Any) -> Select[Any]:
@@ -325,14 +310,31 @@ def _by_status(c: Any, *sums: Any) -> Select[Any]:
     return select(c.type, c.agent_type, c.status, *sums).group_by(c.type, c.agent_type, c.status)
 
 
-def fold_machine_counts_txn(conn: Connection) -> int:
-    """Move the changes committed so far into machine_counts (those of transactions still in
-    flight are not visible: the next fold takes them); how many it moved."""
-    changes = conn.execute(
-        delete(machine_count_changes).returning(
-            *(machine_count_changes.c[name] for name in _COUNTED)
-        )
-    ).all()
+def fold_machine_counts_txn(conn: Connection, most: int = COUNT_CHUNK) -> int:
+    """Move the oldest changes committed so far (at most `most`) into machine_counts (those of
+    transactions still in flight are not visible: the next fold takes them); how many it
+    moved. On PostgreSQL they are summed by key in the statement that deletes them, so a
+    backlog (a bulk start, beat stopped for a while) reaches Python as a few rows."""
+    x = machine_count_changes.c
+    oldest = select(x.id).order_by(x.id).limit(most).scalar_subquery()
+    moving = delete(machine_count_changes).where(x.id.in_(oldest))
+    if conn.dialect.name == "postgresql":
+        moved = moving.returning(*(x[name] for name in _COUNTED)).cte("moved")
+        changes = conn.execute(
+            select(
+                moved.c.type,
+                moved.c.agent_type,
+                moved.c.status,
+                func.sum(moved.c.machines).label("machines"),
+                func.sum(moved.c.tokens).label("tokens"),
+                func.sum(moved.c.cost).label("cost"),
+                func.count().label("rows"),
+            ).group_by(moved.c.type, moved.c.agent_type, moved.c.status)
+        ).all()
+        count = sum(int(r.rows) for r in changes)
+    else:
+        changes = conn.execute(moving.returning(*(x[name] for name in _COUNTED))).all()
+        count = len(changes)
     if not changes:
         return 0
     keys = {(r.type, r.agent_type, r.status) for r in changes}
@@ -356,7 +358,7 @@ def fold_machine_counts_txn(conn: Connection) -> int:
         ),
         rows,
     )
-    return len(changes)
+    return count
 
 
 def _stored_counts(conn: Connection, lock: bool = False) -> dict[tuple[str, str, str], Count]:
@@ -376,15 +378,21 @@ _COUNTED = ("type", "agent_type", "status", "machines", "tokens", "cost")
 def _added(
     counts: dict[tuple[str, str, str], Count], changes: Iterable[Any]
 ) -> dict[tuple[str, str, str], Count]:
-    """The counts with the changes added (a sum saturates rather than overflow; never below 0)."""
-    added = dict(counts)
+    """The counts with the changes added (a sum saturates rather than overflow; never below 0).
+    The changes are summed by key first: a fold may return a machine's -1 before its +1."""
+    summed: dict[tuple[str, str, str], list[Any]] = {}
     for r in changes:
-        key = (r.type, r.agent_type, r.status)
+        total = summed.setdefault((r.type, r.agent_type, r.status), [0, 0, 0.0])
+        total[0] += int(r.machines)
+        total[1] += int(r.tokens)
+        total[2] += float(r.cost)
+    added = dict(counts)
+    for key, (count, tokens, cost) in summed.items():
         was = added.get(key) or Count(*key, 0, 0, 0.0)
         added[key] = was._replace(
-            total=max(0, was.total + int(r.machines)),
-            tokens=max(0, saturated(was.tokens + int(r.tokens))),
-            cost=max(0.0, saturated_cost(was.cost + float(r.cost))),
+            total=max(0, was.total + count),
+            tokens=max(0, saturated(was.tokens + tokens)),
+            cost=max(0.0, saturated_cost(was.cost + cost)),
         )
     return added
 

@@ -410,10 +410,10 @@ agent_usage = Table(
     Column("cost", Float, nullable=False),
 )
 
-# Finished machines (completed, failed, cancelled) counted by type, agent type and status, with
-# their tokens and cost: the statistics read these and count only the live machines. Triggers on
-# state_machines (migration 0011) append a change for each machine that becomes finished, stops
-# being finished, is deleted, or has its usage changed while finished; beat's fold moves the
+# Machines counted by type, agent type and status, with their tokens and cost: the statistics
+# read these, not the machines. Triggers on state_machines (migrations 0011, 0025) append a
+# change for each machine inserted, deleted, moved to another status, type or agent type, or
+# whose usage changed (a transition from state to state fires none); beat's fold moves the
 # changes into machine_counts, deleting them in the same transaction.
 machine_counts = Table("machine_counts", metadata, *tally(key=True, machines=BigInteger))
 machine_count_changes = Table(
@@ -454,6 +454,7 @@ approval_gates = Table(
     Column("verdict", String(10), nullable=False, server_default="pending"),
     at("closed_at"),
     partial("idx_approval_gates_open", "machine_id", unique=True, where="closed_at IS NULL"),
+    partial("idx_approval_gates_open_deadline", "deadline_at", "id", where="closed_at IS NULL"),
     Index("idx_approval_gates_machine", "machine_id", "id"),
 )
 

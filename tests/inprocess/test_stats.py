@@ -179,31 +179,41 @@ def _counted(fsm: Fsm) -> dict[tuple[str, str, str], tuple[int, int, float]]:
 
 
 @pytest.mark.parametrize("database", ["fsm", "fsm_sqlite"])
-def test_finished_machines_are_counted_exactly_folded_or_not_run_again_or_deleted(
+def test_machines_are_counted_exactly_live_or_finished_folded_or_not_run_again_or_deleted(
     database: str, request: pytest.FixtureRequest
 ) -> None:
+    """Counted by the triggers' changes and the fold alone (no machine row read): a start, a
+    transition with usage while running, a finish, a cancel, a pause, a retry, a delete."""
     fsm: Fsm = request.getfixturevalue(database)
     agent = fsm.agent("tester")
-    mids = [fsm.start("test_linear") for _ in range(4)]
-    for _ in range(3):  # each state of the first two, with usage
+    mids = [fsm.start("test_linear") for _ in range(5)]
+    for n in range(3):  # each state of the first two, with usage; the 4th's first state too
         for task in agent.tasks():
-            if uuid.UUID(task["machineId"]) in mids[:2]:
+            mid = uuid.UUID(task["machineId"])
+            if mid in mids[:2] or (mid == mids[3] and n == 0):
                 output = {task["state"].lower(): 1, "tokensUsed": 7, "cost": 0.25}
                 fsm.receive(ack(task, output=output))
     admin = fsm.engine.admin
     admin.command(mids[2], Command(Action.CANCEL, "ops", "not needed"))
+    admin.command(mids[4], Command(Action.PAUSE, "ops", "a look first"))
     assert [fsm.machine(m).status for m in mids] == [
         "completed",
         "completed",
         "cancelled",
         "running",
+        "paused",
     ]
-    assert _counted(fsm) == _truth(fsm)  # every finish a change not folded yet
+    assert fsm.machine(mids[3]).tokens_used == 7  # usage while running: a change of its own
+    assert _counted(fsm) == _truth(fsm)  # every change not folded yet
+    with fsm.engine.db.begin() as conn:  # a backlog is folded a chunk at a time, oldest first
+        assert rollup.fold_machine_counts_txn(conn, most=2) == 2
+    assert _counted(fsm) == _truth(fsm)
     fsm.engine.stats.fold()
     assert _counted(fsm) == _truth(fsm)
     with fsm.engine.db.connect() as conn:
         assert conn.execute(select(func.count()).select_from(machine_count_changes)).scalar() == 0
-        assert conn.execute(select(func.sum(machine_counts.c.machines))).scalar() == 3
+        assert conn.execute(select(func.sum(machine_counts.c.machines))).scalar() == 5
+    admin.command(mids[4], Command(Action.RESUME, "ops", "looked"))
     fsm.enter_all(admin.command(mids[2], Command(Action.RETRY, "ops", "after all")))
     assert fsm.machine(mids[2]).status == "running"
     with fsm.engine.db.begin() as conn:  # as an operator (or a prune) deletes a finished one
@@ -213,10 +223,11 @@ def test_finished_machines_are_counted_exactly_folded_or_not_run_again_or_delete
     fsm.engine.stats.fold()
     assert _counted(fsm) == _truth(fsm)
     stats = fsm.engine.stats.read()
-    assert stats["machines"]["test_linear"] == {"completed": 1, "running": 2}
-    assert (
-        stats["usage"]["by_type"]["test_linear"]["tokens"]
-        == _truth(fsm)[("test_linear", "tester", "completed")][1]
+    assert stats["machines"]["test_linear"] == {"completed": 1, "running": 3}
+    truth = _truth(fsm)  # the usage of the running machine with usage, and the completed one
+    assert stats["usage"]["by_type"]["test_linear"]["tokens"] == 7 + 7 * 3
+    assert stats["usage"]["by_type"]["test_linear"]["tokens"] == sum(
+        tokens for (kind, _, _), (_, tokens, _) in truth.items() if kind == "test_linear"
     )
 
 
