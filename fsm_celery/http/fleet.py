@@ -158,18 +158,9 @@ class Fleet:
         return state in states and state_kind(states[state]) == "agent"
 
     def _gates(self, conn: Connection, now: datetime, types: Zeros, families: Families) -> None:
-        fraction = self.settings.approval_sla_fraction
-        waiting: dict[tuple[str, ...], float] = defaultdict(float, types)
-        late: dict[tuple[str, ...], float] = defaultdict(float, types)
-        for machine_type, opened, deadline in fq.open_gates_txn(conn):
-            opened = opened if opened.tzinfo else opened.replace(tzinfo=UTC)
-            deadline = deadline if deadline.tzinfo else deadline.replace(tzinfo=UTC)
-            key = (_root(machine_type),)
-            waiting[key] += 1
-            if now >= opened + (deadline - opened) * fraction:
-                late[key] += 1
-        _add(families, "fsm_approvals_waiting", waiting)
-        _add(families, "fsm_approvals_past_sla", late)
+        counts, late = fq.open_gates_txn(conn, now, self.settings.approval_sla_fraction)
+        _add(families, "fsm_approvals_waiting", types | _by_root(counts))
+        _add(families, "fsm_approvals_past_sla", types | _by_root(late))
 
     # ---- Redis --------------------------------------------------------------------------
 

@@ -4,8 +4,8 @@ scrape stays cheap whatever piles up: a count that reaches MOST says "MOST or mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, and_, exists, func, select
@@ -54,16 +54,37 @@ def fanouts_open_txn(conn: Connection) -> dict[str, int]:
     return _counted_by(conn, m.type, f.closed_at.is_(None), joined)
 
 
-def open_gates_txn(conn: Connection) -> Sequence[Any]:
-    """The open approval gates (type, opened_at, deadline_at), at most MOST."""
+def open_gates_txn(
+    conn: Connection, now: datetime, fraction: float
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The open approval gates (at most MOST), by their machine's type: how many, and how many
+    have used `fraction` of their time (opened + (deadline - opened) * fraction <= now). On
+    PostgreSQL counted in the statement, so a scrape reads a few rows whatever waits."""
     g, m = approval_gates.c, machines.c
-    query = (
-        select(m.type, g.opened_at, g.deadline_at)
+    gates = (
+        select(m.type.label("type"), g.opened_at, g.deadline_at)
         .select_from(approval_gates.join(machines, m.id == g.machine_id))
         .where(g.closed_at.is_(None), m.status.in_(("running", "paused")))
         .limit(MOST)
+        .subquery()
     )
-    return conn.execute(query).all()
+    waiting: dict[str, int] = {}
+    late: dict[str, int] = {}
+    if conn.dialect.name == "postgresql":
+        opened, deadline = (
+            func.extract("epoch", t) for t in (gates.c.opened_at, gates.c.deadline_at)
+        )
+        past = opened * (1 - fraction) + deadline * fraction <= now.timestamp()
+        counted = select(gates.c.type, func.count(), func.count().filter(past))
+        for machine_type, n, n_late in conn.execute(counted.group_by(gates.c.type)):
+            waiting[str(machine_type)], late[str(machine_type)] = int(n), int(n_late)
+        return waiting, late
+    for machine_type, opened, deadline in conn.execute(select(gates)):
+        opened, deadline = (t if t.tzinfo else t.replace(tzinfo=UTC) for t in (opened, deadline))
+        key = str(machine_type)
+        waiting[key] = waiting.get(key, 0) + 1
+        late[key] = late.get(key, 0) + int(now >= opened + (deadline - opened) * fraction)
+    return waiting, late
 
 
 def events_kept_txn(conn: Connection) -> int:

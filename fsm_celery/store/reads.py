@@ -13,6 +13,7 @@ from uuid import UUID
 from sqlalchemy import Connection, Select, func, select, tuple_
 
 from fsm_celery.core.join import SlotStatus
+from fsm_celery.store import rollup
 from fsm_celery.store.queries import AnyRow
 from fsm_celery.store.tables import agents, definitions, fan_out_items, fan_outs, machines
 
@@ -77,7 +78,26 @@ def machine_ids_txn(conn: Connection, where: MachineFilter, limit: int) -> list[
 
 
 def count_machines_txn(conn: Connection, where: MachineFilter) -> dict[str, int]:
-    """How many machines the filter selects, by status (statuses without one left out)."""
+    """How many machines the filter selects, by status (statuses without one left out). A
+    filter of status, type and agent type alone is answered by the counters the statistics
+    keep (store.rollup): the same count, without reading a million waiting machines."""
+    if where == MachineFilter(where.status, where.machine_type, where.agent_type):
+        if conn.dialect.name == "postgresql":  # the counters and their changes in one snapshot
+            conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            counts = rollup.machine_counts_txn(conn)
+        found: dict[str, int] = {}
+        for n in counts:
+            if all(
+                wanted is None or wanted == got
+                for wanted, got in (
+                    (where.status, n.status),
+                    (where.machine_type, n.type),
+                    (where.agent_type, n.agent_type),
+                )
+            ):
+                found[n.status] = found.get(n.status, 0) + n.total
+        return found
     query = where.apply(select(machines.c.status, func.count().label("n")))
     return {row.status: row.n for row in conn.execute(query.group_by(machines.c.status))}
 

@@ -4,9 +4,15 @@ on no agent, and must not make an agent type look starved (real PostgreSQL and R
 
 from __future__ import annotations
 
+from datetime import UTC, timedelta
 from typing import Any
 
+import pytest
+from sqlalchemy import select
+
+from fsm_celery.http import fleet_queries as fq
 from fsm_celery.http.fleet import Fleet
+from fsm_celery.store.tables import approval_gates
 from fsm_celery.worker.broker import RedisQueues
 from tests.inprocess.conftest import Fsm, ack
 
@@ -39,3 +45,19 @@ def test_a_gate_a_wait_and_a_tool_call_are_no_agents_work(fsm: Fsm) -> None:
     assert work_waiting(fsm).get("tester", 0) == 0
     fsm.start("test_linear")  # a state_task sent to the tester type: its work
     assert work_waiting(fsm)["tester"] == 1
+
+
+@pytest.mark.parametrize("database", ["fsm", "fsm_sqlite"])
+def test_open_gates_are_counted_and_past_their_share_of_time(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    """fsm_approvals_waiting and fsm_approvals_past_sla's counts (in SQL on PostgreSQL, in
+    Python on SQLite): a gate of an hour, half an hour in, is past 40% of its time, not 60%."""
+    fsm: Fsm = request.getfixturevalue(database)
+    fsm.start("test_gate")
+    _answer_first(fsm)
+    with fsm.engine.db.connect() as conn:
+        opened = conn.execute(select(approval_gates.c.opened_at)).scalar_one()
+        half = (opened if opened.tzinfo else opened.replace(tzinfo=UTC)) + timedelta(minutes=30)
+        assert fq.open_gates_txn(conn, half, 0.4) == ({"test_gate": 1}, {"test_gate": 1})
+        assert fq.open_gates_txn(conn, half, 0.6) == ({"test_gate": 1}, {"test_gate": 0})

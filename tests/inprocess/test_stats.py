@@ -5,6 +5,8 @@ commit out of order."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,7 +14,8 @@ from sqlalchemy import create_engine, delete, func, insert, select, text
 
 from fsm_celery.core.admin import Action, Command
 from fsm_celery.core.stats import GROWTH
-from fsm_celery.store import rollup
+from fsm_celery.store import reads, rollup
+from fsm_celery.store.reads import MachineFilter
 from fsm_celery.store.tables import machine_count_changes, machine_counts, machines, transitions
 from tests.inprocess.conftest import Fsm, ack
 from tests.support.messages import FIX_BUG_STATES, OUTPUTS
@@ -224,6 +227,14 @@ def test_machines_are_counted_exactly_live_or_finished_folded_or_not_run_again_o
     assert _counted(fsm) == _truth(fsm)
     stats = fsm.engine.stats.read()
     assert stats["machines"]["test_linear"] == {"completed": 1, "running": 3}
+    for where in (MachineFilter(machine_type="test_linear"), MachineFilter(status="running")):
+        with fsm.engine.db.connect() as conn:  # by the counters
+            counted = reads.count_machines_txn(conn, where)
+        every = replace(where, created_after=datetime(2000, 1, 1, tzinfo=UTC))
+        with fsm.engine.db.connect() as conn:  # by the machine rows
+            assert counted == reads.count_machines_txn(conn, every)
+        expected = {"completed": 1, "running": 3} if where.status is None else {"running": 3}
+        assert counted == expected
     truth = _truth(fsm)  # the usage of the running machine with usage, and the completed one
     assert stats["usage"]["by_type"]["test_linear"]["tokens"] == 7 + 7 * 3
     assert stats["usage"]["by_type"]["test_linear"]["tokens"] == sum(
