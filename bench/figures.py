@@ -58,6 +58,19 @@ FIGURE_KEYS: dict[str, tuple[str, ...]] = {
         "pages",
         "engine_loss_pct",
     ),
+    "waiting": (
+        "waiting",
+        "scan_p99_ms",
+        "scan_p99_ms_smallest",
+        "redis_bytes_per_waiting",
+        "list_p99_ms",
+        "stats_p99_ms",
+        "approvals_p99_ms",
+        "starts_vs_empty",
+        "restart_s",
+        "worker_mib",
+        "worker_mib_smallest",
+    ),
 }
 # The table's rows: one file each, in this order; a file not named here is refused.
 ROWS = (
@@ -71,6 +84,7 @@ ROWS = (
     "history",
     "memory",
     "dashboard",
+    "waiting",
 )
 
 
@@ -257,6 +271,20 @@ def _dashboard(f: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+def _waiting(f: dict[str, Any]) -> tuple[str, str]:
+    return (
+        f"{number(f['waiting'])} machines waiting (agents, approvals, events; deadlines over a "
+        "day)",
+        f"the scan p99 {number(f['scan_p99_ms'])} ms ({number(f['scan_p99_ms_smallest'])} ms at "
+        f"the smallest level); Redis {number(f['redis_bytes_per_waiting'])} B a machine; list "
+        f"p99 {number(f['list_p99_ms'])} ms, statistics p99 {number(f['stats_p99_ms'])} ms, "
+        f"approvals p99 {number(f['approvals_p99_ms'])} ms; starts "
+        f"{number(round(f['starts_vs_empty'] * 100))}% of an empty database's; every process "
+        f"restarted and serving in {number(f['restart_s'])} s; a worker "
+        f"{number(f['worker_mib_smallest'])} → {number(f['worker_mib'])} MiB",
+    )
+
+
 FORMATS: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
     "throughput": _throughput,
     "latency": _latency,
@@ -265,6 +293,7 @@ FORMATS: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
     "memory": _memory,
     "fanout": _fanout,
     "dashboard": _dashboard,
+    "waiting": _waiting,
 }
 
 
