@@ -62,6 +62,7 @@ FIGURE_KEYS: dict[str, tuple[str, ...]] = {
         "waiting",
         "scan_p99_ms",
         "scan_p99_ms_smallest",
+        "smallest",
         "redis_bytes_per_waiting",
         "list_p99_ms",
         "stats_p99_ms",
@@ -276,12 +277,13 @@ def _waiting(f: dict[str, Any]) -> tuple[str, str]:
         f"{number(f['waiting'])} machines waiting (agents, approvals, events; deadlines over a "
         "day)",
         f"the scan p99 {number(f['scan_p99_ms'])} ms ({number(f['scan_p99_ms_smallest'])} ms at "
-        f"the smallest level); Redis {number(f['redis_bytes_per_waiting'])} B a machine; list "
+        f"{number(f['smallest'])}); Redis {number(f['redis_bytes_per_waiting'])} B a machine; list "
         f"p99 {number(f['list_p99_ms'])} ms, statistics p99 {number(f['stats_p99_ms'])} ms, "
         f"approvals p99 {number(f['approvals_p99_ms'])} ms; starts "
         f"{number(round(f['starts_vs_empty'] * 100))}% of an empty database's; every process "
         f"restarted and serving in {number(f['restart_s'])} s; a worker "
-        f"{number(f['worker_mib_smallest'])} → {number(f['worker_mib'])} MiB",
+        f"{number(f['worker_mib_smallest'])} MiB at {number(f['smallest'])} → "
+        f"{number(f['worker_mib'])} MiB",
     )
 
 

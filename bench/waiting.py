@@ -411,6 +411,7 @@ def row(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
         "waiting": top["waiting"],
         "scan_p99_ms": top["scan"]["p99_ms"],
         "scan_p99_ms_smallest": small["scan"]["p99_ms"],
+        "smallest": levels[0],
         "redis_bytes_per_waiting": top["redis_bytes_per_waiting"],
         "list_p99_ms": top["reads"]["list"]["p99_ms"],
         "stats_p99_ms": top["reads"]["stats"]["p99_ms"],
