@@ -4,7 +4,8 @@ same run.
 
     .venv/bin/python -m bench.throughput [--machines 1 100 1000 10000] [--seconds 10]
         [--modes celery inline] [--brokers redis amqp] [--rabbitmq-url URL] [--runs 3]
-        [--record CONDITIONS]
+        [--workers 2] [--pool threads] [--concurrency 16] [--agent batch|one]
+        [--start stored|api] [--record CONDITIONS]
 
 --brokers amqp runs Celery's tasks on RabbitMQ (quorum queues, publisher confirms: what
 FSM_BROKER_URL=amqp://... deploys), the agents staying on Redis: a RabbitMQ node of the
@@ -12,7 +13,10 @@ bench's own (tests/support/rabbitmq.py) unless --rabbitmq-url names one; its bas
 then run on RabbitMQ too.
 
 The machines (bench_loop: two states in a loop) are stored due for dispatch and entered by the
-scan before the agent starts; then every ack moves one on, for as long as it measures.
+scan before the agent starts; then every ack moves one on, for as long as it measures. With
+--start api it is an independent driver's run instead (issue 42): from a cold start, machines
+of two states that end (bench_pair) started one after another through the Python API, timed
+from the first start until the last completed.
 
 Baselines: a plain Celery chain of no-op tasks each enqueuing the next (same broker, same worker
 settings), and the bare transition transaction (lock the row, update it, insert the history row)
@@ -69,11 +73,13 @@ def run_engine(
     workers: int = 2,
     broker: Broker | None = None,
     agent: str = "batch",
+    start: str = "stored",
     **settings: Any,
 ) -> dict[str, Any]:
     """Our figure: machines looping through two states for as long as it measures; transitions
     per second over `seconds` of steady state, after two seconds of warm-up (`settings`: the
-    deployment's, pg_url among them: bench.deployment; `broker`: RabbitMQ's, else Redis)."""
+    deployment's, pg_url among them: bench.deployment; `broker`: RabbitMQ's, else Redis).
+    start "api": an independent driver's figure instead (run_started)."""
     if broker is not None:
         settings["broker_url"] = broker.url
     env = deployment(f"tp{machines}_{mode}", transition_mode=mode, **settings)
@@ -83,6 +89,8 @@ def run_engine(
         after = last_history_id(env)
         start_workers(env, workers, pool, concurrency)
         env.start_bridge(processes=bridges)
+        if start == "api":
+            return run_started(env, machines, mode, agent, after)
         agent_id = str(uuid.uuid4())
         # Every machine is stored and its first task dispatched before the agent runs, so that
         # what is measured is the machines' transitions, not how fast a client starts them.
@@ -114,6 +122,47 @@ def run_engine(
         }
     finally:
         tear_down(env)
+
+
+def run_started(env: FsmEnv, machines: int, mode: str, agent: str, after: int) -> dict[str, Any]:
+    """An independent driver's figure, from a cold start: the agent waits on its stream, the
+    machines (bench_pair: two states that end) are started one after another through the
+    Python API, and the time runs from the first start until every machine completed; its
+    transitions are the acks applied (two a machine)."""
+    agent_id = str(uuid.uuid4())
+    answering = spawn_fast_agent(env, agent_id, one_at_a_time=agent == "one")
+    meter = CpuMeter.of(env, {"agent": [answering.pid]})
+    try:
+        time.sleep(1.0)  # the agent's consumer group, before its first task
+        meter.start()
+        t0 = time.monotonic()
+        ids = start_machines(env, "bench_pair", machines, agent_id)
+        started_s = time.monotonic() - t0
+        wait(lambda: completed(env) >= len(ids), 600, "every machine to complete")
+        elapsed = time.monotonic() - t0
+        cpu = meter.stop()
+    finally:
+        answering.terminate()
+    done = transitions(env, after)
+    return {
+        "mode": mode,
+        "broker": "redis",
+        "machines": machines,
+        "agent": agent,
+        "start": "api",
+        "seconds": round(elapsed, 2),
+        "started_s": round(started_s, 2),
+        "transitions": done,
+        "sustained_per_s": round(done / elapsed, 1),
+        "cpu_ms_per_transition": {k: round(v * 1000 / max(done, 1), 3) for k, v in cpu.items()},
+        "wal_bytes_per_transition": 0,
+    }
+
+
+def completed(env: FsmEnv) -> int:
+    statement = text("SELECT count(*) FROM state_machines WHERE status = 'completed'")
+    with env.client.engine.db.connect() as conn:
+        return int(conn.execute(statement).scalar_one())
 
 
 def wal_position(env: FsmEnv) -> str:
@@ -281,6 +330,7 @@ def _round(
             mode=mode,
             broker=broker,
             agent=args.agent,
+            start=args.start,
             **workers,
         )
         for mode in args.modes
@@ -374,6 +424,14 @@ def main() -> None:
         help="the agent: a thousand tasks read and answered at once (batch), or one task "
         "read, answered and acknowledged before the next (one: a plain redis-py agent)",
     )
+    parser.add_argument(
+        "--start",
+        choices=["stored", "api"],
+        default="stored",
+        help="stored: machines looping, stored before the run, measured in a steady state; "
+        "api: an independent driver's run, from a cold start, of machines of two states that "
+        "end, started one after another through the Python API",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="steady state measured")
     parser.add_argument(
         "--modes", nargs="+", choices=["celery", "inline"], default=["celery", "inline"]
@@ -389,6 +447,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.start == "api" and args.record is not None:
+        parser.error("--record records the stored machines' figure: not with --start api")
     workers = {"concurrency": args.concurrency, "pool": args.pool, "workers": args.workers}
     amqp = Broker(args.rabbitmq_url) if "amqp" in args.brokers else None
     rounds = []

@@ -3,6 +3,7 @@ and gives the tasks their parts, built from FSM_* settings."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery.signals import (
@@ -81,6 +82,21 @@ def _serve_beat_metrics(**_: Any) -> None:
     from fsm_celery.metrics.celery import serve_beat
 
     serve_beat(_settings)
+
+
+@celeryd_after_setup.connect
+def _warn_of_a_slow_shape(sender: str, instance: Any, **_: Any) -> None:
+    """A pool that cannot combine tasks' transactions (worker/shape.py) is said at start."""
+    from fsm_celery.worker.shape import slow_shape
+
+    pool = instance.pool_cls if isinstance(instance.pool_cls, str) else _path(instance.pool_cls)
+    slow = slow_shape(pool, int(instance.concurrency or 1))
+    if slow is not None:
+        logging.getLogger("fsm_celery.worker").warning("worker %s: %s", sender, slow)
+
+
+def _path(cls: Any) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 @celeryd_after_setup.connect

@@ -197,7 +197,24 @@ class Doctor:
                 f"none answered a ping within {self.ping_timeout:g} s",
                 "start one: celery -A fsm_celery worker",
             )
-        return good(f"{len(names)} answering ({', '.join(names[:3])}…)")
+        answering = f"{len(names)} answering ({', '.join(names[:3])}…)"
+        return good(answering + "".join(f"; {n}: {s}" for n, s in self._slow_shapes(app)))
+
+    def _slow_shapes(self, app: Any) -> list[tuple[str, str]]:
+        """The workers whose pool cannot combine tasks' transactions, and why (a slow shape
+        is said, not failed: it works)."""
+        from fsm_celery.worker.shape import slow_shape
+
+        replies = app.control.inspect(timeout=self.ping_timeout).stats() or {}
+        found = []
+        for name, stats in sorted(replies.items()):
+            pool = stats.get("pool") or {}
+            said = slow_shape(
+                str(pool.get("implementation", "")), int(pool.get("max-concurrency") or 1)
+            )
+            if said is not None:
+                found.append((name, said))
+        return found
 
     def queues(self) -> Finding:
         """Whether a worker consumes each queue the machines' tasks go to (FSM_QUEUE, and
