@@ -18,19 +18,16 @@ from fsm_celery.core.loader import SHIPPED_DEFINITIONS
 from fsm_celery.store import partitions
 from fsm_celery.store.db import alembic_config
 from fsm_celery.store.tables import liveness
+from tests.support.doctor import run_doctor
 from tests.support.processes import FsmEnv
 from tests.support.services import RedisServer
 
 HEAD = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
-DOCTOR = [sys.executable, "-m", "fsm_celery", "doctor"]
-
 
 def _doctor(env: FsmEnv, **overrides: str) -> tuple[int, dict[str, str]]:
     """Run the real command; its exit status and each check's line by name."""
-    done = subprocess.run(
-        DOCTOR, env={**env.env, **overrides}, capture_output=True, text=True, timeout=60
-    )
+    done = run_doctor(env, **overrides)
     assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
     *checks, watching = done.stdout.splitlines()
     assert "deploy/" in watching and "docs/operations.md" in watching, done.stdout

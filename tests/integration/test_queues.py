@@ -8,32 +8,21 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from tests.support import ROOT
 from tests.support.agents import ScriptedAgent
+from tests.support.doctor import by_check, run_doctor
 from tests.support.processes import FsmEnv
 
 AUTH = "operator:flower-queues-password"
 
 
 def _doctor(env: FsmEnv) -> dict[str, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "fsm_celery", "doctor"],
-        cwd=ROOT,
-        env=env.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return {line[2:].split(":", 1)[0]: line for line in done.stdout.splitlines()}
+    return by_check(run_doctor(env).stdout)
 
 
 def _flower(port: int, path: str) -> Any:

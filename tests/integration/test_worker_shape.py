@@ -4,29 +4,17 @@ still works, so doctor does not fail for it (docs/performance.md, "Worker shapes
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 
-from tests.support import ROOT
+from tests.support.doctor import by_check, run_doctor
 from tests.support.processes import FsmEnv
 
 ADVICE = "run -P threads -c 16 (celeryconfig.py's default), one worker process per core"
 
 
-def _workers_line(env: FsmEnv) -> tuple[int, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "fsm_celery", "doctor"],
-        cwd=ROOT,
-        env=env.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line[2:].startswith("workers:")]
-    assert len(lines) == 1, done.stdout + done.stderr
-    return done.returncode, lines[0]
+def _workers_line(env: FsmEnv) -> str:
+    done = run_doctor(env)
+    return by_check(done.stdout)["workers"]
 
 
 def test_a_worker_of_two_threads_says_it_is_slow_and_doctor_names_it(
@@ -36,12 +24,12 @@ def test_a_worker_of_two_threads_says_it_is_slow_and_doctor_names_it(
     slow = env.start_worker(beat=False, concurrency=2)
     slow.wait_for_log("-P threads -c 2 combines few transactions")
     assert ADVICE in slow.log.read_text()
-    line = _workers_line(env)[1]
+    line = _workers_line(env)
     assert line.startswith("✔ workers: 1 answering") and "-P threads -c 2" in line, line
     assert line.endswith(ADVICE), line
     env.stop_all()
     env.procs.clear()
     fine = env.start_worker(beat=False, concurrency=16)
     assert "combines few transactions" not in fine.log.read_text()
-    line = _workers_line(env)[1]
+    line = _workers_line(env)
     assert line.startswith("✔ workers: 1 answering") and "combines few" not in line, line
