@@ -92,6 +92,7 @@ def fill(env: FsmEnv, agents: list[str], count: int) -> dict[str, float]:
     took: dict[str, float] = {}
     t0 = time.monotonic()
     with db.begin() as conn:
+        since = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
         conn.execute(
             text("""
             INSERT INTO state_machines (id, type, agent_type, current_state, context, status,
@@ -113,12 +114,11 @@ def fill(env: FsmEnv, agents: list[str], count: int) -> dict[str, float]:
     took["enter_s"] = time.monotonic() - t0
     took["entered_per_s"] = entered / took["enter_s"]
     t0 = time.monotonic()
-    with db.begin() as conn:  # only those entered now have a deadline a day away, or nearly
+    with db.begin() as conn:  # those entered now, from a day ahead to anywhere in the day
         spread = """
             UPDATE state_machines SET deadline_at = now() + random() * interval '1 day'
-            WHERE type = :type AND status = 'running'
-              AND deadline_at > now() + interval '23 hours'"""
-        conn.execute(text(spread), {"type": TYPE})
+            WHERE type = :type AND status = 'running' AND entered_at >= :since"""
+        conn.execute(text(spread), {"type": TYPE, "since": since})
         conn.execute(
             text("""
             UPDATE approval_gates g SET deadline_at = m.deadline_at FROM state_machines m
