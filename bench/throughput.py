@@ -135,12 +135,13 @@ def run_started(env: FsmEnv, machines: int, mode: str, agent: str, after: int) -
     try:
         time.sleep(1.0)  # the agent's consumer group, before its first task
         meter.start()
-        t0 = time.monotonic()
+        t0, wal0 = time.monotonic(), wal_position(env)
         ids = start_machines(env, "bench_pair", machines, agent_id)
         started_s = time.monotonic() - t0
         wait(lambda: completed(env) >= len(ids), 600, "every machine to complete")
         elapsed = time.monotonic() - t0
         cpu = meter.stop()
+        wal = wal_bytes_since(env, wal0)
     finally:
         answering.terminate()
     done = transitions(env, after)
@@ -155,7 +156,7 @@ def run_started(env: FsmEnv, machines: int, mode: str, agent: str, after: int) -
         "transitions": done,
         "sustained_per_s": round(done / elapsed, 1),
         "cpu_ms_per_transition": {k: round(v * 1000 / max(done, 1), 3) for k, v in cpu.items()},
-        "wal_bytes_per_transition": 0,
+        "wal_bytes_per_transition": round(wal / max(done, 1)),
     }
 
 

@@ -58,6 +58,7 @@ from bench.common import (
     RECORD_HELP,
     FsmEnv,
     deployment,
+    last_history_id,
     record_current,
     tear_down,
     wait,
@@ -239,7 +240,7 @@ def scans(env: FsmEnv, ports: list[int], seconds: float) -> dict[str, Any]:
     """Each scan's duration, from the workers' own fsm_scan_duration_seconds, polled often
     enough that most polls saw at most one more scan; the timeouts applied a second."""
     durations: list[float] = []
-    last_id = history_id(env)
+    last_id = last_history_id(env)
     with httpx.Client(timeout=10) as http:
         last = {port: scan_reading(http, port) for port in ports}
         t0 = time.monotonic()
@@ -267,12 +268,6 @@ def scans(env: FsmEnv, ports: list[int], seconds: float) -> dict[str, Any]:
         "max_ms": round(ordered[-1], 2),
         "timeouts_per_s": round(int(timeouts) / elapsed, 1),
     }
-
-
-def history_id(env: FsmEnv) -> int:
-    with env.client.engine.db.connect() as conn:
-        newest = conn.execute(text("SELECT coalesce(max(id), 0) FROM state_transitions"))
-        return int(newest.scalar_one())
 
 
 def memory(env: FsmEnv, deployed: Deployed) -> dict[str, float]:

@@ -189,32 +189,25 @@ class Doctor:
         return app
 
     def workers(self) -> Finding:
-        app = self._celery()
-        replies = app.control.ping(timeout=self.ping_timeout)
-        names = sorted(name for reply in replies for name in reply)
+        """The workers that answer, and those whose pool cannot combine tasks' transactions
+        (worker/shape.py: said, not failed, since it works), from one remote-control request."""
+        from fsm_celery.worker.shape import slow_shape
+
+        replies = self._celery().control.inspect(timeout=self.ping_timeout).stats() or {}
+        names = sorted(replies)
         if not names:
             return bad(
                 f"none answered a ping within {self.ping_timeout:g} s",
                 "start one: celery -A fsm_celery worker",
             )
-        answering = f"{len(names)} answering ({', '.join(names[:3])}…)"
-        return good(answering + "".join(f"; {n}: {s}" for n, s in self._slow_shapes(app)))
-
-    def _slow_shapes(self, app: Any) -> list[tuple[str, str]]:
-        """The workers whose pool cannot combine tasks' transactions, and why (a slow shape
-        is said, not failed: it works)."""
-        from fsm_celery.worker.shape import slow_shape
-
-        replies = app.control.inspect(timeout=self.ping_timeout).stats() or {}
-        found = []
-        for name, stats in sorted(replies.items()):
-            pool = stats.get("pool") or {}
-            said = slow_shape(
-                str(pool.get("implementation", "")), int(pool.get("max-concurrency") or 1)
-            )
+        slow = []
+        for name in names:
+            pool = replies[name].get("pool") or {}
+            implementation = str(pool.get("implementation", ""))
+            said = slow_shape(implementation, int(pool.get("max-concurrency") or 1))
             if said is not None:
-                found.append((name, said))
-        return found
+                slow.append(f"; {name}: {said}")
+        return good(f"{len(names)} answering ({', '.join(names[:3])}…)" + "".join(slow))
 
     def queues(self) -> Finding:
         """Whether a worker consumes each queue the machines' tasks go to (FSM_QUEUE, and

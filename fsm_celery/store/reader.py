@@ -65,9 +65,13 @@ class Reader:
             return reads.find_machines_txn(conn, where, limit, after)
 
     def count_machines(self, where: MachineFilter) -> dict[str, int]:
-        """How many machines the filter selects, by status."""
+        """How many machines the filter selects, by status (the counters and their changes
+        read in one snapshot, when the filter lets the counters answer)."""
         with self.db.connect() as conn:
-            return reads.count_machines_txn(conn, where)
+            if conn.dialect.name == "postgresql":
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                return reads.count_machines_txn(conn, where)
 
     def machine_ids(self, where: MachineFilter, limit: int) -> list[UUID]:
         """The ids of the machines the filter selects, newest first, at most limit."""

@@ -80,14 +80,11 @@ def machine_ids_txn(conn: Connection, where: MachineFilter, limit: int) -> list[
 def count_machines_txn(conn: Connection, where: MachineFilter) -> dict[str, int]:
     """How many machines the filter selects, by status (statuses without one left out). A
     filter of status, type and agent type alone is answered by the counters the statistics
-    keep (store.rollup): the same count, without reading a million waiting machines."""
+    keep (store.rollup): the same count, without reading a million waiting machines (read in
+    one snapshot: REPEATABLE READ on PostgreSQL, as the reader's count_machines asks)."""
     if where == MachineFilter(where.status, where.machine_type, where.agent_type):
-        if conn.dialect.name == "postgresql":  # the counters and their changes in one snapshot
-            conn.execution_options(isolation_level="REPEATABLE READ")
-        with conn.begin():
-            counts = rollup.machine_counts_txn(conn)
         found: dict[str, int] = {}
-        for n in counts:
+        for n in rollup.machine_counts_txn(conn):
             if all(
                 wanted is None or wanted == got
                 for wanted, got in (
