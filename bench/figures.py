@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,94 @@ ROWS = (
     "dashboard",
     "waiting",
 )
+
+
+Figures = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A figure an issue asked of a row, as the issue put it, and whether the row's figures
+    meet it: the table says so beside them, computed from the same file."""
+
+    issue: int
+    says: str
+    met: Callable[[Figures], bool]
+
+
+def _flat(f: Figures) -> bool:
+    """The scan's p99 at a million waiting within a quarter of its p99 at the smallest level."""
+    return bool(f["scan_p99_ms"] <= 1.25 * f["scan_p99_ms_smallest"])
+
+
+# The targets the issues set (README's table shows each as met or not met). A row without one
+# shows a dash.
+TARGETS: dict[str, tuple[Target, ...]] = {
+    "throughput-inline": (
+        Target(
+            26,
+            f"\N{GREATER-THAN OR EQUAL TO} 15{TIMES} the prefork chain",
+            lambda f: f["x_prefork_chain"] >= 15,
+        ),
+    ),
+    "throughput-celery": (
+        Target(
+            26,
+            f"\N{GREATER-THAN OR EQUAL TO} 1{TIMES} the prefork chain",
+            lambda f: f["x_prefork_chain"] >= 1,
+        ),
+    ),
+    "fanout": (
+        Target(
+            42,
+            f"inline \N{GREATER-THAN OR EQUAL TO} 5{TIMES} the chord's speed",
+            lambda f: f["x_chord"]["inline"] >= 5,
+        ),
+        Target(
+            42,
+            f"celery \N{GREATER-THAN OR EQUAL TO} 1{TIMES}",
+            lambda f: f["x_chord"]["celery"] >= 1,
+        ),
+    ),
+    "latency-inline": (
+        Target(42, "p50 \N{LESS-THAN OR EQUAL TO} 8 ms", lambda f: f["p50_ms"] <= 8),
+        Target(42, "p99 \N{LESS-THAN OR EQUAL TO} 25 ms", lambda f: f["p99_ms"] <= 25),
+    ),
+    "latency-celery": (
+        Target(42, "p50 \N{LESS-THAN OR EQUAL TO} 15 ms", lambda f: f["p50_ms"] <= 15),
+        Target(42, "p99 \N{LESS-THAN OR EQUAL TO} 35 ms", lambda f: f["p99_ms"] <= 35),
+    ),
+    "scale": (
+        Target(
+            26,
+            "inline \N{GREATER-THAN OR EQUAL TO} 90%",
+            lambda f: f["modes"]["inline"]["percent_of_empty"] >= 90,
+        ),
+    ),
+    "dashboard": (
+        Target(
+            26,
+            "statistics p99 \N{LESS-THAN OR EQUAL TO} 20 ms",
+            lambda f: f.get("stats_p99_ms", float("inf")) <= 20,
+        ),
+    ),
+    "waiting": (
+        Target(
+            42, "the scan p99 \N{LESS-THAN OR EQUAL TO} 50 ms", lambda f: f["scan_p99_ms"] <= 50
+        ),
+        Target(42, "the scan flat from the smallest level (within 25%)", _flat),
+        Target(
+            42,
+            "lists and statistics p99 \N{LESS-THAN OR EQUAL TO} 50 ms",
+            lambda f: max(f["list_p99_ms"], f["stats_p99_ms"], f["approvals_p99_ms"]) <= 50,
+        ),
+        Target(
+            42,
+            "starts \N{GREATER-THAN OR EQUAL TO} 90% of an empty database's",
+            lambda f: f["starts_vs_empty"] >= 0.9,
+        ),
+    ),
+}
 
 
 class FigureError(ValueError):
@@ -304,18 +393,33 @@ def _run(record: dict[str, Any]) -> str:
     return f"{record['date']}, `{record['commit']}`, {record['machine']['cpus']} cores, {source}"
 
 
+def verdicts(name: str, f: Figures) -> str:
+    """The row's targets, each said to be met or not met, with the issue that set them."""
+    targets = TARGETS.get(name, ())
+    if not targets:
+        return DASH
+    issues = sorted({t.issue for t in targets})
+    said = "; ".join(f"{t.says}: {'met' if t.met(f) else '**not met**'}" for t in targets)
+    return f"{said} (issue {', '.join(str(i) for i in issues)})"
+
+
 def figures_table(records: list[dict[str, Any]]) -> str:
-    """The documents' table of the current figures, one row per record."""
-    lines = ["| measured | figures | run |", "| --- | --- | --- |"]
+    """The documents' table of the current figures, one row per record, each with the targets
+    the issues set for it and whether its figures meet them."""
+    lines = ["| measured | figures | target | run |", "| --- | --- | --- | --- |"]
     for record in records:
-        what, figures = FORMATS[record["benchmark"]](record["figures"])
-        lines.append(f"| {what} | {figures} | {_run(record)} |")
+        f = record["figures"]
+        what, figures = FORMATS[record["benchmark"]](f)
+        target = verdicts(row_name(record["benchmark"], f), f)
+        lines.append(f"| {what} | {figures} | {target} | {_run(record)} |")
     lines += [
         "",
         "Generated from `bench/results/current/*.json` by `make figures`. Each row is one run of "
         "its own (a ratio is always taken within one run); a transcribed row was measured "
         "before the benchmarks recorded their runs, and its file names the entry of "
-        "docs/performance-history.md it comes from.",
+        "docs/performance-history.md it comes from. The target column is what an issue asked "
+        "of the row, met or not by the row's own figures; why one is not met, and what was "
+        "tried, is in docs/performance-history.md.",
     ]
     return "\n".join(lines) + "\n"
 

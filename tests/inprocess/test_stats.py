@@ -242,6 +242,32 @@ def test_machines_are_counted_exactly_live_or_finished_folded_or_not_run_again_o
     )
 
 
+@pytest.mark.parametrize("database", ["fsm", "fsm_sqlite"])
+def test_a_transition_from_state_to_state_changes_no_count(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    """The hot path pays nothing for the counts: a machine moved on from state to state, with no
+    usage reported, appends no change (its status, type and agent type stay); usage does."""
+    fsm: Fsm = request.getfixturevalue(database)
+    agent = fsm.agent("tester")
+    mid = fsm.start("test_linear")
+    fsm.engine.stats.fold()
+    assert _changes(fsm) == 0
+    (task,) = agent.tasks()
+    fsm.receive(ack(task, output={task["state"].lower(): 1}))
+    assert fsm.machine(mid).current_state != task["state"]
+    assert fsm.machine(mid).status == "running"
+    assert _changes(fsm) == 0
+    (task,) = agent.tasks()
+    fsm.receive(ack(task, output={task["state"].lower(): 1, "tokensUsed": 3}))
+    assert _changes(fsm) == 1  # the usage, counted for the running machine
+
+
+def _changes(fsm: Fsm) -> int:
+    with fsm.engine.db.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(machine_count_changes)).scalar())
+
+
 def test_postgresql_sums_attempts_as_python_does(fsm: Fsm) -> None:
     """The read's and the fold's sums in SQL (PostgreSQL) give what summing the rows gives."""
     mid = _run(fsm, 0.2, fail_first=True)

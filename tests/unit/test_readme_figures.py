@@ -111,3 +111,21 @@ def test_the_flower_example_names_a_state_of_its_definition() -> None:
     definitions = {d.type: d for d in load_all(definition_files(SHIPPED))}
     machine_type, state = match.groups()
     assert state in {s.name for s in definitions[machine_type].states}
+
+
+def test_every_target_names_a_row_of_the_table() -> None:
+    assert set(figures.TARGETS) <= set(figures.ROWS)
+
+
+def test_the_table_says_whether_each_target_is_met_from_the_same_file() -> None:
+    latency = copy.deepcopy(next(r for r in RECORDS if r["benchmark"] == "latency"))
+    latency["figures"].update(mode="inline", p50_ms=7.0, p99_ms=26.0)
+    row = next(line for line in figures.figures_table([latency]).splitlines() if "p50 7 ms" in line)
+    assert "p50 ≤ 8 ms: met; p99 ≤ 25 ms: **not met** (issue 42)" in row
+    latency["figures"]["p99_ms"] = 25.0
+    assert "p99 ≤ 25 ms: met (issue 42)" in figures.figures_table([latency])
+
+
+def test_a_row_without_a_target_says_so() -> None:
+    memory = next(r for r in RECORDS if r["benchmark"] == "memory")
+    assert figures.verdicts("memory", memory["figures"]) == figures.DASH
