@@ -136,6 +136,7 @@ class Agent:
         self._late: list[Slot] = []  # read after stop(): handed back, never started
         self._pending = False  # a task read while full, on the own stream: read it again
         self._rereading = False  # the read in hand is of the pending tasks, in their order
+        self._unsent = False  # an answer given up on, its entry pending: read them all again
         self._cancelled: Recent[None] = Recent(CANCELLED_KEPT)
         # the answers sent lately: a task read again (its XACK lost in a failover, or sent
         # twice) gets the same answer again, without the handler's work done twice
@@ -237,8 +238,12 @@ class Agent:
 
     def _next_streams(self) -> dict[Any, Any]:
         """Full, the agent's own stream only, where its cancels come (a task read meanwhile
-        stays pending); a slot freed with tasks left pending, those first."""
+        stays pending); a slot freed with tasks left pending, those first; an answer given up
+        on, every stream's pending entries (each answered one gets its kept answer again)."""
         with self._lock:
+            if self._unsent:  # an answer given up on: its entry is pending, read it again
+                self._unsent = False
+                return {stream: "0" for stream in self._streams()}
             full, pending = len(self._running) >= self.concurrency, self._pending
             self._pending = pending and full
         own = task_stream(self.id, self.prefix)
@@ -461,9 +466,14 @@ class Agent:
                 break
             log.warning("answer on %s not sent for sure (%s); again", entry_id, problem)
             self._stop.wait(min(0.2 * 2**tried, 2.0))
-        # The entry stays pending: this agent id reads it again when it reconnects, and sends
-        # the answer it keeps for it (_answered).
+        # The entry stays pending: this agent id reads its pending entries again at its next
+        # read (and when it reconnects), and sends the answer it keeps for it (_answered). Not
+        # only on a reconnect: the reading thread may ride a failover out on its client's own
+        # retries, or have read the pending entries again while this one was still trying.
         log.warning("could not answer %s on %s: %s", entry_id, stream, problem)
+        if reply is not None and not self._stop.is_set():
+            with self._lock:
+                self._unsent = True
 
     def _report_status(self) -> None:
         self._status("active")
