@@ -48,7 +48,7 @@ def _wait_all_in(env: FsmEnv, ids: list, state: str, timeout: float = 30) -> Non
 
 
 def test_acks_sent_while_the_bridge_is_stopped_are_applied_once_it_starts(
-    durable: FsmEnv,
+    durable: FsmEnv, mode: str
 ) -> None:
     bridge = durable.start_bridge()
     with ScriptedAgent(durable, _silent_everywhere(100), via_stream=True) as agent:
@@ -61,10 +61,14 @@ def test_acks_sent_while_the_bridge_is_stopped_are_applied_once_it_starts(
         assert {durable.client.get_machine(mid).current_state for mid in ids} == {"FIRST"}
         durable.start_bridge()
         _wait_all_in(durable, ids, "SECOND")
+    # Applied once. In the celery mode an ack whose worker settled it after the relay timeout
+    # (1 s here; a loaded CI machine took longer for a burst of 100) is relayed again, and that
+    # copy is refused as stale: the only rejection there may be.
+    copies = {"stale_attempt"} if mode == "celery" else set()
     for mid in ids:
         attempts = [(r.attempt, r.event) for r in durable.client.history(mid)]
         assert attempts == [(0, "start"), (1, "ack")]
-        assert durable.client.rejected(mid) == []
+        assert {r["reason"] for r in durable.client.rejected(mid)} <= copies
 
 
 def test_acks_a_crashed_bridge_had_read_are_claimed_by_the_next(durable: FsmEnv) -> None:
