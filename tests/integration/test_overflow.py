@@ -65,7 +65,7 @@ def _together(env: FsmEnv, messages: list[tuple[str, str]]) -> None:
     pipe.execute()
 
 
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
