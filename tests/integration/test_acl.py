@@ -7,7 +7,6 @@ are server-wide, and these tests create and replace them.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
@@ -39,6 +38,7 @@ from fsm_celery.core.messages import (
     task_channel,
     task_stream,
 )
+from tests.support.messages import state_task_wire
 from tests.support.services import start_redis, stop_redis
 
 HOST = "127.0.0.1"
@@ -155,21 +155,7 @@ def next_message(pubsub: redis.client.PubSub) -> dict[str, Any]:
 
 
 def state_task(deadline: datetime) -> str:
-    return json.dumps(
-        {
-            "type": "state_task",
-            "machineId": str(uuid.uuid4()),
-            "machineType": "test_linear",
-            "state": "ONE",
-            "attempt": 1,
-            "context": {},
-            "prompt": "do it",
-            "requiredOutput": [],
-            "timeout": 60_000,
-            "deadline": deadline.isoformat(),
-            "taskToken": "t" * 64,
-        }
-    )
+    return state_task_wire(deadline)
 
 
 # What an agent may do -----------------------------------------------------------------------

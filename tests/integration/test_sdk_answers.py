@@ -23,6 +23,7 @@ import redis
 from fsm_celery.agent.sdk import GROUP, Agent
 from fsm_celery.channel.acl import agent_username, create_agent_user, new_password
 from fsm_celery.core.messages import agent_ack_stream, task_stream
+from tests.support.messages import state_task_wire
 from tests.support.services import start_redis, stop_redis
 
 HOST = "127.0.0.1"
@@ -111,21 +112,7 @@ def _answers(admin: redis.Redis, agent_id: str) -> list[dict[str, Any]]:
 
 def _state_task(machine_id: str) -> str:
     deadline = datetime.now(UTC) + timedelta(minutes=10)
-    return json.dumps(
-        {
-            "type": "state_task",
-            "machineId": machine_id,
-            "machineType": "test_linear",
-            "state": "ONE",
-            "attempt": 1,
-            "context": {},
-            "prompt": "do it",
-            "requiredOutput": [],
-            "timeout": 600_000,
-            "deadline": deadline.isoformat(),
-            "taskToken": "t" * 64,
-        }
-    )
+    return state_task_wire(deadline, machine_id, timeout_ms=600_000)
 
 
 def _wait(condition: Any, what: str, seconds: float = 60) -> None:

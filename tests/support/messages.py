@@ -4,7 +4,9 @@ how an agent replies to a state_task, and the acks and heartbeats built from one
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from fsm_celery.agent.mock import OUTPUTS as MOCK_OUTPUTS
@@ -47,6 +49,27 @@ class Reply:
 
 
 SILENT = Reply(silent=True)
+
+
+def state_task_wire(
+    deadline: datetime, machine_id: str | None = None, timeout_ms: int = 60_000
+) -> str:
+    """A state_task for test_linear's state ONE, as the engine sends one (a fixed token)."""
+    return json.dumps(
+        {
+            "type": "state_task",
+            "machineId": machine_id or str(uuid.uuid4()),
+            "machineType": "test_linear",
+            "state": "ONE",
+            "attempt": 1,
+            "context": {},
+            "prompt": "do it",
+            "requiredOutput": [],
+            "timeout": timeout_ms,
+            "deadline": deadline.isoformat(),
+            "taskToken": "t" * 64,
+        }
+    )
 
 
 def heartbeat_for(task: dict[str, Any], progress: str | None = None) -> dict[str, Any]:
