@@ -6,7 +6,7 @@ sqlite.py each hold their dialect's version of every statement below.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -32,6 +32,20 @@ class Dialect(Protocol):
 
     def move(self, conn: Connection, moves: Sequence[Move], history: Sequence[History]) -> None:
         """Write the machines' new states and the history rows of their attempts."""
+        ...
+
+    def insert_rows(
+        self, conn: Connection, table: Table, rows: Sequence[Any], returning: bool = False
+    ) -> list[Row[Any]]:
+        """INSERT the rows (dataclasses of fsm_celery.store.rows, all of one type); with
+        `returning`, the rows as stored (the database's defaults filled in), in no set order."""
+        ...
+
+    def update_slots(
+        self, conn: Connection, parent_id: UUID, attempt: int, slots: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Set a fan-out's slots: each mapping names its slot and the columns to set (the same
+        columns in all)."""
         ...
 
     def insert(self, table: Table) -> PgInsert | SqliteInsert:

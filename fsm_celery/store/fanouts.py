@@ -15,8 +15,9 @@ from sqlalchemy import Connection, and_, bindparam, case, insert, select, update
 
 from fsm_celery.core.join import Slot, SlotStatus, Tally, Verdict
 from fsm_celery.core.usage import MAX_COST, MAX_TOKENS, Usage
+from fsm_celery.store import dialects
 from fsm_celery.store.queries import AnyRow
-from fsm_celery.store.rows import NewMachine, values
+from fsm_celery.store.rows import NewMachine
 from fsm_celery.store.tables import fan_out_items, fan_outs, machines
 
 AT_WORK = ("running", "paused")
@@ -25,14 +26,9 @@ _COUNTS = [column for column in fan_outs.c if column.name != "shared"]
 
 
 def insert_machines_txn(conn: Connection, children: Sequence[NewMachine]) -> list[AnyRow]:
-    """Insert the children and hand back their rows, as a lock of them would."""
-    if not children:
-        return []
-    rows = conn.execute(
-        insert(machines).returning(*machines.c, sort_by_parameter_order=True),
-        [values(child) for child in children],
-    ).all()
-    return list(rows)
+    """Insert the children and hand back their rows, as a lock of them would (in no set
+    order)."""
+    return dialects.of(conn).insert_rows(conn, machines, children, returning=True)
 
 
 @dataclass(frozen=True)
@@ -145,37 +141,22 @@ def _fan_out(parent_id: UUID, attempt: int) -> Any:
     return and_(fan_outs.c.parent_id == parent_id, fan_outs.c.attempt == attempt)
 
 
-# one slot of a fan-out, by its parent, attempt and slot (bound as p, a, s)
-_ONE_SLOT = update(fan_out_items).where(
-    fan_out_items.c.parent_id == bindparam("p"),
-    fan_out_items.c.attempt == bindparam("a"),
-    fan_out_items.c.slot == bindparam("s"),
-)
-
-_SET_SLOT = _ONE_SLOT.values(
-    status=bindparam("st"),
-    result=bindparam("res"),
-    error=bindparam("err"),
-)
-
-
 def end_slots_txn(conn: Connection, parent_id: UUID, attempt: int, ended: Sequence[Slot]) -> None:
     """Record how each child ended in its slot: its result, or its error."""
-    if ended:
-        conn.execute(
-            _SET_SLOT,
-            [
-                {
-                    "p": parent_id,
-                    "a": attempt,
-                    "s": slot.index,
-                    "st": slot.status.value,
-                    "res": dict(slot.result) if slot.result is not None else None,
-                    "err": slot.error,
-                }
-                for slot in ended
-            ],
-        )
+    dialects.of(conn).update_slots(
+        conn,
+        parent_id,
+        attempt,
+        [
+            {
+                "slot": slot.index,
+                "status": slot.status.value,
+                "result": dict(slot.result) if slot.result is not None else None,
+                "error": slot.error,
+            }
+            for slot in ended
+        ],
+    )
 
 
 def waiting_txn(
@@ -200,17 +181,12 @@ def waiting_txn(
     )
 
 
-_START_SLOT = _ONE_SLOT.values(status=SlotStatus.RUNNING.value, child_id=bindparam("child"))
-
-
 def start_slots_txn(
     conn: Connection, parent_id: UUID, attempt: int, started: Mapping[int, UUID]
 ) -> None:
-    if started:
-        conn.execute(
-            _START_SLOT,
-            [{"p": parent_id, "a": attempt, "s": s, "child": c} for s, c in started.items()],
-        )
+    running = SlotStatus.RUNNING.value
+    slots = [{"slot": s, "status": running, "child_id": c} for s, c in started.items()]
+    dialects.of(conn).update_slots(conn, parent_id, attempt, slots)
 
 
 def cancel_waiting_txn(conn: Connection, parent_id: UUID, attempt: int) -> int:

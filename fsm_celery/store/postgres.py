@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache, lru_cache
 from typing import Any
 from uuid import UUID
@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from fsm_celery.store.rows import ById, History, Move, columns
-from fsm_celery.store.tables import machines, transitions
+from fsm_celery.store.tables import fan_out_items, machines, transitions
 
 PREPARE = "fsm_prepare"  # an engine's execution option: the hot statements prepared per session
 STATEMENT_GONE = "26000"  # invalid_sql_statement_name: EXECUTE of a statement the session lacks
@@ -74,6 +74,32 @@ class PostgreSQL:
             _move(columns(Move), columns(History)),
             {"rows": _json(moves), "ids": _ids(moves), "history": _json(history)},
         )
+
+    def insert_rows(
+        self, conn: Connection, table: Table, rows: Sequence[Any], returning: bool = False
+    ) -> list[Row[Any]]:
+        """One prepared statement over the rows as one JSON document (a fan-out's children
+        and their start records: a statement and a parse for a batch, not one a row)."""
+        if not rows:
+            return []
+        sql = _insert(table, "rows", columns(type(rows[0])))
+        if returning:
+            sql += " RETURNING " + ", ".join(c.name for c in table.c)
+        result = _execute_prepared(conn, sql, {"rows": _json(rows)})
+        return list(result.all()) if returning else []
+
+    def update_slots(
+        self, conn: Connection, parent_id: UUID, attempt: int, slots: Sequence[Mapping[str, Any]]
+    ) -> None:
+        if not slots:
+            return
+        params = {
+            "rows": _json(slots),
+            "parent": str(parent_id),
+            "attempt": str(attempt),
+            "slots": "{" + ",".join(str(s["slot"]) for s in slots) + "}",
+        }
+        _execute_prepared(conn, _update_slots(tuple(slots[0])), params)
 
     def insert(self, table: Table) -> Insert:
         return pg_insert(table)
@@ -173,6 +199,19 @@ def _update(table: Table, names: tuple[str, ...]) -> str:
     return (
         f"UPDATE {table.name} AS t SET {sets} FROM {_recordset(table, 'rows', names, 'v')} "
         "WHERE t.id = ANY(CAST(:ids AS UUID[])) AND t.id = v.id"
+    )
+
+
+@cache
+def _update_slots(names: tuple[str, ...]) -> str:
+    """UPDATE a fan-out's slots from a JSON array of rows (:rows), each with its slot; the slots
+    also as an array (:slots), so that the planner fetches just those by key (see _update)."""
+    sets = ", ".join(f"{name} = v.{name}" for name in names if name != "slot")
+    return (
+        f"UPDATE {fan_out_items.name} AS t SET {sets} "
+        f"FROM {_recordset(fan_out_items, 'rows', names, 'v')} "
+        "WHERE t.parent_id = CAST(:parent AS UUID) AND t.attempt = CAST(:attempt AS INTEGER) "
+        "AND t.slot = ANY(CAST(:slots AS INTEGER[])) AND t.slot = v.slot"
     )
 
 

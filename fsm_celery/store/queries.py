@@ -261,7 +261,7 @@ def insert_transitions_txn(conn: Connection, history: Sequence[History]) -> None
     if history:
         if conn.dialect.name == "postgresql":
             partitions.ready(conn, partitions.HISTORY, (h.machine_created_at for h in history))
-        conn.execute(insert(transitions), [values(h) for h in history])
+        dialects.of(conn).insert_rows(conn, transitions, history)
 
 
 def insert_rejections_txn(conn: Connection, rejections: Sequence[Rejection]) -> None:

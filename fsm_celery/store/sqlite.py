@@ -6,7 +6,7 @@ fsm_celery.store.db), which serialises writers as PostgreSQL's row locks do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 from uuid import UUID
@@ -16,7 +16,7 @@ from sqlalchemy.dialects.sqlite import Insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from fsm_celery.store.rows import ById, History, Move, columns, values
-from fsm_celery.store.tables import machines, transitions
+from fsm_celery.store.tables import fan_out_items, machines, transitions
 
 _FAMILY = (
     select(machines.c.id, machines.c.parent_id)
@@ -61,6 +61,24 @@ class SQLite:
         if history:
             conn.execute(insert(transitions), [values(h) for h in history])
 
+    def insert_rows(
+        self, conn: Connection, table: Table, rows: Sequence[Any], returning: bool = False
+    ) -> list[Row[Any]]:
+        if not rows:
+            return []
+        statement = insert(table)
+        if returning:
+            statement = statement.returning(*table.c, sort_by_parameter_order=True)
+        result = conn.execute(statement, [values(row) for row in rows])
+        return list(result.all()) if returning else []
+
+    def update_slots(
+        self, conn: Connection, parent_id: UUID, attempt: int, slots: Sequence[Mapping[str, Any]]
+    ) -> None:
+        if slots:
+            params = [{"_p": parent_id, "_a": attempt, "_s": s["slot"], **s} for s in slots]
+            conn.execute(_update_slots(tuple(slots[0])), params)
+
     def insert(self, table: Table) -> Insert:
         return sqlite_insert(table)
 
@@ -81,6 +99,19 @@ def _update(table: Table, names: tuple[str, ...]) -> Update:
     named as a column the statement sets, hence _id)."""
     sets: dict[str, Any] = {name: bindparam(name) for name in names[1:]}
     return update(table).where(table.c.id == bindparam("_id")).values(sets)
+
+
+@cache
+def _update_slots(names: tuple[str, ...]) -> Update:
+    """UPDATE a fan-out's slot (:_p, :_a, :_s) setting the named columns but its slot."""
+    c = fan_out_items.c
+    sets: dict[str, Any] = {name: bindparam(name) for name in names if name != "slot"}
+    where = (
+        c.parent_id == bindparam("_p"),
+        c.attempt == bindparam("_a"),
+        c.slot == bindparam("_s"),
+    )
+    return update(fan_out_items).where(*where).values(sets)
 
 
 SQLITE = SQLite()

@@ -72,10 +72,11 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def wait_for_log(self, needle: str, timeout: float = 30.0) -> None:
+    def wait_for_log(self, needle: str, timeout: float = 30.0, times: int = 1) -> None:
+        """Until the log holds `needle` (`times` times: once per process that writes it)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if needle in self.log.read_text(errors="replace"):
+            if self.log.read_text(errors="replace").count(needle) >= times:
                 return
             if self.popen.poll() is not None:
                 break
@@ -244,13 +245,15 @@ class FsmEnv:
         self, processes: int = 1, *flags: str, env: dict[str, str] | None = None
     ) -> Proc:
         """A real `fsm-celery ack-bridge` (with the flags, in the environment given), returned
-        once it serves (subscribed to the shared channel, where it accepts shared acks)."""
+        once it serves: every one of its processes reading the ack streams (a benchmark's clock
+        must not start while one is still importing), subscribed to the shared channel where it
+        accepts shared acks."""
         channel = ack_channel(self.settings.channel_prefix)
         before = _subscribers(self.redis, channel)
         argv = [sys.executable, "-m", "fsm_celery", "ack-bridge", "--processes", str(processes)]
         proc = self._spawn("bridge", [*argv, *flags], env)
+        proc.wait_for_log("ack bridge reading the ack streams", 60, times=processes)
         if not self.settings.accept_shared_acks:
-            proc.wait_for_log("ack bridge reading the ack streams")
             return proc
         deadline = time.monotonic() + 30
         while _subscribers(self.redis, channel) <= before:

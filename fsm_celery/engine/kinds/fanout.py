@@ -157,12 +157,11 @@ class FanOut:
                     on_parent_cancel=state.on_parent_cancel.value,
                 )
             )
-        inserted = fanouts.insert_machines_txn(conn, children)
+        rows.update((row.id, row) for row in fanouts.insert_machines_txn(conn, children))
         why = f"started by {parent.id} in {state.name}, slot "
         started = [start_record(child, PARENT, why + str(child.branch)) for child in children]
         q.insert_transitions_txn(conn, started)
-        for child, history, row in zip(children, started, inserted, strict=True):
-            rows[row.id] = row
+        for child, history in zip(children, started, strict=True):
             writes.announce(history, child, child.status)
             writes.spawn(
                 Step(child.id, 1, 0.0, child.current_state, child.type, parent.id, child.root_id)
