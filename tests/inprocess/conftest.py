@@ -178,6 +178,17 @@ def template(services: Services) -> Iterator[str]:
 
 @pytest.fixture
 def fsm(services: Services, template: str) -> Iterator[Fsm]:
+    yield from _on_postgresql(services, template)
+
+
+@pytest.fixture
+def fsm_unprepared(services: Services, template: str) -> Iterator[Fsm]:
+    """The engine on PostgreSQL with its statements sent whole (FSM_DATABASE_PREPARE=false, as
+    behind PgBouncer's transaction pooling), not prepared."""
+    yield from _on_postgresql(services, template, database_prepare=False)
+
+
+def _on_postgresql(services: Services, template: str, **settings_given: Any) -> Iterator[Fsm]:
     tag = f"{os.getpid()}_{next(_numbers)}"
     url = copy_database(services.pg_url, template, f"fsm_inprocess_{tag}")
     settings = Settings(
@@ -188,6 +199,7 @@ def fsm(services: Services, template: str) -> Iterator[Fsm]:
         task_token_secret=TEST_SECRET,
         definitions_path=str(SHIPPED_DEFINITIONS),
         approvers=APPROVERS,
+        **settings_given,
     )
     clock = Clock()
     engine = wiring.machine_engine(settings, clock=clock)

@@ -118,7 +118,13 @@ def _due(fsm: Fsm, machine_id: UUID) -> bool:
     return row.dispatch_due_at is not None
 
 
-def test_a_map_runs_its_items_two_at_a_time_and_collects_results_in_order(fsm: Fsm) -> None:
+@pytest.mark.parametrize("store", ["fsm", "fsm_unprepared", "fsm_sqlite"])
+def test_a_map_runs_its_items_two_at_a_time_and_collects_results_in_order(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    """On each store's statements: PostgreSQL's prepared, the same sent whole (behind a
+    pooler), SQLite's."""
+    fsm: Fsm = request.getfixturevalue(store)
     agent = fsm.agent("tester")
     mid = fsm.start("test_fan_map", {"items": ["a", "b", "c", "d"], "prefix": "p"})
     first = agent.tasks()
