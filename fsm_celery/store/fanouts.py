@@ -73,20 +73,12 @@ def insert_slots_txn(
     conn: Connection, parent_id: UUID, attempt: int, inputs: Sequence[Mapping[str, Any]]
 ) -> None:
     """A slot per child, each waiting with its starting context (a map's: its own part)."""
-    if inputs:
-        conn.execute(
-            insert(fan_out_items),
-            [
-                {
-                    "parent_id": parent_id,
-                    "attempt": attempt,
-                    "slot": slot,
-                    "input": dict(context),
-                    "status": SlotStatus.WAITING.value,
-                }
-                for slot, context in enumerate(inputs)
-            ],
-        )
+    waiting = SlotStatus.WAITING.value
+    slots = [
+        {"parent_id": parent_id, "attempt": attempt, "slot": n, "input": dict(i), "status": waiting}
+        for n, i in enumerate(inputs)
+    ]
+    dialects.of(conn).insert_rows(conn, fan_out_items, slots)
 
 
 def open_fan_out_txn(conn: Connection, parent_id: UUID) -> AnyRow | None:

@@ -78,11 +78,14 @@ class PostgreSQL:
     def insert_rows(
         self, conn: Connection, table: Table, rows: Sequence[Any], returning: bool = False
     ) -> list[Row[Any]]:
-        """One prepared statement over the rows as one JSON document (a fan-out's children
-        and their start records: a statement and a parse for a batch, not one a row)."""
+        """One prepared statement over the rows as one JSON document (a fan-out's slots, its
+        children and their start records: a statement and a parse for a batch, not one a
+        row)."""
         if not rows:
             return []
-        sql = _insert(table, "rows", columns(type(rows[0])))
+        first = rows[0]
+        names = tuple(first) if isinstance(first, Mapping) else columns(type(first))
+        sql = _insert(table, "rows", names)
         if returning:
             sql += " RETURNING " + ", ".join(c.name for c in table.c)
         result = _execute_prepared(conn, sql, {"rows": _json(rows)})

@@ -69,7 +69,8 @@ class SQLite:
         statement = insert(table)
         if returning:
             statement = statement.returning(*table.c, sort_by_parameter_order=True)
-        result = conn.execute(statement, [values(row) for row in rows])
+        params = [dict(row) if isinstance(row, Mapping) else values(row) for row in rows]
+        result = conn.execute(statement, params)
         return list(result.all()) if returning else []
 
     def update_slots(

@@ -78,10 +78,57 @@ class Outgoing:
         self.sent = sent
         self.to_send: list[tuple[str, str]] = []  # (agent, state_task)
         self.sending: dict[Sending, str] = {}  # dispatched here: where to
-        self.events: list[StateEvent] = []  # announced once committed
+        self.announced: list[Announced] = []  # its events, announced once committed
+        self._events: list[StateEvent] = []
         self.cancels: list[tuple[str, str]] = []  # (agent, state_cancel), too
         self.refusals: list[tuple[str, str]] = []  # (agent, state_ack_refused), too
         self.calls: list[Step] = []  # tool states entered: their calls made once committed
+
+    @property
+    def events(self) -> list[StateEvent]:
+        """The transitions' events, made when asked for (once the transaction committed: the
+        Python of a fan-out's thousand events a batch is not spent while it holds the parent's
+        row lock)."""
+        made = self._events
+        made.extend(announced.event() for announced in self.announced[len(made) :])
+        return made
+
+
+@dataclass(frozen=True, slots=True)
+class Announced:
+    """A history row's event as recorded in the transaction, made into its StateEvent later."""
+
+    history: History
+    machine_type: str
+    agent_type: str
+    github_issue: int | None
+    parent_id: UUID | None
+    root_id: UUID | None
+    status: str
+    state_retries: int
+
+    def event(self) -> StateEvent:
+        history, error = self.history, self.history.error_message
+        return StateEvent.model_construct(
+            machine_id=history.machine_id,
+            machine_type=self.machine_type,
+            agent_type=self.agent_type,
+            agent_id=history.agent_id,
+            github_issue=self.github_issue,
+            parent_id=self.parent_id,
+            root_id=self.root_id,
+            event=history.event,
+            from_state=history.from_state,
+            to_state=history.to_state,
+            status=self.status,
+            attempt=history.attempt,
+            state_retries=self.state_retries,
+            success=history.success,
+            error=error[:EVENT_ERROR_CHARS] if error is not None else None,
+            actor=history.actor,
+            duration_ms=history.duration_ms,
+            at=history.created_at,
+        )
 
 
 @dataclass
@@ -255,27 +302,16 @@ class Writes:
     ) -> None:
         """Queue the event of a machine's history row (and the retries its state has used after
         it), to be announced once the transaction commits."""
-        error = history.error_message
-        self.out.events.append(
-            StateEvent.model_construct(
-                machine_id=history.machine_id,
-                machine_type=machine.type,
-                agent_type=machine.agent_type,
-                agent_id=history.agent_id,
-                github_issue=machine.github_issue,
-                parent_id=machine.parent_id,
-                root_id=machine.root_id,
-                event=history.event,
-                from_state=history.from_state,
-                to_state=history.to_state,
-                status=status,
-                attempt=history.attempt,
-                state_retries=state_retries,
-                success=history.success,
-                error=error[:EVENT_ERROR_CHARS] if error is not None else None,
-                actor=history.actor,
-                duration_ms=history.duration_ms,
-                at=history.created_at,
+        self.out.announced.append(
+            Announced(
+                history,
+                machine.type,
+                machine.agent_type,
+                machine.github_issue,
+                machine.parent_id,
+                machine.root_id,
+                status,
+                state_retries,
             )
         )
 
