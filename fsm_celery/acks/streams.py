@@ -172,6 +172,9 @@ class StreamConsumer:
         entries = self._fetch(">")
         if not entries:
             self._wakeup.wait(0.5)
+            added = self._wakeup.take_added()
+            if any(s not in self._agents and _agent_of(s, self.prefix) for s in added):
+                self._next_upkeep = 0.0  # an agent's first message: read its stream now
             return []
         if self.linger and len(entries) < self.batch:
             time.sleep(self.linger)  # let a batch worth its task gather

@@ -37,7 +37,9 @@ class Wakeup:
         self.client = client
         db = client.connection_pool.connection_kwargs.get("db", 0)
         # The agents' streams and the shared one: `<prefix>stream:state:ack[:<agent>]`.
-        self.pattern = f"__keyspace@{db}__:" + glob_escape(ack_stream(prefix)) + "*"
+        self.channel_prefix = f"__keyspace@{db}__:"
+        self.pattern = self.channel_prefix + glob_escape(ack_stream(prefix)) + "*"
+        self.added: set[str] = set()  # the streams notified since take_added (at most DRAIN)
         self._pubsub: Any = None
         self._connection: Any = None
         self._polling = False
@@ -57,7 +59,7 @@ class Wakeup:
             for _ in range(DRAIN):
                 if not self._connection.can_read(0):
                     return
-                self._connection.read_response(push_request=True)
+                self._note(self._connection.read_response(push_request=True))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.info("the ack streams' notifications were cut (%s); subscribing again", exc)
         # A busy spell left many waiting (reading them all would delay the next batch), or
@@ -72,10 +74,24 @@ class Wakeup:
         while (left := deadline - time.monotonic()) > 0:
             if not self._connection.can_read(left):
                 return False
-            reply = self._connection.read_response(push_request=True)  # [pmessage, _, key, cmd]
-            if isinstance(reply, list) and reply[-1] == b"xadd":
+            if self._note(self._connection.read_response(push_request=True)):
                 return True
         return False
+
+    def take_added(self) -> set[str]:
+        """The streams an XADD was notified for since the last call (those of the last waits:
+        a stream the bridge does not read yet is an agent's first message)."""
+        added, self.added = self.added, set()
+        return added
+
+    def _note(self, reply: Any) -> bool:
+        """Whether the notification ([pmessage, pattern, channel, command]) is an XADD; its
+        stream noted."""
+        if not (isinstance(reply, list) and len(reply) == 4 and reply[-1] == b"xadd"):
+            return False
+        if len(self.added) < DRAIN:
+            self.added.add(_text(reply[2]).removeprefix(self.channel_prefix))
+        return True
 
     def close(self) -> None:
         """Drop the subscription; the next wait subscribes again (and sets the flags)."""

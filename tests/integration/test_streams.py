@@ -72,6 +72,7 @@ def test_acks_sent_while_the_bridge_is_stopped_are_applied_once_it_starts(
 
 
 def test_acks_a_crashed_bridge_had_read_are_claimed_by_the_next(durable: FsmEnv) -> None:
+    durable.ensure_bridge()  # its consumer group on the stream (whatever ran before)
     stream = ack_stream(durable.settings.channel_prefix)
     with ScriptedAgent(durable, _silent_everywhere(20), via_stream=True) as agent:
         ids = [durable.client.start_machine("test_pair", {}, agent_id=agent.id) for _ in range(20)]
