@@ -276,3 +276,17 @@ def test_only_a_running_state_is_timed(status: str, event: str, timed: bool) -> 
     writes.transition(row, _moved(row, "B", MachineStatus.RUNNING), event, actor="op")
     [history] = writes.history
     assert history.duration_ms == (3_600_000 if timed else None)
+
+
+def test_events_are_made_once_asked_for_and_an_event_that_fails_validation_is_still_made() -> None:
+    """Events are made after the commit (out of the transaction's locks); a value the event's
+    model refuses (a machine type that is not text, as no row holds) cannot lose the event of a
+    transition that committed."""
+    writes = Writes(NOW)
+    row = _row()
+    writes.transition(row, _moved(row, "END", MachineStatus.COMPLETED), "ack")
+    assert writes.out.events is writes.out.events  # made once, kept
+    odd = SimpleNamespace(**{**vars(row), "type": 42})
+    writes.announce(writes.history[0], odd, "completed")  # type: ignore[arg-type]
+    [first, second] = writes.out.events
+    assert (first.machine_type, second.machine_type) == ("t", 42)
