@@ -138,18 +138,14 @@ def child_ended(rule: Rule, tally: Tally, succeeded: bool) -> Settled:
     after the join, or is cancelled by it, does not move its parent twice)."""
     if tally.verdict is not Verdict.PENDING:
         return Settled(tally, 0, False)
-    counted = replace(
-        tally,
-        succeeded=tally.succeeded + succeeded,
-        failed=tally.failed + (not succeeded),
-    )
+    # Tallies built, not dataclasses.replace'd (three times slower): a map counts every end
+    ok, failed = tally.succeeded + succeeded, tally.failed + (not succeeded)
+    counted = Tally(tally.started, ok, failed)
     decided = verdict(rule, counted)
-    counted = replace(counted, verdict=decided)
     if decided is not Verdict.PENDING:
-        return Settled(counted, 0, True)
-    start = min(rule.total - counted.started, rule.max_concurrency - counted.running)
-    start = max(start, 0)
-    return Settled(replace(counted, started=counted.started + start), start, False)
+        return Settled(Tally(counted.started, ok, failed, decided), 0, True)
+    start = max(min(rule.total - counted.started, rule.max_concurrency - counted.running), 0)
+    return Settled(Tally(counted.started + start, ok, failed), start, False)
 
 
 @dataclass(frozen=True)
