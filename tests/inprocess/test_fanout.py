@@ -10,7 +10,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from fsm_celery.client import Client
 from fsm_celery.core.admin import Action, Command
@@ -332,3 +332,39 @@ def test_a_childs_failure_is_retried_as_its_state_says_before_it_counts_against_
             assert fsm.machine(mid).current_state == "EACH"  # one failure tolerated
     parent = fsm.machine(mid)
     assert (parent.current_state, parent.status) == ("FAILED", "failed")  # the second: past it
+
+
+def test_a_batch_of_children_is_written_by_one_statement_each_not_one_a_child(
+    fsm_unprepared: Fsm,
+) -> None:
+    """docs/fan-out.md: the children a transaction starts, their start records and their slots
+    are each one statement over them (counted on PostgreSQL with the statements sent whole, so
+    that each is seen by its text), however many children."""
+    fsm = fsm_unprepared
+    seen: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        # a driver's executemany is a statement a row, however SQLAlchemy hands it over
+        seen.append(("MANY " if many else "") + " ".join(statement.split()))
+
+    def counted(prefix: str) -> int:
+        return sum(statement.startswith(prefix) for statement in seen)
+
+    agent = fsm.agent("tester")
+    event.listen(fsm.engine.db, "before_cursor_execute", note)
+    try:
+        mid = fsm.start("test_fan_map", {"items": list("abcdef"), "prefix": "p"})
+        first = agent.tasks()
+        assert len(first) == 2  # max_concurrency
+        assert counted("INSERT INTO fan_out_items") == 1  # six slots
+        assert counted("INSERT INTO state_machines") == 2  # the parent, then its two children
+        seen.clear()
+        fsm.receive(*(ack(task, output={"answer": "x"}) for task in first))  # two ends at once
+        assert len(agent.tasks()) == 2  # two more started
+        assert counted("INSERT INTO state_machines") == 1
+        assert counted("INSERT INTO state_transitions") == 1  # their start records
+        assert counted("UPDATE fan_out_items") == 2  # the two ends, then the two starts
+        assert not [statement for statement in seen if statement.startswith("MANY")]
+    finally:
+        event.remove(fsm.engine.db, "before_cursor_execute", note)
+    assert fsm.machine(mid).status == "running"
