@@ -40,6 +40,15 @@ def overflow(env_factory: Callable[..., FsmEnv], mode: str) -> Iterator[FsmEnv]:
     env.stop_all()
 
 
+def _steps(env: FsmEnv, machine_id: uuid.UUID) -> str:
+    """The machine as it stands and its history (what a failure says of it)."""
+    machine = env.client.get_machine(machine_id)
+    steps = [
+        (h.event, h.to_state, h.attempt, h.error_message) for h in env.client.history(machine_id)
+    ]
+    return f"(attempt {machine.attempt}, deadline {machine.deadline_at}; history {steps})"
+
+
 def _status(agent: ScriptedAgent) -> str:
     return json.dumps(
         {
@@ -65,11 +74,16 @@ def _together(env: FsmEnv, messages: list[tuple[str, str]]) -> None:
     pipe.execute()
 
 
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+def _wait(
+    condition: Callable[[], bool],
+    what: str,
+    said: Callable[[], str] = lambda: "",
+    timeout: float = 120.0,
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
+            raise AssertionError(f"{what}: not within {timeout}s {said()}")
         time.sleep(0.05)
 
 
@@ -302,7 +316,9 @@ def _cli(env: FsmEnv, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_machine_entered_30_days_ago_times_out_with_the_others_in_the_same_scan(
     overflow: FsmEnv,
 ) -> None:
-    with ScriptedAgent(overflow, {"FIRST": [SILENT] * 3}, own_stream=True) as agent:
+    # silent to both attempts of both machines: an answer to a second attempt would move its
+    # machine on past it (the script's replies are the agent's, not a machine's)
+    with ScriptedAgent(overflow, {"FIRST": [SILENT] * 4}, own_stream=True) as agent:
         old, other = (
             overflow.client.start_machine("test_pair", {}, agent_id=agent.id) for _ in range(2)
         )
@@ -317,7 +333,11 @@ def test_a_machine_entered_30_days_ago_times_out_with_the_others_in_the_same_sca
                 {"old": old, "other": other},
             )
         for mid in (old, other):
-            _wait(lambda m=mid: overflow.client.get_machine(m).attempt == 2, f"{mid} timed out")
+            _wait(
+                lambda m=mid: overflow.client.get_machine(m).attempt >= 2,
+                f"{mid} timed out",
+                lambda m=mid: _steps(overflow, m),
+            )
         timeout = overflow.client.history(old)[-1]
         assert (timeout.event, timeout.error_message) == ("timeout", "timed out (retry 1 of 3)")
         assert timeout.duration_ms is not None and timeout.duration_ms >= 31 * DAY_MS
