@@ -39,7 +39,7 @@ class Wakeup:
         # The agents' streams and the shared one: `<prefix>stream:state:ack[:<agent>]`.
         self.channel_prefix = f"__keyspace@{db}__:"
         self.pattern = self.channel_prefix + glob_escape(ack_stream(prefix)) + "*"
-        self.added: set[str] = set()  # the streams notified since take_added (at most DRAIN)
+        self._notified: set[str] = set()  # streams XADDed to since take_added (at most DRAIN)
         self._pubsub: Any = None
         self._connection: Any = None
         self._polling = False
@@ -81,16 +81,16 @@ class Wakeup:
     def take_added(self) -> set[str]:
         """The streams an XADD was notified for since the last call (those of the last waits:
         a stream the bridge does not read yet is an agent's first message)."""
-        added, self.added = self.added, set()
-        return added
+        notified, self._notified = self._notified, set()
+        return notified
 
     def _note(self, reply: Any) -> bool:
         """Whether the notification ([pmessage, pattern, channel, command]) is an XADD; its
         stream noted."""
         if not (isinstance(reply, list) and len(reply) == 4 and reply[-1] == b"xadd"):
             return False
-        if len(self.added) < DRAIN:
-            self.added.add(_text(reply[2]).removeprefix(self.channel_prefix))
+        if len(self._notified) < DRAIN:
+            self._notified.add(_text(reply[2]).removeprefix(self.channel_prefix))
         return True
 
     def close(self) -> None:

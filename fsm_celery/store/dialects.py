@@ -37,9 +37,9 @@ class Dialect(Protocol):
     def insert_rows(
         self, conn: Connection, table: Table, rows: Sequence[Any], returning: bool = False
     ) -> list[Row[Any]]:
-        """INSERT the rows (dataclasses of fsm_celery.store.rows, all of one type, or
-        mappings of the same columns); with
-        `returning`, the rows as stored (the database's defaults filled in), in no set order."""
+        """INSERT the rows (dataclasses of fsm_celery.store.rows, all of one type, or mappings
+        of the same columns); with `returning`, the rows as stored (the database's defaults
+        filled in), in no set order."""
         ...
 
     def update_slots(

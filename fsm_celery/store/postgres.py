@@ -65,9 +65,7 @@ class PostgreSQL:
         """Both in one statement, one round trip (the UPDATE as a data-modifying CTE)."""
         if not moves or not history:
             self.update(conn, machines, moves)
-            if history:
-                sql = _insert(transitions, "history", columns(History))
-                _execute_prepared(conn, sql, {"history": _json(history)})
+            self.insert_rows(conn, transitions, history)
             return
         _execute_prepared(
             conn,
@@ -210,10 +208,10 @@ def _update(table: Table, names: tuple[str, ...]) -> str:
 @cache
 def _update_slots(names: tuple[str, ...]) -> str:
     """UPDATE a fan-out's slots from a JSON array of rows (:rows), each with its slot; the slots
-    also as an array (:slots), and their range (:first, :last) that the index scan is bounded
-    by: the planner, blind to a JSON array's rows, applies the array as a filter over every
-    slot of the fan-out (10,000 rows read for a batch of a 10,000-item map), a range it reads
-    as part of the key (as fanouts.inputs_txn does)."""
+    also as an array (:slots), filtered before the join, and their range (:first, :last) that
+    the index scan is bounded by: the planner, blind to a JSON array's rows, applies the array
+    as a filter over every slot of the fan-out (10,000 rows read for a batch of a 10,000-item
+    map), a range it reads as part of the key (as fanouts.inputs_txn does)."""
     sets = ", ".join(f"{name} = v.{name}" for name in names if name != "slot")
     return (
         f"UPDATE {fan_out_items.name} AS t SET {sets} "

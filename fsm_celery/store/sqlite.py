@@ -58,8 +58,7 @@ class SQLite:
 
     def move(self, conn: Connection, moves: Sequence[Move], history: Sequence[History]) -> None:
         self.update(conn, machines, moves)
-        if history:
-            conn.execute(insert(transitions), [values(h) for h in history])
+        self.insert_rows(conn, transitions, history)
 
     def insert_rows(
         self, conn: Connection, table: Table, rows: Sequence[Any], returning: bool = False
